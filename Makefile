@@ -1,0 +1,24 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,serve]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/jenga bench
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(PY) -m pytest -n 2 tests
+
+bench: $(STAMP)
+	$(PY) benchmarks/manager_overhead.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info
