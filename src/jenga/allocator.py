@@ -1,0 +1,320 @@
+"""Two-level allocator: LCM large pages carved into per-group small pages.
+
+Knows pages and owners only: nothing about tokens, hashes or layers.
+
+Large page ``L`` belongs to at most one group at a time; while it does, it is cut into
+``k_g = S / P_g`` small pages.  Small page ``s`` of group ``g`` is slot ``s % k_g`` of
+large page ``s // k_g``.  Each small page is FREE, USED (held by at least one live
+request) or CACHED (evictable; the evictor owns its key).  A large page whose small
+pages are all FREE goes straight back to the shared pool, so memory moves between
+groups while serving.
+
+Large pages with no USED page but at least one CACHED page are *fully evictable* (the
+set ``E``).  Their free slots are hidden from steps 1 and 4 so that the feasibility
+check can count each of them as one whole large page (see ``supply``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from abc import ABC, abstractmethod
+from functools import reduce
+from typing import NamedTuple
+
+FREE, USED, CACHED = 0, 1, 2
+
+
+class EvictionSource(ABC):
+    """What the allocator asks of the evictor (implemented by ``jenga.prefix.evictor``)."""
+
+    @abstractmethod
+    def evict_large(self) -> int | None:
+        """Evict every cached page of the fully evictable large page with the smallest key.
+
+        Changes: the pages become FREE (through ``LargePageAllocator.evict_cached``), so
+        the large page returns to the pool.  Returns its id, or ``None`` if ``E`` is empty.
+        """
+
+    @abstractmethod
+    def evict_small(self, group: int) -> int | None:
+        """Evict the cached page of ``group`` with the smallest key outside ``E``.
+
+        Returns the now-FREE small page id, or ``None`` when there is none.
+        """
+
+    @abstractmethod
+    def on_large_evictable(self, large: int) -> None:
+        """``large`` entered ``E``."""
+
+    @abstractmethod
+    def on_large_unevictable(self, large: int) -> None:
+        """``large`` left ``E`` (a page was touched, or it was evicted / emptied)."""
+
+
+class Supply(NamedTuple):
+    """Pages an allocation may draw on without breaking a whole large page."""
+
+    free_small: tuple[int, ...]  # per group: free slots outside E
+    cached_small: tuple[int, ...]  # per group: cached pages outside E
+    whole_large: int  # free large pages + fully evictable large pages
+
+
+class LargePageAllocator:
+    """The large-page pool and per-group small-page carving, with request tags."""
+
+    def __init__(self, page_bytes: list[int], num_large: int):
+        assert page_bytes and all(p > 0 for p in page_bytes), f"bad page sizes {page_bytes}"
+        self.large_bytes = reduce(math.lcm, page_bytes)
+        self.page_bytes = list(page_bytes)
+        self.k = [self.large_bytes // p for p in page_bytes]
+        self.num_large = num_large
+        n = num_large
+        self.group_of: list[int] = [-1] * n
+        self.tag_of: list[object] = [None] * n
+        self.n_used = [0] * n
+        self.n_cached = [0] * n
+        self.in_e = bytearray(n)
+        self.num_e = 0
+        self._free_large = list(range(n))  # a heap: lowest id first
+        self.state = [bytearray(n * k) for k in self.k]
+        # visible free slots (large pages outside E), per group
+        self._slots: list[dict[int, list[int]]] = [{} for _ in page_bytes]
+        self._tag_larges: list[dict[object, set[int]]] = [{} for _ in page_bytes]
+        self._partial: list[list[int]] = [[] for _ in page_bytes]  # lazy heaps of large ids
+        self._hidden: dict[int, list[int]] = {}  # free slots of large pages in E
+        self.free_small = [0] * len(page_bytes)  # visible free slots
+        self.cached_small = [0] * len(page_bytes)  # cached pages outside E
+        self.hidden_free = [0] * len(page_bytes)  # free slots inside E
+        self.used_small = [0] * len(page_bytes)  # USED pages per group
+        self.evictor: EvictionSource | None = None
+        self.num_carved = 0  # large pages ever carved (the manager's per-request quota counts these)
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def num_free_large(self) -> int:
+        return len(self._free_large)
+
+    def supply(self) -> Supply:
+        return Supply(tuple(self.free_small), tuple(self.cached_small), len(self._free_large) + self.num_e)
+
+    def large_of(self, group: int, page: int) -> int:
+        return page // self.k[group]
+
+    # ------------------------------------------------------------- allocation
+    def allocate(self, group: int, tag: object, may_take_large: bool) -> int:
+        """Take one small page of ``group`` for request ``tag`` in the paper's order.
+
+        1. a free page in a large page tagged ``tag``; 2. a new large page; 3. evict the
+        fully evictable large page with the smallest key; 4. a free page in any large
+        page; 5. evict one small page.  Steps 2-3 only when ``may_take_large`` (the
+        per-request quota).  The caller has checked ``supply()``; running out is a bug.
+        """
+        tagged = self._tag_larges[group].get(tag)
+        if tagged:
+            return self._take(group, min(tagged))
+        if may_take_large:
+            if self._free_large:
+                return self._take(group, self._carve(group, tag))
+            if self.evictor is not None and self.evictor.evict_large() is not None:
+                return self._take(group, self._carve(group, tag))
+        large = self._pop_partial(group)
+        if large is not None:
+            return self._take(group, large)
+        if self.evictor is not None:
+            page = self.evictor.evict_small(group)
+            if page is not None:
+                large = page // self.k[group]
+                if self.group_of[large] == group:
+                    return self._take(group, large)
+                return self._take(group, self._carve(group, tag))  # the large page emptied
+        if self._free_large:  # quota spent but a whole page is left: still correct
+            return self._take(group, self._carve(group, tag))
+        raise AssertionError(f"allocator out of pages for group {group}: supply {self.supply()}")
+
+    def _carve(self, group: int, tag: object) -> int:
+        large = heapq.heappop(self._free_large)
+        self.num_carved += 1
+        assert self.group_of[large] == -1, f"large page {large} popped while owned"
+        k = self.k[group]
+        self.group_of[large] = group
+        self.tag_of[large] = tag
+        self._slots[group][large] = list(range(k))
+        self._tag_larges[group].setdefault(tag, set()).add(large)
+        heapq.heappush(self._partial[group], large)
+        self.free_small[group] += k
+        return large
+
+    def _pop_partial(self, group: int) -> int | None:
+        heap, slots = self._partial[group], self._slots[group]
+        while heap:
+            large = heap[0]
+            if large in slots:
+                return large
+            heapq.heappop(heap)
+        return None
+
+    def _take(self, group: int, large: int) -> int:
+        slots = self._slots[group][large]
+        slot = heapq.heappop(slots)
+        if not slots:
+            self._hide_slots(group, large)
+        self.free_small[group] -= 1
+        page = large * self.k[group] + slot
+        assert self.state[group][page] == FREE, f"page {group}:{page} taken while {self.state[group][page]}"
+        self.state[group][page] = USED
+        self.n_used[large] += 1
+        self.used_small[group] += 1
+        return page
+
+    def _hide_slots(self, group: int, large: int) -> list[int]:
+        """Remove ``large`` from the visible free-slot structures (keeps the slot list)."""
+        slots = self._slots[group].pop(large)
+        tag = self.tag_of[large]
+        tagged = self._tag_larges[group].get(tag)
+        if tagged is not None:
+            tagged.discard(large)
+            if not tagged:
+                del self._tag_larges[group][tag]
+        return slots
+
+    def _show_slots(self, group: int, large: int, slots: list[int]) -> None:
+        self._slots[group][large] = slots
+        self._tag_larges[group].setdefault(self.tag_of[large], set()).add(large)
+        heapq.heappush(self._partial[group], large)
+
+    # -------------------------------------------------------- state changes
+    def release(self, group: int, page: int) -> None:
+        """USED -> FREE.  The large page returns to the pool once all its pages are free."""
+        assert self.state[group][page] == USED, f"release of {group}:{page} in state {self.state[group][page]}"
+        large = page // self.k[group]
+        self.state[group][page] = FREE
+        self.n_used[large] -= 1
+        self.used_small[group] -= 1
+        self._add_free_slot(group, large, page % self.k[group])
+        self._settle(large)
+
+    def to_cached(self, group: int, page: int) -> None:
+        """USED -> CACHED (the evictor has recorded its key)."""
+        assert self.state[group][page] == USED, f"cache of {group}:{page} in state {self.state[group][page]}"
+        large = page // self.k[group]
+        self.state[group][page] = CACHED
+        self.n_used[large] -= 1
+        self.used_small[group] -= 1
+        self.n_cached[large] += 1
+        self.cached_small[group] += 1
+        self._settle(large)
+
+    def touch_cached(self, group: int, page: int) -> None:
+        """CACHED -> USED (a prefix hit).  The caller removed it from the evictor."""
+        assert self.state[group][page] == CACHED, f"touch of {group}:{page} in state {self.state[group][page]}"
+        large = page // self.k[group]
+        self._leave_e(large)
+        self.state[group][page] = USED
+        self.n_cached[large] -= 1
+        self.n_used[large] += 1
+        self.used_small[group] += 1
+        self.cached_small[group] -= 1
+
+    def evict_cached(self, group: int, page: int) -> None:
+        """CACHED -> FREE (called by the evictor, which has dropped the page's hash)."""
+        assert self.state[group][page] == CACHED, f"evict of {group}:{page} in state {self.state[group][page]}"
+        large = page // self.k[group]
+        self._leave_e(large)
+        self.state[group][page] = FREE
+        self.n_cached[large] -= 1
+        self.cached_small[group] -= 1
+        self._add_free_slot(group, large, page % self.k[group])
+        self._settle(large)
+
+    def _add_free_slot(self, group: int, large: int, slot: int) -> None:
+        slots = self._slots[group].get(large)
+        if slots is None:
+            self._show_slots(group, large, [slot])
+        else:
+            heapq.heappush(slots, slot)
+        self.free_small[group] += 1
+
+    def _settle(self, large: int) -> None:
+        """Return an all-free large page to the pool; keep ``E`` membership exact."""
+        group = self.group_of[large]
+        if self.n_used[large] == 0 and self.n_cached[large] == 0:
+            self._leave_e(large)
+            slots = self._slots[group].get(large)
+            assert slots is not None and len(slots) == self.k[group], f"large {large} empty but slots {slots}"
+            self._hide_slots(group, large)
+            self.free_small[group] -= self.k[group]
+            self.group_of[large] = -1
+            self.tag_of[large] = None
+            heapq.heappush(self._free_large, large)
+        elif self.n_used[large] == 0:
+            self._enter_e(large)
+        else:
+            self._leave_e(large)
+
+    def _enter_e(self, large: int) -> None:
+        if self.in_e[large]:
+            return
+        group = self.group_of[large]
+        self.in_e[large] = 1
+        self.num_e += 1
+        self.cached_small[group] -= self.n_cached[large]
+        slots = self._slots[group].get(large)
+        if slots is not None:
+            self._hide_slots(group, large)
+            self._hidden[large] = slots
+            self.free_small[group] -= len(slots)
+            self.hidden_free[group] += len(slots)
+        if self.evictor is not None:
+            self.evictor.on_large_evictable(large)
+
+    def _leave_e(self, large: int) -> None:
+        if not self.in_e[large]:
+            return
+        group = self.group_of[large]
+        self.in_e[large] = 0
+        self.num_e -= 1
+        self.cached_small[group] += self.n_cached[large]
+        slots = self._hidden.pop(large, None)
+        if slots is not None:
+            self._show_slots(group, large, slots)
+            self.free_small[group] += len(slots)
+            self.hidden_free[group] -= len(slots)
+        if self.evictor is not None:
+            self.evictor.on_large_unevictable(large)
+
+    # ----------------------------------------------------------------- checks
+    def check_integrity(self) -> dict[str, int]:
+        """Recount every page from ``state``; assert all counters agree.  Returns totals."""
+        totals = {"free": 0, "used": 0, "cached": 0}
+        seen_free_large = set(self._free_large)
+        assert len(seen_free_large) == len(self._free_large), "a large page is twice in the pool"
+        for large in range(self.num_large):
+            g = self.group_of[large]
+            if g == -1:
+                assert large in seen_free_large, f"unowned large page {large} not in the pool"
+                assert self.n_used[large] == self.n_cached[large] == 0, f"free large {large} has pages"
+                continue
+            assert large not in seen_free_large, f"owned large page {large} in the pool"
+            k = self.k[g]
+            st = self.state[g][large * k:(large + 1) * k]
+            used, cached = st.count(USED), st.count(CACHED)
+            assert (used, cached) == (self.n_used[large], self.n_cached[large]), \
+                f"large {large}: counted {used}/{cached}, recorded {self.n_used[large]}/{self.n_cached[large]}"
+            assert used + cached > 0, f"large {large} all free but still owned by group {g}"
+            assert bool(self.in_e[large]) == (used == 0), f"large {large}: E flag {self.in_e[large]}, used {used}"
+            slots = self._hidden.get(large) if self.in_e[large] else self._slots[g].get(large)
+            free_slots = sorted(slots or [])
+            expect = [i for i in range(k) if st[i] == FREE]
+            assert free_slots == expect, f"large {large}: free slots {free_slots} != {expect}"
+            totals["used"] += used * self.page_bytes[g]
+            totals["cached"] += cached * self.page_bytes[g]
+            totals["free"] += (k - used - cached) * self.page_bytes[g]
+        totals["free"] += len(self._free_large) * self.large_bytes
+        assert sum(totals.values()) == self.num_large * self.large_bytes, f"bytes do not add up: {totals}"
+        for g in range(len(self.k)):
+            n_used = self.state[g].count(USED)
+            assert n_used == self.used_small[g], f"group {g}: {n_used} used pages, counter {self.used_small[g]}"
+            vis = sum(len(v) for v in self._slots[g].values())
+            assert vis == self.free_small[g], f"group {g}: visible free {vis} != {self.free_small[g]}"
+        return totals

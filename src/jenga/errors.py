@@ -1,0 +1,28 @@
+"""Exceptions for callers' mistakes.  Internal invariants use ``assert`` instead."""
+
+
+class JengaError(Exception):
+    """Base class of every error jenga raises on bad input."""
+
+
+class UnknownRequestError(JengaError, KeyError):
+    """The request id was never added, or was already freed."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else "unknown request"
+
+
+class DuplicateRequestError(JengaError, ValueError):
+    """``add_request`` with an id that is still live."""
+
+
+class InvalidArgumentError(JengaError, ValueError):
+    """A count, size or option out of its range."""
+
+
+class SequenceTooLongError(JengaError, ValueError):
+    """The request would grow past the model's maximum length."""
+
+
+class InsufficientMemoryError(JengaError, ValueError):
+    """The memory budget cannot hold even one large page."""

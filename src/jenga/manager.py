@@ -1,0 +1,331 @@
+"""``KVCacheManager``: the one API an engine calls.
+
+A request's way through it: ``add_request`` (hash the prompt's full blocks once) ->
+``lookup`` (each group's policy proposes the longest valid hit; the manager iterates to
+the longest length every group accepts and holds those pages) -> ``allocate`` (count the
+pages each group needs, check them against free + evictable memory *before* touching
+anything, then take pages in the request-aware order) -> the engine runs the step ->
+``append_tokens`` (the step's tokens count as computed; full pages join the prefix index;
+pages that left the window or chunk go to the evictor) -> ``free``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from jenga.allocator import LargePageAllocator
+from jenga.errors import (DuplicateRequestError, InsufficientMemoryError, InvalidArgumentError,
+                          SequenceTooLongError, UnknownRequestError)
+from jenga.integrity import check_manager
+from jenga.prefix.evictor import PrefixEvictor
+from jenga.prefix.hashing import ImageRef, extend_block_hashes, root_hash
+from jenga.prefix.index import PrefixIndex
+from jenga.prefix.policies import PageOps, Policy, cdiv, policy_for
+from jenga.request import GroupState, Request
+from jenga.specs import LayerGroup, ModelSpec
+from jenga.stats import CacheStats, collect_stats
+from jenga.tables import PageTables
+
+NEVER = 1 << 62
+
+
+def with_base_page(model: ModelSpec, tokens_per_page: int) -> ModelSpec:
+    """The model with every token group at ``tokens_per_page`` (state groups unchanged)."""
+    groups = tuple(
+        LayerGroup(g.name, g.spec, g.layers, tokens_per_page if g.spec.per_token else g.tokens_per_page,
+                   g.pad_bytes) for g in model.groups)
+    return ModelSpec(model.name, groups, model.max_model_len, model.num_layers, model.hf_config)
+
+
+class KVCacheManager(PageOps):
+    """Jenga's KV-cache manager for one (possibly composite) model.
+
+    ``memory_bytes`` is the KV budget; it is cut into ``floor(memory / S) - 1`` large
+    pages of ``S = lcm(small pages)`` bytes.  ``tokens_per_page`` is the base page (and
+    hash block) size; groups may use multiples of it to keep the LCM bounded
+    (``max_lcm_ratio`` x the largest small page).  ``device`` is only used by
+    :attr:`layout` (the torch buffer), which is built on first use.
+    """
+
+    name = "jenga"
+
+    def __init__(self, model: ModelSpec, memory_bytes: int, *, tokens_per_page: int = 16,
+                 enable_prefix_caching: bool = True, device: str = "cpu", max_lcm_ratio: float = 8.0,
+                 fit_pages: bool = True):
+        if tokens_per_page <= 0:
+            raise InvalidArgumentError(f"tokens_per_page must be positive, got {tokens_per_page}")
+        if memory_bytes <= 0:
+            raise InvalidArgumentError(f"memory_bytes must be positive, got {memory_bytes}")
+        model = with_base_page(model, tokens_per_page)
+        self.page_plan = None
+        if fit_pages:
+            from jenga.pagesize import fit_page_sizes
+            self.page_plan = fit_page_sizes(model, max_ratio=max_lcm_ratio)
+            model = self.page_plan.model
+        self.model = model
+        self.block = tokens_per_page
+        self.caching = enable_prefix_caching
+        self.device = device
+        self.large_page_bytes = model.lcm_page_bytes
+        num_large = memory_bytes // self.large_page_bytes - 1
+        if num_large < 1:
+            raise InsufficientMemoryError(
+                f"{memory_bytes} bytes hold no large page of {self.large_page_bytes} bytes plus one slack "
+                f"page; give at least {2 * self.large_page_bytes} bytes")
+        self.memory_bytes = memory_bytes
+        self.alloc = LargePageAllocator([g.page_bytes for g in model.groups], num_large)
+        self.index = PrefixIndex(len(model.groups))
+        self.evictor = PrefixEvictor(self.alloc, self.index)
+        self.policies: list[Policy] = [policy_for(i, g, tokens_per_page) for i, g in enumerate(model.groups)]
+        self.ref: list[list[int]] = [[0] * (num_large * k) for k in self.alloc.k]
+        self.requests: dict[object, Request] = {}
+        self.now = 0
+        self.prefix_hit_tokens = 0
+        self.prefix_query_tokens = 0
+        self._tag: object = None
+        self._quota: list[int] = []
+        self._log: list[tuple[int, int, tuple[int, int] | None]] | None = None
+        self._layout = None
+
+    # ------------------------------------------------------------- PageOps
+    def take(self, group: int) -> int:
+        alloc = self.alloc
+        before = alloc.num_carved
+        page = alloc.allocate(group, self._tag, self._quota[group] > 0)
+        self._quota[group] -= alloc.num_carved - before
+        self.ref[group][page] = 1
+        return page
+
+    def hold(self, group: int, page: int) -> None:
+        ref = self.ref[group]
+        key = self.evictor.touch(group, page) if ref[page] == 0 else None
+        ref[page] += 1
+        if self._log is not None:
+            self._log.append((group, page, key))
+
+    def drop(self, group: int, page: int, last_access: int, prefix_len: int) -> None:
+        ref = self.ref[group]
+        assert ref[page] > 0, f"drop of unreferenced page {group}:{page}"
+        ref[page] -= 1
+        if ref[page] == 0:
+            if self.caching and self.index.is_registered(group, page):
+                self.evictor.add(group, page, last_access, prefix_len)
+            else:
+                if self.index.is_registered(group, page):
+                    self.index.drop(group, page)
+                self.alloc.release(group, page)
+
+    def register(self, group: int, page: int, key: bytes) -> bool:
+        return self.index.register(group, page, key)
+
+    def find(self, group: int, key: bytes) -> int | None:
+        return self.index.get(group, key)
+
+    def _unhold(self, log: Iterable[tuple[int, int, tuple[int, int] | None]]) -> None:
+        """Undo ``hold`` calls exactly (cached pages get their old key back)."""
+        for group, page, key in reversed(list(log)):
+            self.ref[group][page] -= 1
+            if key is not None:
+                assert self.ref[group][page] == 0, f"undo of hit {group}:{page} still referenced"
+                self.evictor.add(group, page, *key)
+            # key None: another live request holds it; nothing else to undo
+
+    # ----------------------------------------------------------------- API
+    def _req(self, request_id: object) -> Request:
+        req = self.requests.get(request_id)
+        if req is None:
+            raise UnknownRequestError(f"unknown request id {request_id!r} (never added, or already freed)")
+        return req
+
+    def add_request(self, request_id: object, prompt_token_ids: Sequence[int], *,
+                    images: Sequence[tuple[int, int, str] | ImageRef] = (), cache_salt: str | None = None) -> None:
+        """Register a request.  Raises on a duplicate id, an empty or too long prompt, or
+        a bad image; changes nothing then."""
+        if request_id in self.requests:
+            raise DuplicateRequestError(f"request id {request_id!r} is already live")
+        tokens = list(prompt_token_ids)
+        if not tokens:
+            raise InvalidArgumentError(f"request {request_id!r}: empty prompt")
+        if len(tokens) > self.model.max_model_len:
+            raise SequenceTooLongError(f"request {request_id!r}: prompt of {len(tokens)} tokens exceeds the "
+                                       f"model's max length {self.model.max_model_len}")
+        refs = []
+        for img in images:
+            img = ImageRef(*img)
+            if img.offset < 0 or img.num_tokens <= 0 or img.offset > len(tokens):
+                raise InvalidArgumentError(f"request {request_id!r}: bad image {img} for a {len(tokens)}-token "
+                                           "prompt (offset in [0, len], num_tokens > 0)")
+            refs.append(img)
+        hashes: list[bytes] = []
+        if self.caching:
+            extend_block_hashes(hashes, tokens, self.block, root_hash(cache_salt), refs)
+        req = Request(request_id, tokens, len(tokens), tuple(refs), hashes,
+                      [GroupState() for _ in self.model.groups])
+        req.salt_root = root_hash(cache_salt) if self.caching else b""
+        self.requests[request_id] = req
+
+    def lookup(self, request_id: object) -> int:
+        """Tokens of the prompt already cached for every group (never the last token).
+
+        Holds those pages for the next ``allocate``; a second lookup first lets go of the
+        first one's pages.  Raises once the request has been allocated.
+        """
+        req = self._req(request_id)
+        if req.tables is not None or req.num_scheduled:
+            raise InvalidArgumentError(f"lookup of request {request_id!r} after its first allocate")
+        self._release_hit(req)
+        if not self.caching:
+            return 0
+        cand = min(len(req.tokens) - 1, len(req.hashes) * self.block)
+        while True:
+            start = cand
+            for pol in self.policies:
+                cand = pol.longest_prefix(req, cand, self)
+            if cand == start:
+                break
+        self._log = []
+        try:
+            for pol, gs in zip(self.policies, req.groups, strict=True):
+                pol.hit(req, gs, cand, self)
+        finally:
+            req.pins, self._log = self._log, None
+        req.hit = req.num_computed = cand
+        return cand
+
+    def _release_hit(self, req: Request) -> None:
+        if req.pins:
+            self._unhold(req.pins)
+        req.pins = []
+        req.groups = [GroupState() for _ in self.model.groups]
+        req.hit = req.num_computed = 0
+
+    def allocate(self, request_id: object, num_new_tokens: int, *, num_lookahead: int = 0) -> PageTables | None:
+        """Pages for tokens ``[computed, computed + num_new_tokens + num_lookahead)``.
+
+        Returns the request's page tables, or ``None`` when memory (free + evictable)
+        cannot hold them; ``None`` changes nothing.  Raises on an unknown request, a
+        negative count, tokens not yet known, or a length past the model's maximum.
+        """
+        req = self.requests.get(request_id)
+        if req is None:
+            raise UnknownRequestError(f"unknown request id {request_id!r} (never added, or already freed)")
+        if num_new_tokens < 0 or num_lookahead < 0:
+            raise InvalidArgumentError(f"request {request_id!r}: negative token count "
+                                       f"({num_new_tokens}, lookahead {num_lookahead})")
+        start = req.num_computed + req.num_scheduled
+        end = start + num_new_tokens + num_lookahead
+        self.now += 1
+        if end < req.limit and req.tables is not None and num_lookahead == req.num_lookahead:
+            if start + num_new_tokens > len(req.tokens):
+                self._too_far(req, start, num_new_tokens)
+            req.num_scheduled += num_new_tokens
+            req.last_access = self.now
+            t = req.tables
+            t.num_computed, t.num_new = req.num_computed, req.num_scheduled
+            return t
+        if start + num_new_tokens > len(req.tokens):
+            self._too_far(req, start, num_new_tokens)
+        if end > self.model.max_model_len:
+            raise SequenceTooLongError(f"request {request_id!r}: {end} tokens exceed the model's max length "
+                                       f"{self.model.max_model_len}")
+        return self._allocate_slow(req, num_new_tokens, num_lookahead, end)
+
+    def _too_far(self, req: Request, start: int, n: int) -> None:
+        raise InvalidArgumentError(f"request {req.request_id!r}: cannot compute tokens up to {start + n}; only "
+                                   f"{len(req.tokens)} token ids are known (append sampled tokens first)")
+
+    def _allocate_slow(self, req: Request, n: int, lookahead: int, end: int) -> PageTables | None:
+        old_lookahead, req.num_lookahead = req.num_lookahead, lookahead
+        self._log = log = []
+        try:
+            need = [pol.plan(req, gs, end, self) for pol, gs in zip(self.policies, req.groups, strict=True)]
+        finally:
+            self._log = None
+        quota = self._quota_for(need)
+        if quota is None:
+            self._unhold(log)
+            for gs in req.groups:
+                gs.pending.clear()
+            req.num_lookahead = old_lookahead
+            return None
+        self._tag, self._quota = req.request_id, quota
+        for pol, gs in zip(self.policies, req.groups, strict=True):
+            pol.grow(req, gs, end, self)
+        self._tag = None
+        if not req.counted:
+            req.counted = True
+            self.prefix_query_tokens += req.prompt_len
+            self.prefix_hit_tokens += req.hit
+        req.pins = []
+        req.num_scheduled += n
+        req.last_access = self.now
+        if req.tables is None:
+            req.tables = PageTables(req.request_id, 0, 0, 0, [gs.table for gs in req.groups])
+        t = req.tables
+        t.num_computed, t.num_new, t.num_lookahead = req.num_computed, req.num_scheduled, lookahead
+        req.limit = min(pol.limit(req, gs, self) for pol, gs in zip(self.policies, req.groups, strict=True))
+        return t
+
+    def _quota_for(self, need: list[int]) -> list[int] | None:
+        """Large pages each group may take (steps 2-3), or ``None`` if ``need`` can't fit."""
+        k = self.alloc.k
+        sup = self.alloc.supply()
+        most = [cdiv(x, kg) for x, kg in zip(need, k, strict=True)]
+        if sup.whole_large >= sum(most):
+            return most
+        least = [cdiv(max(0, x - f - c), kg)
+                 for x, f, c, kg in zip(need, sup.free_small, sup.cached_small, k, strict=True)]
+        if sup.whole_large >= sum(least):
+            return least
+        return None
+
+    def append_tokens(self, request_id: object, token_ids: Sequence[int]) -> None:
+        """The allocated tokens were computed; ``token_ids`` were sampled after them.
+
+        Full pages become reusable; pages out of window or chunk are released.
+        """
+        req = self._req(request_id)
+        if req.num_computed + req.num_scheduled + len(token_ids) > self.model.max_model_len + 1:
+            raise SequenceTooLongError(f"request {request_id!r}: appending {len(token_ids)} tokens passes "
+                                       f"the model's max length {self.model.max_model_len}")
+        req.tokens.extend(token_ids)
+        req.num_computed += req.num_scheduled
+        req.num_scheduled = 0
+        if self.caching and len(req.tokens) >= (len(req.hashes) + 1) * self.block:
+            extend_block_hashes(req.hashes, req.tokens, self.block, req.salt_root, req.images)
+        if req.num_computed >= req.next_event:
+            next_event = NEVER
+            for pol, gs in zip(self.policies, req.groups, strict=True):
+                pol.commit(req, gs, self)
+                next_event = min(next_event, pol.next_event(req, gs, self))
+            req.next_event = next_event
+        if req.tables is not None:
+            req.tables.num_computed, req.tables.num_new = req.num_computed, 0
+
+    def free(self, request_id: object) -> None:
+        """Drop the request; its registered pages stay cached (evictable), the rest are free."""
+        req = self._req(request_id)
+        if req.pins:
+            self._unhold(req.pins)
+            req.pins = []
+        else:
+            for pol, gs in zip(self.policies, req.groups, strict=True):
+                pol.free(req, gs, self)
+        del self.requests[request_id]
+
+    # ----------------------------------------------------------- reporting
+    def stats(self) -> CacheStats:
+        return collect_stats(self)
+
+    def check_integrity(self) -> None:
+        """Assert free + used + cached == total, refcounts match the tables, every cached
+        page is indexed and keyed, and no page serves two owners."""
+        check_manager(self)
+
+    @property
+    def layout(self):
+        """The torch buffer and per-layer views (built on first use, on ``device``)."""
+        if self._layout is None:
+            from jenga.layout import KVLayout
+            self._layout = KVLayout(self.model, self.alloc.num_large, device=self.device)
+        return self._layout

@@ -1,0 +1,1 @@
+"""Prefix caching: block hashing, per-kind policies and the prefix-subset evictor."""

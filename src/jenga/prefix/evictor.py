@@ -1,0 +1,121 @@
+"""The prefix-subset evictor: one global order by ``(last access, -prefix length)``.
+
+*Balanced*: all groups of a request get the request's access time when it frees them.
+*Aligned*: a page's prefix length is the token position of its end, the same in every
+group, so on equal times the same tokens leave every group (the tail first).  A large
+page's key is the largest key of its cached pages: it is evicted whole only when every
+page in it is older than what other large pages hold.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from jenga.allocator import CACHED, EvictionSource, LargePageAllocator
+from jenga.prefix.index import PrefixIndex
+
+Key = tuple[int, int]  # (last_access, -prefix_length)
+
+
+class PrefixEvictor(EvictionSource):
+    """Holds the key of every CACHED page; evicts small pages per group and whole large pages."""
+
+    def __init__(self, allocator: LargePageAllocator, index: PrefixIndex):
+        self.alloc = allocator
+        self.index = index
+        n = len(allocator.k)
+        self.keys: list[dict[int, Key]] = [{} for _ in range(n)]
+        self._heaps: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
+        self._large_heap: list[tuple[int, int, int, int]] = []  # (t, -plen, version, large)
+        self._large_ver = [0] * allocator.num_large
+        self._evicting = -1
+        self.num_evicted_pages = 0
+        allocator.evictor = self
+
+    # ------------------------------------------------------------ page moves
+    def add(self, group: int, page: int, last_access: int, prefix_len: int) -> None:
+        """A registered USED page whose last holder left becomes CACHED with this key."""
+        key = (last_access, -prefix_len)
+        keys, heap = self.keys[group], self._heaps[group]
+        keys[page] = key
+        heapq.heappush(heap, (last_access, -prefix_len, page))
+        if len(heap) > 2 * len(keys) + 1024:  # drop stale entries now and then
+            self._heaps[group] = [(t, n, p) for t, n, p in heap if keys.get(p) == (t, n)]
+            heapq.heapify(self._heaps[group])
+        self.alloc.to_cached(group, page)
+
+    def touch(self, group: int, page: int) -> Key:
+        """A CACHED page is hit: it becomes USED.  Returns its key (to undo with ``add``)."""
+        key = self.keys[group].pop(page)
+        self.alloc.touch_cached(group, page)
+        return key
+
+    def _drop(self, group: int, page: int) -> None:
+        del self.keys[group][page]
+        self.index.drop(group, page)
+        self.alloc.evict_cached(group, page)
+        self.num_evicted_pages += 1
+
+    # -------------------------------------------------- EvictionSource hooks
+    def evict_small(self, group: int) -> int | None:
+        heap, keys, alloc = self._heaps[group], self.keys[group], self.alloc
+        k = alloc.k[group]
+        skipped = []
+        found = None
+        while heap:
+            t, neg, page = heapq.heappop(heap)
+            if keys.get(page) != (t, neg):
+                continue  # stale entry
+            if alloc.in_e[page // k]:
+                skipped.append((t, neg, page))  # whole-large candidates stay whole
+                continue
+            found = page
+            break
+        for item in skipped:
+            heapq.heappush(heap, item)
+        if found is not None:
+            self._drop(group, found)
+        return found
+
+    def evict_large(self) -> int | None:
+        heap, alloc = self._large_heap, self.alloc
+        while heap:
+            _t, _neg, ver, large = heapq.heappop(heap)
+            if ver != self._large_ver[large] or not alloc.in_e[large]:
+                continue
+            group = alloc.group_of[large]
+            k = alloc.k[group]
+            state = alloc.state[group]
+            self._evicting = large
+            try:
+                for page in range(large * k, (large + 1) * k):
+                    if state[page] == CACHED:
+                        self._drop(group, page)
+            finally:
+                self._evicting = -1
+            assert alloc.group_of[large] == -1, f"evicted large page {large} still owned"
+            return large
+        return None
+
+    def on_large_evictable(self, large: int) -> None:
+        if large == self._evicting:
+            return
+        self._large_ver[large] += 1
+        alloc = self.alloc
+        group = alloc.group_of[large]
+        k = alloc.k[group]
+        state, keys = alloc.state[group], self.keys[group]
+        best = max(keys[p] for p in range(large * k, (large + 1) * k) if state[p] == CACHED)
+        heap = self._large_heap
+        heapq.heappush(heap, (best[0], best[1], self._large_ver[large], large))
+        if len(heap) > 2 * self.alloc.num_e + 1024:
+            ver, in_e = self._large_ver, self.alloc.in_e
+            self._large_heap = [e for e in heap if e[2] == ver[e[3]] and in_e[e[3]]]
+            heapq.heapify(self._large_heap)
+
+    def on_large_unevictable(self, large: int) -> None:
+        self._large_ver[large] += 1
+
+    @property
+    def num_cached_pages(self) -> int:
+        return sum(len(k) for k in self.keys)

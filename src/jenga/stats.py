@@ -1,0 +1,80 @@
+"""Memory accounting shared by jenga and the baseline managers.
+
+*Needed* bytes are what live requests really read in their next step (full layers: every
+computed token; sliding: the last window; chunked: the current chunk; Mamba: one state;
+images: the image tokens held).  *Allocated* bytes are pages held by live requests plus
+free slots inside large pages already cut for a group.  Waste = allocated - needed,
+broken down by cause.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(slots=True)
+class CacheStats:
+    total_bytes: int
+    used_bytes: int  # pages held by live requests
+    cached_bytes: int  # evictable pages (prefix cache)
+    free_bytes: int  # free large pages + free slots inside cut large pages
+    needed_bytes: int  # bytes live requests' next step reads
+    waste_large_page_bytes: int  # free slots inside large pages cut for a group
+    waste_partial_page_bytes: int  # unfilled tails of held pages (and lookahead room)
+    waste_out_of_window_bytes: int  # held pages no live request reads any more
+    waste_padding_bytes: int  # padding added to keep the LCM bounded
+    prefix_hit_tokens: int
+    prefix_query_tokens: int
+    num_requests: int
+    evicted_pages: int
+
+    @property
+    def allocated_bytes(self) -> int:
+        return self.used_bytes + self.waste_large_page_bytes
+
+    @property
+    def waste_bytes(self) -> int:
+        return (self.waste_large_page_bytes + self.waste_partial_page_bytes + self.waste_out_of_window_bytes
+                + self.waste_padding_bytes)
+
+    @property
+    def waste_frac(self) -> float:
+        a = self.allocated_bytes
+        return self.waste_bytes / a if a else 0.0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        q = self.prefix_query_tokens
+        return self.prefix_hit_tokens / q if q else 0.0
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.update(allocated_bytes=self.allocated_bytes, waste_bytes=self.waste_bytes, waste_frac=self.waste_frac,
+                 prefix_hit_rate=self.prefix_hit_rate)
+        return d
+
+
+def collect_stats(mgr) -> CacheStats:
+    """Stats of a ``KVCacheManager`` (or a baseline built on it).  O(requests x groups)."""
+    alloc = mgr.alloc
+    groups = mgr.model.groups
+    pb = alloc.page_bytes
+    n = range(len(groups))
+    used = sum(alloc.used_small[g] * pb[g] for g in n)
+    cached = sum(len(mgr.evictor.keys[g]) * pb[g] for g in n)
+    carved_free = sum((alloc.free_small[g] + alloc.hidden_free[g]) * pb[g] for g in n)
+    total = alloc.num_large * alloc.large_bytes
+    needed = partial = stale_bytes = padding = 0
+    for req in mgr.requests.values():
+        for pol, gs in zip(mgr.policies, req.groups, strict=True):
+            grp = pol.group
+            held = pol.held_pages(gs)
+            need = pol.needed_bytes(req, gs)
+            stale = pol.stale_pages(req, gs)
+            needed += need
+            stale_bytes += stale * grp.page_bytes
+            padding += (held - stale) * (grp.page_bytes - grp.useful_page_bytes)
+            partial += max(0, (held - stale) * grp.useful_page_bytes - need)
+    return CacheStats(total, used, cached, total - used - cached, needed, carved_free, partial, stale_bytes,
+                      padding, mgr.prefix_hit_tokens, mgr.prefix_query_tokens, len(mgr.requests),
+                      mgr.evictor.num_evicted_pages)

@@ -1,0 +1,67 @@
+"""Typed page tables returned by ``KVCacheManager.allocate``.
+
+The lists inside are the manager's live records: read them, never mutate them; they
+stay valid until the next manager call for the same request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class TokenTable:
+    """A token kind (full, sliding, chunked): ``page_ids[i]`` holds tokens
+    ``[i*tokens_per_page, (i+1)*tokens_per_page)``; ``None`` = not held, never read."""
+
+    group: int
+    tokens_per_page: int
+    page_ids: list[int | None]
+
+
+@dataclass(slots=True)
+class ImageTable:
+    """Per-image pages (cross-attention KV or vision embeddings).
+
+    ``pages[j]`` are the pages of the request's image ``j`` (each image starts on a new
+    page); ``to_fill`` lists the images whose pages are fresh this step, so the engine
+    must run the encoder for them.  Images not in ``pages`` are not held.
+    """
+
+    group: int
+    tokens_per_page: int
+    pages: dict[int, list[int]]
+    to_fill: set[int] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class StateTable:
+    """A state kind (Mamba): the running state and checkpoint slots.
+
+    ``read_page``: a cached checkpoint to copy into ``work_page`` before this step
+    (prefix hit), else ``None``.  ``checkpoints[t]``: the page into which the state after
+    the first ``t`` tokens must be copied while the step runs.
+    """
+
+    group: int
+    work_page: int
+    read_page: int | None
+    checkpoints: dict[int, int]
+
+
+GroupTable = TokenTable | ImageTable | StateTable
+
+
+@dataclass(slots=True)
+class PageTables:
+    """What one request may read and write in the step ``allocate`` was called for.
+
+    Tokens ``[num_computed, num_computed + num_new)`` are computed in this step (their
+    K/V written); pages also cover ``num_lookahead`` further tokens.
+    """
+
+    request_id: object
+    num_computed: int
+    num_new: int
+    num_lookahead: int
+    groups: list[GroupTable]
