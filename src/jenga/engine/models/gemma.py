@@ -1,0 +1,122 @@
+"""Gemma-2 and Gemma-3 (text) decoders with paged attention (HF parameter names).
+
+Shared by both: embeddings scaled by ``sqrt(hidden)`` (in the weight dtype), ``(1 + w)`` RMSNorm,
+norms before and after both attention and MLP, ``query_pre_attn_scalar ** -0.5`` attention
+scale, interleaved sliding / full layers from ``config.layer_types`` and optional final logit
+soft-capping.
+
+* Gemma-2: attention logit soft-capping (``attn_logit_softcapping``), one RoPE.
+* Gemma-3: q/k RMSNorm over the head dim before RoPE; separate RoPE per layer type
+  (local theta for sliding layers, global theta with optional linear scaling for full layers);
+  HF applies no attention soft-capping.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from jenga.engine.attention import ForwardContext
+from jenga.engine.models.common import (
+    GatedMLP,
+    PagedAttentionBase,
+    PagedCausalLM,
+    RMSNorm,
+    Rotary,
+    cfg,
+    rope_parameters,
+)
+
+SLIDING, FULL = "sliding_attention", "full_attention"
+
+
+def layer_types(config) -> list[str]:
+    types = getattr(config, "layer_types", None)
+    if types:
+        return list(types[: config.num_hidden_layers])
+    return [SLIDING if i % 2 == 0 else FULL for i in range(config.num_hidden_layers)]  # Gemma-2 default
+
+
+class GemmaAttention(PagedAttentionBase):
+    def __init__(self, config, layer_idx: int, layer_type: str, rotary: Rotary, gemma3: bool):
+        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        super().__init__(
+            layer_idx, config.hidden_size, config.num_attention_heads, config.num_key_value_heads, head_dim,
+            bias=cfg(config, "attention_bias", False),
+            scale=cfg(config, "query_pre_attn_scalar", head_dim) ** -0.5,
+            window=config.sliding_window if layer_type == SLIDING else None,
+            softcap=None if gemma3 else cfg(config, "attn_logit_softcapping"))
+        self._rotary = [rotary]  # shared, not a submodule
+        if gemma3:
+            eps = cfg(config, "rms_norm_eps", 1e-6)
+            self.q_norm = RMSNorm(head_dim, eps, offset=True)
+            self.k_norm = RMSNorm(head_dim, eps, offset=True)
+
+    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
+        q, k, v = self.project(x)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        rot = self._rotary[0]
+        return self.attend(ctx, rot(q, cos_sin), rot(k, cos_sin), v)
+
+
+class GemmaDecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx: int, layer_type: str, rotary: Rotary, gemma3: bool):
+        super().__init__()
+        h, eps = config.hidden_size, cfg(config, "rms_norm_eps", 1e-6)
+        self.layer_type = layer_type
+        self.self_attn = GemmaAttention(config, layer_idx, layer_type, rotary, gemma3)
+        self.mlp = GatedMLP(h, config.intermediate_size, cfg(config, "hidden_activation", "gelu_pytorch_tanh"))
+        self.input_layernorm = RMSNorm(h, eps, offset=True)
+        self.post_attention_layernorm = RMSNorm(h, eps, offset=True)
+        self.pre_feedforward_layernorm = RMSNorm(h, eps, offset=True)
+        self.post_feedforward_layernorm = RMSNorm(h, eps, offset=True)
+
+    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos_sin, ctx))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
+
+class GemmaModel(nn.Module):
+    def __init__(self, config, gemma3: bool):
+        super().__init__()
+        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        types = layer_types(config)
+        if gemma3:  # one RoPE per layer type (local / global theta, global may be scaled)
+            self.rotary = nn.ModuleDict({t: Rotary(rope_parameters(config, t), head_dim) for t in sorted(set(types))})
+        else:
+            rot = Rotary(rope_parameters(config), head_dim)
+            self.rotary = nn.ModuleDict({t: rot for t in sorted(set(types))})
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_scale = config.hidden_size ** 0.5
+        self.layers = nn.ModuleList(
+            GemmaDecoderLayer(config, i, t, self.rotary[t], gemma3) for i, t in enumerate(types))
+        self.norm = RMSNorm(config.hidden_size, cfg(config, "rms_norm_eps", 1e-6), offset=True)
+
+    def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
+        w = self.embed_tokens.weight
+        x = self.embed_tokens(input_ids) * torch.tensor(self.embed_scale, dtype=w.dtype, device=w.device)
+        cos_sin = {t: rot.cos_sin(positions) for t, rot in self.rotary.items()}
+        for layer in self.layers:
+            x = layer(x, cos_sin[layer.layer_type], ctx)
+        return self.norm(x)
+
+
+class Gemma2ForCausalLM(PagedCausalLM):
+    """Gemma-2: interleaved sliding/full, attention and final logit soft-capping."""
+
+    gemma3 = False
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = GemmaModel(config, gemma3=self.gemma3)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.final_logit_softcapping = cfg(config, "final_logit_softcapping")
+        if cfg(config, "tie_word_embeddings", True):
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+
+class Gemma3ForCausalLM(Gemma2ForCausalLM):
+    """Gemma-3 text: q/k norms, local/global RoPE thetas (global optionally linearly scaled)."""
+
+    gemma3 = True

@@ -1,0 +1,169 @@
+"""Llama-4 text decoder with paged attention (HF parameter names, ``Llama4TextConfig``).
+
+* ``config.no_rope_layers[l] == 1``: RoPE layer (interleaved complex RoPE) with chunked local
+  attention over ``attention_chunk_size``; with ``use_qk_norm`` q and k get a weightless RMS
+  norm after RoPE.
+* ``no_rope_layers[l] == 0``: NoPE global (full) layer; with ``attn_temperature_tuning`` the
+  queries are scaled by ``1 + attn_scale · log1p(floor((pos + 1) / floor_scale))``.
+* Layers in ``config.moe_layers`` use a sigmoid-routed top-k MoE (input scaled by the router
+  score, HF semantics) plus a shared expert; the others a dense MLP of ``intermediate_size_mlp``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from jenga.engine.attention import ForwardContext
+from jenga.engine.models.common import (
+    GatedMLP,
+    PagedAttentionBase,
+    PagedCausalLM,
+    RMSNorm,
+    Rotary,
+    activation,
+    cfg,
+    l2_norm,
+    rope_parameters,
+)
+
+
+def rope_layers(config) -> list[bool]:
+    """True where the layer uses RoPE (and chunked attention)."""
+    n = config.num_hidden_layers
+    flags = getattr(config, "no_rope_layers", None)
+    if not flags:
+        interval = cfg(config, "no_rope_layer_interval", 4)
+        flags = [int((i + 1) % interval != 0) for i in range(n)]
+    return [bool(f) for f in flags[:n]]
+
+
+def chunked_layers(config) -> list[bool]:
+    """True where the layer attends chunked-locally (``layer_types``, else the RoPE layers)."""
+    types = getattr(config, "layer_types", None)
+    flags = [t == "chunked_attention" for t in types] if types else rope_layers(config)
+    return flags[: config.num_hidden_layers] if cfg(config, "attention_chunk_size") else [False] * len(flags)
+
+
+def moe_layers(config) -> set[int]:
+    layers = getattr(config, "moe_layers", None)
+    if layers is None:
+        step = cfg(config, "interleave_moe_layer_step", 1)
+        layers = range(step - 1, config.num_hidden_layers, step)
+    return set(layers)
+
+
+class Llama4Attention(PagedAttentionBase):
+    def __init__(self, config, layer_idx: int, use_rope: bool, chunked: bool, rotary: Rotary):
+        chunk = cfg(config, "attention_chunk_size") if chunked else None
+        super().__init__(layer_idx, config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                         cfg(config, "head_dim", config.hidden_size // config.num_attention_heads),
+                         bias=cfg(config, "attention_bias", False), chunk=chunk)
+        self.use_rope = use_rope
+        self.qk_norm = bool(cfg(config, "use_qk_norm", False)) and use_rope
+        self.eps = cfg(config, "rms_norm_eps", 1e-5)
+        self.temperature = bool(cfg(config, "attn_temperature_tuning", False)) and not use_rope
+        self.floor_scale = cfg(config, "floor_scale", 8192)
+        self.attn_scale = cfg(config, "attn_scale", 0.1)
+        self._rotary = [rotary]  # shared, not a submodule
+
+    def forward(self, x: Tensor, positions: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
+        q, k, v = self.project(x)
+        if self.use_rope:
+            q, k = self._rotary[0](q, cos_sin), self._rotary[0](k, cos_sin)
+        if self.qk_norm:
+            q, k = l2_norm(q, self.eps), l2_norm(k, self.eps)
+        if self.temperature:
+            t = torch.log1p(torch.floor((positions.float() + 1.0) / self.floor_scale)) * self.attn_scale + 1.0
+            q = (q * t[:, None, None]).to(q.dtype)
+        return self.attend(ctx, q, k, v)
+
+
+class Llama4Experts(nn.Module):
+    """Stacked expert weights ``gate_up_proj [E, hidden, 2·I]`` (gate | up), ``down_proj [E, I, hidden]``."""
+
+    def __init__(self, config):
+        super().__init__()
+        e, h, i = config.num_local_experts, config.hidden_size, config.intermediate_size
+        self.gate_up_proj = nn.Parameter(torch.zeros(e, h, 2 * i))
+        self.down_proj = nn.Parameter(torch.zeros(e, i, h))
+        self.act = activation(cfg(config, "hidden_act", "silu"))
+
+    def expert(self, e: int, x: Tensor) -> Tensor:
+        gate, up = (x @ self.gate_up_proj[e]).chunk(2, dim=-1)
+        return (up * self.act(gate)) @ self.down_proj[e]
+
+
+class Llama4Router(nn.Linear):
+    def __init__(self, config):
+        super().__init__(config.hidden_size, config.num_local_experts, bias=False)
+
+
+class Llama4Moe(nn.Module):
+    """Top-k routing with sigmoid scores that scale each expert's *input*, plus a shared expert."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.top_k = cfg(config, "num_experts_per_tok", 1)
+        self.experts = Llama4Experts(config)
+        self.router = Llama4Router(config)
+        self.shared_expert = GatedMLP(config.hidden_size, config.intermediate_size, cfg(config, "hidden_act", "silu"))
+
+    def forward(self, x: Tensor) -> Tensor:
+        logits = self.router(x)
+        top_val, top_idx = torch.topk(logits, self.top_k, dim=1)
+        scores = torch.sigmoid(top_val.float()).to(x.dtype)  # [T, k]
+        out = self.shared_expert(x)
+        for e in torch.unique(top_idx).tolist():  # loop over experts, not tokens
+            tok, slot = torch.nonzero(top_idx == e, as_tuple=True)
+            y = self.experts.expert(e, x[tok] * scores[tok, slot, None])
+            out = out.index_add(0, tok, y)
+        return out
+
+
+class Llama4DecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx: int, use_rope: bool, chunked: bool, is_moe: bool, rotary: Rotary):
+        super().__init__()
+        eps = cfg(config, "rms_norm_eps", 1e-5)
+        self.self_attn = Llama4Attention(config, layer_idx, use_rope, chunked, rotary)
+        if is_moe:
+            self.feed_forward = Llama4Moe(config)
+        else:
+            self.feed_forward = GatedMLP(config.hidden_size, config.intermediate_size_mlp,
+                                         cfg(config, "hidden_act", "silu"))
+        self.input_layernorm = RMSNorm(config.hidden_size, eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
+
+    def forward(self, x: Tensor, positions: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, cos_sin, ctx)
+        return x + self.feed_forward(self.post_attention_layernorm(x))
+
+
+class Llama4TextModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        self.rotary_emb = Rotary(rope_parameters(config), head_dim, interleaved=True)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        moe, chunked = moe_layers(config), chunked_layers(config)
+        self.layers = nn.ModuleList(
+            Llama4DecoderLayer(config, i, r, chunked[i], i in moe, self.rotary_emb)
+            for i, r in enumerate(rope_layers(config)))
+        self.norm = RMSNorm(config.hidden_size, cfg(config, "rms_norm_eps", 1e-5))
+
+    def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
+        x = self.embed_tokens(input_ids)
+        cos_sin = self.rotary_emb.cos_sin(positions)
+        for layer in self.layers:
+            x = layer(x, positions, cos_sin, ctx)
+        return self.norm(x)
+
+
+class Llama4ForCausalLM(PagedCausalLM):
+    """Llama-4 text (Scout / Maverick language model): chunked RoPE layers + NoPE full layers."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = Llama4TextModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights_if_needed()

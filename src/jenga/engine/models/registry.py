@@ -1,0 +1,66 @@
+"""Map HF ``model_type`` / ``architectures`` to the paged model classes.
+
+Multimodal wrappers (``gemma3``, ``llama4``) resolve to their text decoder: :func:`text_config`
+returns the ``text_config`` sub-config, which is what the model classes take.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from jenga.engine.models.common import PagedCausalLM
+from jenga.engine.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
+from jenga.engine.models.llama import LlamaForCausalLM
+from jenga.engine.models.llama4 import Llama4ForCausalLM
+
+MODEL_TYPES: dict[str, type[PagedCausalLM]] = {
+    "llama": LlamaForCausalLM,
+    "mistral": LlamaForCausalLM,
+    "ministral": LlamaForCausalLM,
+    "gemma2": Gemma2ForCausalLM,
+    "gemma3_text": Gemma3ForCausalLM,
+    "gemma3": Gemma3ForCausalLM,
+    "llama4_text": Llama4ForCausalLM,
+    "llama4": Llama4ForCausalLM,
+}
+
+ARCHITECTURES: dict[str, type[PagedCausalLM]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": LlamaForCausalLM,
+    "MinistralForCausalLM": LlamaForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "Gemma3ForConditionalGeneration": Gemma3ForCausalLM,
+    "Llama4ForCausalLM": Llama4ForCausalLM,
+    "Llama4ForConditionalGeneration": Llama4ForCausalLM,
+}
+
+#: model types whose checkpoints wrap the text decoder (weights live under a prefix).
+MULTIMODAL_TYPES = frozenset({"gemma3", "llama4"})
+
+
+def text_config(config):
+    """The decoder config: ``config.text_config`` for multimodal wrappers, else ``config``."""
+    if getattr(config, "model_type", None) in MULTIMODAL_TYPES and getattr(config, "text_config", None) is not None:
+        return config.text_config
+    return config
+
+
+def model_class(config) -> type[PagedCausalLM]:
+    """Class for a HF config: ``architectures[0]`` first, then ``model_type``; ``ValueError`` if unknown."""
+    for arch in getattr(config, "architectures", None) or ():
+        if arch in ARCHITECTURES:
+            return ARCHITECTURES[arch]
+    model_type = getattr(config, "model_type", None)
+    if model_type in MODEL_TYPES:
+        return MODEL_TYPES[model_type]
+    raise ValueError(f"unsupported model {model_type!r} (architectures {getattr(config, 'architectures', None)}); "
+                     f"supported model types: {sorted(MODEL_TYPES)}")
+
+
+def build_model(config, *, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> PagedCausalLM:
+    """Instantiate the paged model for ``config`` (uninitialised weights) on ``device`` in ``dtype``."""
+    cls = model_class(config)
+    with torch.device(device):
+        model = cls(text_config(config))
+    return model.to(dtype=dtype).eval()

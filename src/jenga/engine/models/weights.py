@@ -1,0 +1,160 @@
+"""Load local HF checkpoints (safetensors, single or sharded) and make tiny random configs.
+
+* :func:`load_model` ``(path)``: config from ``path/config.json`` (offline), model class from
+  the registry, weights from ``model.safetensors`` or ``model.safetensors.index.json`` shards.
+* :func:`load_weights`: copy tensors into an existing model by HF name, tensor by tensor
+  (no full state dict in memory). Multimodal checkpoints (``language_model.`` /
+  ``model.language_model.`` prefixes) load their text decoder; vision weights are skipped.
+  A missing ``lm_head.weight`` is fine when embeddings are tied.
+* :func:`tiny_config` / :func:`randomize_`: small random models for tests (no hub needed).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from jenga.engine.models.common import PagedCausalLM
+from jenga.engine.models.registry import build_model
+
+#: (checkpoint prefix, model prefix) rewrites tried in order for wrapped text decoders.
+PREFIX_REWRITES = (
+    ("model.language_model.", "model."),
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("language_model.", "model."),
+)
+
+
+def load_config(path: str | Path):
+    """HF config of a local model directory (never touches the network)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(path), local_files_only=True)
+
+
+def safetensors_files(path: str | Path) -> list[Path]:
+    """Checkpoint files: the shards named by ``model.safetensors.index.json``, else ``*.safetensors``."""
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / s for s in shards]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no safetensors checkpoint in {path}")
+    return files
+
+
+def iter_checkpoint(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` for every tensor of the checkpoint, loaded lazily one at a time."""
+    for file in safetensors_files(path):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def _target_name(name: str, params: dict) -> str | None:
+    if name in params:
+        return name
+    for src, dst in PREFIX_REWRITES:
+        if name.startswith(src) and dst + name[len(src):] in params:
+            return dst + name[len(src):]
+    return None
+
+
+@torch.no_grad()
+def load_weights(model: nn.Module, path: str | Path, *, strict: bool = True) -> dict[str, list[str]]:
+    """Copy the checkpoint at ``path`` into ``model`` (cast to each parameter's dtype / device).
+
+    Returns ``{"missing": [...], "skipped": [...]}``. With ``strict`` a missing parameter
+    (other than a tied ``lm_head.weight``) raises ``KeyError``; checkpoint tensors with no
+    matching parameter are skipped (vision towers of multimodal checkpoints).
+    """
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded, skipped = set(), []
+    for name, tensor in iter_checkpoint(path):
+        target = _target_name(name, params)
+        if target is None:
+            skipped.append(name)
+            continue
+        param = params[target]
+        if tuple(param.shape) != tuple(tensor.shape):
+            raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}")
+        param.copy_(tensor)
+        loaded.add(target)
+    missing = [n for n in params if n not in loaded]
+    tied = isinstance(model, PagedCausalLM) and model.lm_head.weight is model.model.embed_tokens.weight
+    if tied and "model.embed_tokens.weight" in loaded:
+        missing = [n for n in missing if n != "lm_head.weight"]
+    if strict and missing:
+        raise KeyError(f"checkpoint {path} lacks {len(missing)} parameters, e.g. {missing[:5]}")
+    return {"missing": missing, "skipped": skipped}
+
+
+def load_model(path: str | Path, *, device: torch.device | str = "cpu",
+               dtype: torch.dtype = torch.float32) -> PagedCausalLM:
+    """Paged model for the HF directory ``path`` with its safetensors weights loaded."""
+    model = build_model(load_config(path), device=device, dtype=dtype)
+    load_weights(model, path)
+    return model
+
+
+@torch.no_grad()
+def randomize_(model: nn.Module, *, seed: int = 0, std: float = 0.05) -> nn.Module:
+    """Fill every parameter with ``N(0, std)`` (norm weights too, so offsets are exercised)."""
+    gen = torch.Generator().manual_seed(seed)
+    for p in model.parameters():
+        p.copy_(torch.randn(p.shape, generator=gen) * std)
+    return model
+
+
+_TINY_COMMON = dict(vocab_size=512, hidden_size=256, intermediate_size=256, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=64, max_position_embeddings=1024)
+
+
+def tiny_config(family: str, **overrides):
+    """A small HF config of ``family`` in {llama, mistral, ministral, gemma2, gemma3, llama4}.
+
+    Windows / chunks are 32 tokens (two 16-token pages) so short prompts cross them.
+    """
+    import transformers as tf
+
+    llama3_rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                   "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    families = {
+        "llama": (tf.LlamaConfig, dict(num_hidden_layers=2, rope_parameters=llama3_rope)),
+        "mistral": (tf.MistralConfig, dict(num_hidden_layers=2, sliding_window=32)),
+        "ministral": (tf.MinistralConfig, dict(
+            num_hidden_layers=3, sliding_window=32,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"])),
+        "gemma2": (tf.Gemma2Config, dict(
+            num_hidden_layers=4, sliding_window=32, query_pre_attn_scalar=48,
+            attn_logit_softcapping=5.0, final_logit_softcapping=3.0)),
+        "gemma3": (tf.Gemma3TextConfig, dict(
+            num_hidden_layers=4, sliding_window=32, query_pre_attn_scalar=48,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                             "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}})),
+        "llama4": (tf.Llama4TextConfig, dict(
+            num_hidden_layers=4, intermediate_size=128, intermediate_size_mlp=256, num_local_experts=4,
+            num_experts_per_tok=2, interleave_moe_layer_step=2, no_rope_layers=[1, 1, 1, 0],
+            attention_chunk_size=32, use_qk_norm=True, attn_temperature_tuning=True, floor_scale=8,
+            attn_scale=0.5, rope_parameters=llama3_rope)),
+    }
+    if family not in families:
+        raise ValueError(f"unknown family {family!r}; choose one of {sorted(families)}")
+    cls, extra = families[family]
+    kwargs = {**_TINY_COMMON, **extra, **overrides}
+    return cls(**kwargs)
+
+
+def random_model(family: str, *, seed: int = 0, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32, **overrides) -> PagedCausalLM:
+    """Tiny random-weight paged model of ``family`` (its HF config is ``model.config``)."""
+    return randomize_(build_model(tiny_config(family, **overrides), device=device, dtype=dtype), seed=seed)
