@@ -13,18 +13,25 @@ from test_engine_models import make_pair
 
 from jenga.engine.attention import ForwardContext, build_attention_metadata
 from jenga.manager import KVCacheManager
-from jenga.structure import model_spec_from_hf_config
+from jenga.specs import LayerGroup, ModelSpec
+
+
+def model_spec(model, name: str = "m") -> ModelSpec:
+    """Layer groups from the model's own cache specs (one group per distinct spec)."""
+    by_spec: dict = {}
+    for layer, spec in enumerate(model.layer_cache_specs(name, "fp32")):
+        by_spec.setdefault(spec, []).append(layer)
+    groups = tuple(LayerGroup(f"{s.kind}{i}", s, tuple(ls), 16) for i, (s, ls) in enumerate(by_spec.items()))
+    return ModelSpec(name, groups, max_model_len=1024, num_layers=len(model.model.layers))
 
 
 class Served:
     """A manager over the model's layer groups plus the per-layer views of its layout."""
 
     def __init__(self, model):
-        spec = model_spec_from_hf_config(model.config.to_dict(), dtype="fp32", vision=False)
-        kinds = [next(g.kind for g in spec.groups if layer in g.layers) for layer in range(len(model.model.layers))]
-        assert [s.kind for s in model.layer_cache_specs()] == kinds
+        spec = model_spec(model)
         self.model = model
-        self.mgr = KVCacheManager(spec, memory_bytes=64 * spec.lcm_page_bytes, tokens_per_page=16)
+        self.mgr = KVCacheManager(spec, memory_bytes=64 * spec.lcm_page_bytes, tokens_per_page=16, fit_pages=False)
         self.groups = self.mgr.model.groups
         self.views = [None] * len(model.model.layers)
         for gi, g in enumerate(self.groups):
@@ -100,3 +107,13 @@ def test_manager_layout_engine_match_hf(family):
     seqs, logits, hits = served.serve({2: shared + rand(30), 3: rand(9)}, budget=29, gen=5)
     check_against_hf(hf, seqs, logits)
     assert hits[2] >= 64, f"expected a prefix hit on the shared 70 tokens, got {hits}"
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "llama4", "ministral", "mistral", "llama"])
+def test_specs_agree_with_structure(family):
+    """The engine's per-layer cache kinds equal what jenga.structure derives from the HF config."""
+    structure = pytest.importorskip("jenga.structure")
+    ours, _ = make_pair(family)
+    spec = structure.model_spec_from_hf_config(ours.config.to_dict(), dtype="fp32", vision=False)
+    mine = model_spec(ours, spec.name)
+    assert {g.layers: g.spec for g in spec.groups} == {g.layers: g.spec for g in mine.groups}
