@@ -1,0 +1,155 @@
+"""Helpers for the manager tests: tiny hand-made specs, manager factories, state snapshots."""
+
+from __future__ import annotations
+
+import copy
+
+from jenga.manager import KVCacheManager, with_base_page
+from jenga.specs import (
+    ChunkedLocalSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    LayerGroup,
+    MambaSpec,
+    ModelSpec,
+    SlidingWindowSpec,
+    VisionEmbeddingSpec,
+)
+
+# 2 * num_kv_heads * head_dim * bf16 = 2 * 1 * 32 * 2 = 128 bytes per token per layer (the paper's toy)
+TOY_HEADS, TOY_HEAD_DIM = 1, 32
+TOY_TOKEN_BYTES = 128
+
+
+def full(**kw) -> FullAttentionSpec:
+    return FullAttentionSpec("toy", num_kv_heads=TOY_HEADS, head_dim=TOY_HEAD_DIM, **kw)
+
+
+def sliding(window: int, **kw) -> SlidingWindowSpec:
+    return SlidingWindowSpec("toy", num_kv_heads=TOY_HEADS, head_dim=TOY_HEAD_DIM, window=window, **kw)
+
+
+def chunked(chunk: int, **kw) -> ChunkedLocalSpec:
+    return ChunkedLocalSpec("toy", num_kv_heads=TOY_HEADS, head_dim=TOY_HEAD_DIM, chunk=chunk, **kw)
+
+
+def cross(**kw) -> CrossAttentionSpec:
+    return CrossAttentionSpec("toy", num_kv_heads=TOY_HEADS, head_dim=TOY_HEAD_DIM, **kw)
+
+
+def vision(hidden: int = 64) -> VisionEmbeddingSpec:
+    # hidden * bf16 bytes per image token
+    return VisionEmbeddingSpec("toy", hidden_size=hidden)
+
+
+def mamba(every: int, state_elems: int = 64) -> MambaSpec:
+    # one bf16 state tensor: 2 * state_elems bytes per layer
+    return MambaSpec("toy", shapes=((state_elems,),), dtypes=("bf16",), checkpoint_interval=every)
+
+
+def group(name: str, spec, n_layers: int, first_layer: int = 0) -> LayerGroup:
+    """``n_layers`` layers of ``spec``; 1 token per page (the manager resets it to its base page)."""
+    return LayerGroup(name, spec, tuple(range(first_layer, first_layer + n_layers)), tokens_per_page=1)
+
+
+def model(*groups: LayerGroup, max_len: int = 4096, name: str = "toy") -> ModelSpec:
+    return ModelSpec(name, tuple(groups), max_model_len=max_len, num_layers=sum(g.num_layers for g in groups))
+
+
+def make_manager(spec: ModelSpec, num_large: int, *, tokens_per_page: int = 1, caching: bool = True,
+                 ) -> KVCacheManager:
+    """A manager with exactly ``num_large`` large pages (the budget keeps one slack page)."""
+    budget = (num_large + 1) * with_base_page(spec, tokens_per_page).lcm_page_bytes
+    mgr = KVCacheManager(spec, budget, tokens_per_page=tokens_per_page, enable_prefix_caching=caching,
+                         fit_pages=False)
+    assert mgr.alloc.num_large == num_large
+    return mgr
+
+
+def toy_model(max_len: int = 4096) -> ModelSpec:
+    """The paper's §4.1 toy: 128 B per token per layer, 1 token per page.
+
+    Group 0 ``self`` (3 full-attention layers, 384 B pages, k = 2), group 1 ``cross``
+    (2 cross-attention layers, 256 B pages, k = 3); large page 768 B.
+    """
+    return model(group("self", full(), 3), group("cross", cross(), 2, first_layer=3), max_len=max_len)
+
+
+def two_full_model(max_len: int = 4096) -> ModelSpec:
+    """Two full-attention groups with the toy's sizes: ``a`` 2 layers (k = 3), ``b`` 3 layers (k = 2)."""
+    return model(group("a", full(), 2), group("b", full(), 3, first_layer=2), max_len=max_len)
+
+
+def page_ids(mgr: KVCacheManager, rid, g: int) -> list:
+    """A copy of request ``rid``'s token table of group ``g``."""
+    return list(mgr.requests[rid].groups[g].pages)
+
+
+def run(mgr: KVCacheManager, rid, n: int, sampled=(), *, lookahead: int = 0):
+    """allocate(n) then append_tokens(sampled); returns the tables (asserts success)."""
+    t = mgr.allocate(rid, n, num_lookahead=lookahead)
+    assert t is not None, f"allocate({rid!r}, {n}) failed"
+    mgr.append_tokens(rid, list(sampled))
+    mgr.check_integrity()
+    return t
+
+
+def serve(mgr: KVCacheManager, rid, prompt, outputs=(), *, images=(), salt=None, free: bool = True) -> int:
+    """Add, look up, prefill the prompt, decode ``outputs`` one token at a time, free.
+
+    Returns the lookup hit.  The first output is sampled by the prefill step; every
+    further output needs one decode step (so ``len(outputs) - 1`` decode steps).
+    """
+    mgr.add_request(rid, prompt, images=images, cache_salt=salt)
+    hit = mgr.lookup(rid)
+    outs = list(outputs)
+    run(mgr, rid, len(prompt) - hit, outs[:1])
+    for tok in outs[1:]:
+        run(mgr, rid, 1, [tok])
+    if free:
+        mgr.free(rid)
+        mgr.check_integrity()
+    return hit
+
+
+def cached_keys(mgr: KVCacheManager, g: int) -> dict[int, tuple[int, int]]:
+    return dict(mgr.evictor.keys[g])
+
+
+def evict_page(mgr: KVCacheManager, g: int, page: int) -> None:
+    """Evict one specific CACHED page (white box: the evictor's own drop)."""
+    assert page in mgr.evictor.keys[g], f"page {g}:{page} is not cached"
+    mgr.evictor._drop(g, page)
+
+
+def snapshot(mgr: KVCacheManager) -> dict:
+    """Everything observable about the manager's state (not heap internals nor the clock)."""
+    a = mgr.alloc
+    reqs = {}
+    for rid, r in mgr.requests.items():
+        reqs[rid] = dict(
+            tokens=list(r.tokens), computed=r.num_computed, scheduled=r.num_scheduled,
+            lookahead=r.num_lookahead, hit=r.hit, pins=sorted(r.pins, key=repr), hashes=list(r.hashes),
+            groups=[dict(pages=list(gs.pages), registered=gs.registered, released=gs.released,
+                         image_pages=copy.deepcopy(gs.image_pages), pending=dict(gs.pending),
+                         to_fill=set(gs.to_fill), initialized=gs.initialized, work=gs.work, read=gs.read,
+                         read_pos=gs.read_pos, checkpoints=dict(gs.checkpoints))
+                    for gs in r.groups],
+            tables=None if r.tables is None else (r.tables.num_computed, r.tables.num_new, r.tables.num_lookahead),
+        )
+    return dict(
+        stats=mgr.stats().as_dict(),
+        state=[bytes(s) for s in a.state],
+        group_of=list(a.group_of), tag_of=list(a.tag_of), n_used=list(a.n_used), n_cached=list(a.n_cached),
+        in_e=bytes(a.in_e), free_large=sorted(a._free_large), free_small=list(a.free_small),
+        cached_small=list(a.cached_small), hidden_free=list(a.hidden_free), used_small=list(a.used_small),
+        slots=[{k: sorted(v) for k, v in s.items()} for s in a._slots],
+        hidden={k: sorted(v) for k, v in a._hidden.items()},
+        tag_larges=[{k: set(v) for k, v in t.items()} for t in a._tag_larges],
+        num_carved=a.num_carved,
+        ref=[list(r) for r in mgr.ref],
+        keys=[dict(k) for k in mgr.evictor.keys],
+        index=[dict(t) for t in mgr.index.table],
+        requests=reqs,
+        hit_tokens=(mgr.prefix_hit_tokens, mgr.prefix_query_tokens),
+    )
