@@ -14,8 +14,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from jenga.allocator import LargePageAllocator
-from jenga.errors import (DuplicateRequestError, InsufficientMemoryError, InvalidArgumentError,
-                          SequenceTooLongError, UnknownRequestError)
+from jenga.errors import (
+    DuplicateRequestError,
+    InsufficientMemoryError,
+    InvalidArgumentError,
+    SequenceTooLongError,
+    UnknownRequestError,
+)
 from jenga.integrity import check_manager
 from jenga.prefix.evictor import PrefixEvictor
 from jenga.prefix.hashing import ImageRef, extend_block_hashes, root_hash
@@ -56,12 +61,9 @@ class KVCacheManager(PageOps):
             raise InvalidArgumentError(f"tokens_per_page must be positive, got {tokens_per_page}")
         if memory_bytes <= 0:
             raise InvalidArgumentError(f"memory_bytes must be positive, got {memory_bytes}")
-        model = with_base_page(model, tokens_per_page)
+        self.source_model = model
         self.page_plan = None
-        if fit_pages:
-            from jenga.pagesize import fit_page_sizes
-            self.page_plan = fit_page_sizes(model, max_ratio=max_lcm_ratio)
-            model = self.page_plan.model
+        model = self._prepare_model(model, tokens_per_page, max_lcm_ratio if fit_pages else None)
         self.model = model
         self.block = tokens_per_page
         self.caching = enable_prefix_caching
@@ -86,6 +88,28 @@ class KVCacheManager(PageOps):
         self._quota: list[int] = []
         self._log: list[tuple[int, int, tuple[int, int] | None]] | None = None
         self._layout = None
+
+    def _prepare_model(self, model: ModelSpec, tokens_per_page: int, max_ratio: float | None) -> ModelSpec:
+        """The groups this manager really allocates (baselines transform the model here)."""
+        model = with_base_page(model, tokens_per_page)
+        if max_ratio is None:
+            return model
+        from jenga.pagesize import fit_page_sizes
+        self.page_plan = fit_page_sizes(model, max_ratio=max_ratio)
+        return self.page_plan.model
+
+    def request_accounting(self, req: Request) -> tuple[int, int, int, int]:
+        """(held, needed, stale, padding) bytes of one live request (see ``jenga.stats``)."""
+        held = needed = stale = padding = 0
+        for pol, gs in zip(self.policies, req.groups, strict=True):
+            grp = pol.group
+            n = pol.held_pages(gs)
+            k = pol.stale_pages(req, gs)
+            held += n * grp.page_bytes
+            needed += pol.needed_bytes(req, gs)
+            stale += k * grp.page_bytes
+            padding += (n - k) * (grp.page_bytes - grp.useful_page_bytes)
+        return held, needed, stale, padding
 
     # ------------------------------------------------------------- PageOps
     def take(self, group: int) -> int:

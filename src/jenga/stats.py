@@ -66,15 +66,11 @@ def collect_stats(mgr) -> CacheStats:
     total = alloc.num_large * alloc.large_bytes
     needed = partial = stale_bytes = padding = 0
     for req in mgr.requests.values():
-        for pol, gs in zip(mgr.policies, req.groups, strict=True):
-            grp = pol.group
-            held = pol.held_pages(gs)
-            need = pol.needed_bytes(req, gs)
-            stale = pol.stale_pages(req, gs)
-            needed += need
-            stale_bytes += stale * grp.page_bytes
-            padding += (held - stale) * (grp.page_bytes - grp.useful_page_bytes)
-            partial += max(0, (held - stale) * grp.useful_page_bytes - need)
+        held, need, stale, pad = mgr.request_accounting(req)
+        needed += need
+        stale_bytes += stale
+        padding += pad
+        partial += max(0, held - need - stale - pad)
     return CacheStats(total, used, cached, total - used - cached, needed, carved_free, partial, stale_bytes,
                       padding, mgr.prefix_hit_tokens, mgr.prefix_query_tokens, len(mgr.requests),
                       mgr.evictor.num_evicted_pages)

@@ -22,8 +22,15 @@ from blake3 import blake3
 
 from jenga.prefix.hashing import ImageRef, image_key
 from jenga.request import GroupState, Request
-from jenga.specs import (ChunkedLocalSpec, CrossAttentionSpec, FullAttentionSpec, LayerGroup, MambaSpec,
-                         SlidingWindowSpec, VisionEmbeddingSpec)
+from jenga.specs import (
+    ChunkedLocalSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    LayerGroup,
+    MambaSpec,
+    SlidingWindowSpec,
+    VisionEmbeddingSpec,
+)
 from jenga.tables import ImageTable, StateTable, TokenTable
 
 

@@ -1,0 +1,133 @@
+"""``jenga`` command line: plan, bench, simulate, reproduce."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from jenga.errors import JengaError
+
+
+def _add_plan(sub) -> None:
+    p = sub.add_parser("plan", help="page sizes, LCM page and capacity of a model in a memory budget")
+    p.add_argument("--model", default="gemma-3-27b", help="catalog name or local HF model directory")
+    p.add_argument("--memory", default=None, help="KV memory, e.g. 64GiB (default: from --gpu, else 64GiB)")
+    p.add_argument("--gpu", default=None, help="derive the KV budget from a GPU (h100-80gb, l4-24gb, h200-141gb)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (with --gpu)")
+    p.add_argument("--tokens-per-page", type=int, default=16)
+    p.add_argument("--dtype", default="bf16", help="KV dtype: bf16, fp16, fp8, fp32")
+    p.add_argument("--short-tokens", type=int, default=1024, help="length of the 'many short requests' case")
+    p.add_argument("--managers", default="jenga,paged", help="comma-separated managers to compare")
+    p.add_argument("--json", action="store_true", help="print a JSON object instead of tables")
+    p.set_defaults(func=run_plan)
+
+
+def plan_data(args) -> dict:
+    from jenga.baselines import make_manager
+    from jenga.capacity import max_concurrent_requests, max_context_tokens
+    from jenga.specs import ModelSpec
+
+    model = ModelSpec.from_hf_config(args.model, dtype=args.dtype, tokens_per_page=args.tokens_per_page,
+                                     tp=args.tp)
+    memory, budget_note = _budget(args, model)
+    managers = [m.strip() for m in args.managers.split(",") if m.strip()]
+    if "jenga" not in managers:
+        managers.insert(0, "jenga")
+    built = {name: make_manager(name, model, memory, tokens_per_page=args.tokens_per_page) for name in managers}
+    jenga = built["jenga"]
+    plan = jenga.page_plan
+    data = {
+        "model": model.name,
+        "memory_bytes": memory,
+        "memory_source": budget_note,
+        "groups": [{"name": g.name, "kind": g.kind, "layers": g.num_layers, "layer_ids": list(g.layers),
+                    "page_bytes": g.page_bytes, "pad_bytes": g.pad_bytes, "tokens_per_page": g.tokens_per_page,
+                    "small_pages_per_large": k}
+                   for g, k in zip(jenga.model.groups, jenga.alloc.k, strict=True)],
+        "lcm_page_bytes": jenga.large_page_bytes,
+        "raw_lcm_page_bytes": plan.raw_lcm_page_bytes if plan else jenga.large_page_bytes,
+        "lcm_ratio": jenga.large_page_bytes / jenga.model.max_small_page_bytes,
+        "pad_frac": plan.pad_frac if plan else 0.0,
+        "num_large_pages": jenga.alloc.num_large,
+        "short_tokens": args.short_tokens,
+        "max_context_tokens": {n: max_context_tokens(m) for n, m in built.items()},
+        "max_concurrent_requests": {n: max_concurrent_requests(m, args.short_tokens) for n, m in built.items()},
+        "page_bytes": {n: sorted({g.page_bytes for g in m.model.groups}) for n, m in built.items()},
+    }
+    return data
+
+
+def _budget(args, model) -> tuple[int, str]:
+    from jenga.units import parse_bytes
+
+    if args.memory is not None:
+        return parse_bytes(args.memory), "--memory"
+    if args.gpu is None:
+        return parse_bytes("64GiB"), "default 64GiB"
+    from jenga.sim.gpu import ModelCost, get_gpu, memory_budget
+
+    gpu = get_gpu(args.gpu)
+    cost = ModelCost.from_hf_config(model.hf_config, name=model.name)
+    per_gpu = memory_budget(gpu, cost.weight_bytes, tp=args.tp)
+    return per_gpu * args.tp, f"{args.gpu} x{args.tp}: memory x 0.9 - weights/tp - activations"
+
+
+def run_plan(args) -> int:
+    data = plan_data(args)
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    from jenga.units import fmt_bytes, fmt_tokens
+
+    con = Console()
+    t = Table(title=f"{data['model']}: cache groups (jenga)")
+    for col in ("group", "kind", "layers", "tokens/page", "small page", "per large page"):
+        t.add_column(col, justify="right" if col not in ("group", "kind") else "left")
+    for g in data["groups"]:
+        t.add_row(g["name"], g["kind"], str(g["layers"]), str(g["tokens_per_page"]), fmt_bytes(g["page_bytes"]),
+                  str(g["small_pages_per_large"]))
+    con.print(t)
+    con.print(f"KV memory {fmt_bytes(data['memory_bytes'])} ({data['memory_source']}); "
+              f"LCM page {fmt_bytes(data['lcm_page_bytes'])} = {data['lcm_ratio']:.2f}x the largest small page "
+              f"(raw LCM {fmt_bytes(data['raw_lcm_page_bytes'])}; padding {100 * data['pad_frac']:.3f}% of a "
+              f"large page); {data['num_large_pages']} large pages")
+    c = Table(title="capacity")
+    c.add_column("manager")
+    c.add_column("page sizes", justify="right")
+    c.add_column("max context (1 request)", justify="right")
+    c.add_column(f"max requests of {data['short_tokens']} tokens", justify="right")
+    base = data["max_context_tokens"]["jenga"]
+    for name, ctx in data["max_context_tokens"].items():
+        ratio = "" if name == "jenga" or not ctx else f"  (jenga {base / ctx:.2f}x)"
+        c.add_row(name, ", ".join(fmt_bytes(b) for b in data["page_bytes"][name]), fmt_tokens(ctx) + ratio,
+                  str(data["max_concurrent_requests"][name]))
+    con.print(c)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="jenga", description="KV-cache memory management for heterogeneous LLMs")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_plan(sub)
+    for mod, fn in (("jenga.bench", "add_bench_parser"), ("jenga.sim.cli", "add_sim_parsers")):
+        try:
+            module = __import__(mod, fromlist=[fn])
+        except ModuleNotFoundError as e:
+            if e.name != mod:
+                raise
+            continue
+        getattr(module, fn)(sub)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except (JengaError, ValueError, KeyError) as e:
+        print(f"jenga {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
