@@ -151,7 +151,7 @@ class KVCacheManager(PageOps):
             self.ref[group][page] -= 1
             if key is not None:
                 assert self.ref[group][page] == 0, f"undo of hit {group}:{page} still referenced"
-                self.evictor.add(group, page, *key)
+                self.evictor.add(group, page, key[0], -key[1])  # key is (last_access, -prefix_len)
             # key None: another live request holds it; nothing else to undo
 
     # ----------------------------------------------------------------- API
@@ -309,7 +309,7 @@ class KVCacheManager(PageOps):
         Full pages become reusable; pages out of window or chunk are released.
         """
         req = self._req(request_id)
-        if req.num_computed + req.num_scheduled + len(token_ids) > self.model.max_model_len + 1:
+        if len(req.tokens) + len(token_ids) > self.model.max_model_len + 1:
             raise SequenceTooLongError(f"request {request_id!r}: appending {len(token_ids)} tokens passes "
                                        f"the model's max length {self.model.max_model_len}")
         req.tokens.extend(token_ids)
