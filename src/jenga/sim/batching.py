@@ -1,0 +1,140 @@
+"""The engine's continuous-batching scheduler, adapted to the simulator.
+
+The simulator reuses :class:`jenga.engine.scheduler.Scheduler` (FCFS admission with
+``lookup`` then ``allocate``, chunked prefill under a token budget, preemption by recompute
+of the newest running request) so the simulator and the engine share one scheduling policy.
+:class:`SimScheduler` only adds what a trace needs and the engine does not:
+
+* **images** — :class:`ManagerView` passes each request's image spans to ``add_request``;
+* **speculative decoding** — a decoding request's ``allocate`` asks for ``num_lookahead``
+  extra slots (capped at the model's maximum length), and :meth:`SimScheduler.update` takes
+  a *list* of accepted tokens per request;
+* **rejection** — a request that cannot fit even with nothing else running (its first chunk
+  does not fit an empty cache, or it had to preempt itself) is removed with a reason instead
+  of raising or looping forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+from jenga.engine.scheduler import Scheduler, StepPlan
+from jenga.engine.sequence import Sequence, Status
+from jenga.errors import InsufficientMemoryError, InvalidArgumentError
+
+
+class ManagerView:
+    """Forwards the ``KVCacheManager`` calls the scheduler makes, adding images on
+    ``add_request`` and speculative lookahead on a decoding request's ``allocate``."""
+
+    def __init__(self, mgr, num_lookahead: int = 0):
+        self.mgr = mgr
+        self.model = mgr.model
+        self.max_len = mgr.model.max_model_len
+        self.k = num_lookahead
+        self.images: dict[object, tuple] = {}
+        self.seqs: dict[object, Sequence] = {}
+        self.decoding: set[object] = set()
+
+    def add_request(self, rid, tokens) -> None:
+        self.mgr.add_request(rid, tokens, images=self.images.get(rid, ()))
+
+    def lookup(self, rid) -> int:
+        return self.mgr.lookup(rid)
+
+    def allocate(self, rid, n: int):
+        if self.k and rid in self.decoding:
+            start = self.seqs[rid].num_computed
+            return self.mgr.allocate(rid, n, num_lookahead=max(0, min(self.k, self.max_len - start - n)))
+        return self.mgr.allocate(rid, n)
+
+    def append_tokens(self, rid, ids) -> None:
+        self.mgr.append_tokens(rid, ids)
+
+    def free(self, rid) -> None:
+        self.decoding.discard(rid)
+        self.mgr.free(rid)
+
+
+class SimScheduler(Scheduler):
+    """:class:`Scheduler` over a :class:`ManagerView`; see the module docstring.
+
+    ``rejected`` maps request id -> reason for requests dropped because they can never fit.
+    """
+
+    def __init__(self, view: ManagerView, **kw):
+        super().__init__(view, **kw)
+        self.view = view
+        self.rejected: dict[object, str] = {}
+
+    def add_sim(self, seq: Sequence, images: tuple = ()) -> None:
+        self.view.seqs[seq.request_id] = seq
+        if images:
+            self.view.images[seq.request_id] = tuple(images)
+        self.add(seq)
+
+    def reject(self, seq: Sequence, reason: str) -> None:
+        if seq.in_manager:
+            self.view.free(seq.request_id)
+            seq.in_manager = False
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+        seq.status = Status.FINISHED
+        seq.finish_reason = "rejected"
+        self.ids.discard(seq.request_id)
+        self._forget(seq.request_id)
+        self.rejected[seq.request_id] = reason
+
+    def _forget(self, rid) -> None:
+        self.view.seqs.pop(rid, None)
+        self.view.images.pop(rid, None)
+        self.view.decoding.discard(rid)
+
+    def schedule(self) -> StepPlan:
+        """One step's plan; requests that can never fit are rejected on the way."""
+        while True:
+            try:
+                plan = super().schedule()
+            except InsufficientMemoryError:
+                if self.running or not self.waiting:
+                    raise
+                seq = self.waiting[0]
+                self.reject(seq, f"{seq.num_tokens} tokens: the first chunk does not fit in an empty KV cache")
+                continue
+            for seq in plan.preempted:
+                if not self.running and seq is plan.preempted[-1] and not plan.scheduled:
+                    # it preempted everything else and then itself: it can never fit
+                    self.reject(seq, f"grew to {seq.num_tokens} tokens, more than the whole KV cache holds")
+            return plan
+
+    def update(self, plan: StepPlan, sampled: Seq[Seq[int] | None]) -> list[Sequence]:
+        """Commit the step: ``sampled[i]`` is the list of tokens accepted for
+        ``plan.scheduled[i]`` (``None`` for a non-final prefill chunk).  A request stops at
+        ``max_tokens`` outputs (extra accepted tokens are dropped) or the model's max length.
+        Returns the finished requests (already freed in the manager)."""
+        if len(sampled) != len(plan.scheduled):
+            raise InvalidArgumentError(f"{len(sampled)} samples for {len(plan.scheduled)} scheduled requests")
+        finished = []
+        view = self.view
+        for item, toks in zip(plan.scheduled, sampled, strict=True):
+            seq = item.seq
+            seq.num_computed += item.num_tokens
+            if not item.sample:
+                view.append_tokens(seq.request_id, ())
+                continue
+            if not toks:
+                raise InvalidArgumentError(f"request {seq.request_id!r} needs sampled tokens this step")
+            room = min(seq.params.max_tokens - len(seq.output_token_ids), self.max_model_len - seq.num_tokens)
+            toks = list(toks[:max(1, room)])
+            seq.tokens.extend(toks)
+            seq.output_token_ids.extend(toks)
+            view.append_tokens(seq.request_id, toks)
+            if len(seq.output_token_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
+                self._finish(seq, "length", None)
+                self._forget(seq.request_id)
+                finished.append(seq)
+            else:
+                view.decoding.add(seq.request_id)
+        return finished

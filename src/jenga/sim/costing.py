@@ -1,0 +1,122 @@
+"""What one step reads and computes, from the *real* model's layer groups.
+
+The bytes and FLOPs do not depend on the manager: every manager runs the same kernels, and
+a sliding-window layer reads only its window even when a baseline keeps older tokens
+(that is memory waste, not extra reads).  Per scheduled request with context end ``c``
+(tokens attended after the step) and ``q`` new tokens, each group of ``L`` layers reads:
+
+* full / cross-attention-free text layers: ``c`` tokens;
+* sliding window ``W``: ``min(c, W + q - 1)`` tokens;
+* chunked local ``C``: the tokens of the current chunk(s) the new tokens fall in;
+* Mamba / state: one state (``state_bytes x L``), independent of ``c``;
+* cross-attention: the request's image tokens; vision embeddings: nothing (read at prefill).
+
+Attention FLOPs use the same effective contexts: ``4 x H_q x D x q x (ctx_before + (q+1)/2)``
+per attention layer.  Everything is vectorised over the batch with numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from jenga.specs import (
+    ChunkedLocalSpec,
+    CrossAttentionSpec,
+    MambaSpec,
+    ModelSpec,
+    SlidingWindowSpec,
+    VisionEmbeddingSpec,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCost:
+    kind: str  # full | sliding | chunked | mamba | cross | vision
+    bytes_per_token: int  # all layers of the group (0 for states)
+    state_bytes: int  # all layers of the group (states only)
+    num_layers: int
+    window: int = 0  # sliding window or chunk size
+
+
+def group_costs(model: ModelSpec) -> list[GroupCost]:
+    """One :class:`GroupCost` per group of ``model`` (whole model, not per TP rank)."""
+    out = []
+    for g in model.groups:
+        s = g.spec
+        n = g.num_layers
+        if isinstance(s, MambaSpec):
+            out.append(GroupCost("mamba", 0, s.state_bytes() * n, n))
+        elif isinstance(s, VisionEmbeddingSpec):
+            out.append(GroupCost("vision", 0, 0, n))
+        elif isinstance(s, CrossAttentionSpec):
+            out.append(GroupCost("cross", s.bytes_per_token() * n, 0, n))
+        elif isinstance(s, SlidingWindowSpec):
+            out.append(GroupCost("sliding", s.bytes_per_token() * n, 0, n, s.window))
+        elif isinstance(s, ChunkedLocalSpec):
+            out.append(GroupCost("chunked", s.bytes_per_token() * n, 0, n, s.chunk))
+        else:
+            out.append(GroupCost("full", s.bytes_per_token() * n, 0, n))
+    return out
+
+
+class StepCoster:
+    """KV bytes read and attention FLOPs of one step for one model (see module docstring).
+
+    ``q_flops_per_layer`` = ``4 x H_q x D`` (query heads x head dim of the model).
+    """
+
+    def __init__(self, model: ModelSpec, num_q_heads: int, head_dim: int):
+        self.groups = group_costs(model)
+        self.qf = 4.0 * num_q_heads * head_dim
+
+    def kinds(self) -> list[str]:
+        return sorted({g.kind for g in self.groups})
+
+    def effective(self, g: GroupCost, end: np.ndarray, q: np.ndarray, img: np.ndarray) -> np.ndarray:
+        """Tokens each request reads in group ``g`` (``end`` = context after the step)."""
+        if g.kind == "full":
+            return end
+        if g.kind == "sliding":
+            return np.minimum(end, g.window + q - 1)
+        if g.kind == "chunked":
+            first = ((end - q) // g.window) * g.window  # start of the chunk of the first new token
+            return end - first
+        if g.kind == "cross":
+            return img
+        return np.zeros_like(end)
+
+    def step(self, end: np.ndarray, q: np.ndarray, img: np.ndarray) -> tuple[float, float]:
+        """``(kv_bytes_read, attention_flops)`` for requests with context ends ``end``, new
+        tokens ``q`` and image tokens ``img`` (int64 arrays of equal length)."""
+        kv = 0.0
+        flops = 0.0
+        for g in self.groups:
+            if g.kind == "mamba":
+                kv += g.state_bytes * len(end)
+                continue
+            if g.kind == "vision":
+                continue
+            eff = self.effective(g, end, q, img)
+            kv += float(eff.sum()) * g.bytes_per_token
+            if g.kind == "cross":
+                flops += self.qf * g.num_layers * float((q * img).sum())
+            else:
+                before = np.maximum(eff - q, 0)
+                flops += self.qf * g.num_layers * float((q * (before + (q + 1) / 2)).sum())
+        return kv, flops
+
+    def needed_by_kind(self, end: np.ndarray, img: np.ndarray) -> dict[str, float]:
+        """Bytes live requests hold usefully, by kind (for the memory timeline)."""
+        out: dict[str, float] = {}
+        one = np.ones_like(end)
+        for g in self.groups:
+            if g.kind == "mamba":
+                b = float(g.state_bytes * len(end))
+            elif g.kind == "vision":
+                continue
+            else:
+                b = float(self.effective(g, end, one, img).sum()) * g.bytes_per_token
+            out[g.kind] = out.get(g.kind, 0.0) + b
+        return out
