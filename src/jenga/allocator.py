@@ -88,6 +88,7 @@ class LargePageAllocator:
         self.hidden_free = [0] * len(page_bytes)  # free slots inside E
         self.used_small = [0] * len(page_bytes)  # USED pages per group
         self.evictor: EvictionSource | None = None
+        self.owned = [0] * len(page_bytes)  # large pages each group owns now
         self.num_carved = 0  # large pages ever carved (the manager's per-request quota counts these)
 
     # ------------------------------------------------------------------ queries
@@ -102,17 +103,23 @@ class LargePageAllocator:
         return page // self.k[group]
 
     # ------------------------------------------------------------- allocation
-    def allocate(self, group: int, tag: object, may_take_large: bool) -> int:
+    def allocate(self, group: int, tag: object, may_take_large: bool, prefer_shared: bool = False) -> int:
         """Take one small page of ``group`` for request ``tag`` in the paper's order.
 
         1. a free page in a large page tagged ``tag``; 2. a new large page; 3. evict the
         fully evictable large page with the smallest key; 4. a free page in any large
         page; 5. evict one small page.  Steps 2-3 only when ``may_take_large`` (the
-        per-request quota).  The caller has checked ``supply()``; running out is a bug.
+        per-request quota).  ``prefer_shared`` tries step 4 before step 2 (for a request's
+        lone state page, where a fresh large page would stay mostly empty).  The caller has
+        checked ``supply()``; running out is a bug.
         """
         tagged = self._tag_larges[group].get(tag)
         if tagged:
             return self._take(group, min(tagged))
+        if prefer_shared:
+            large = self._pop_partial(group)
+            if large is not None:
+                return self._take(group, large)
         if may_take_large:
             if self._free_large:
                 return self._take(group, self._carve(group, tag))
@@ -138,6 +145,7 @@ class LargePageAllocator:
         assert self.group_of[large] == -1, f"large page {large} popped while owned"
         k = self.k[group]
         self.group_of[large] = group
+        self.owned[group] += 1
         self.tag_of[large] = tag
         self._slots[group][large] = list(range(k))
         self._tag_larges[group].setdefault(tag, set()).add(large)
@@ -245,6 +253,7 @@ class LargePageAllocator:
             self._hide_slots(group, large)
             self.free_small[group] -= self.k[group]
             self.group_of[large] = -1
+            self.owned[group] -= 1
             self.tag_of[large] = None
             heapq.heappush(self._free_large, large)
         elif self.n_used[large] == 0:

@@ -78,9 +78,10 @@ class KVCacheManager(PageOps):
         self.alloc = LargePageAllocator([g.page_bytes for g in model.groups], num_large)
         self.index = PrefixIndex(len(model.groups))
         self.evictor = PrefixEvictor(self.alloc, self.index)
-        self.policies: list[Policy] = [policy_for(i, g, tokens_per_page) for i, g in enumerate(model.groups)]
+        self.policies: list[Policy] = [self._policy(i, g) for i, g in enumerate(model.groups)]
         self.ref: list[list[int]] = [[0] * (num_large * k) for k in self.alloc.k]
         self.requests: dict[object, Request] = {}
+        self._shared = [not g.spec.per_token for g in model.groups]  # state pages: fill shared large pages
         self.now = 0
         self.prefix_hit_tokens = 0
         self.prefix_query_tokens = 0
@@ -94,9 +95,19 @@ class KVCacheManager(PageOps):
         model = with_base_page(model, tokens_per_page)
         if max_ratio is None:
             return model
-        from jenga.pagesize import fit_page_sizes
-        self.page_plan = fit_page_sizes(model, max_ratio=max_ratio)
+        from jenga.pagesize import PageSizeError, fit_page_sizes
+        try:
+            self.page_plan = fit_page_sizes(model, max_ratio=max_ratio)
+        except PageSizeError:
+            if not any(g.kind == "vision" for g in model.groups):
+                raise
+            # vision-embedding pages live only while an image is prefilled: pad them more
+            self.page_plan = fit_page_sizes(model, max_ratio=max_ratio, max_pad_frac=0.25)
         return self.page_plan.model
+
+    def _policy(self, gi: int, group: LayerGroup) -> Policy:
+        """The cache policy of a group (baselines swap in their own rules here)."""
+        return policy_for(gi, group, self.block)
 
     def request_accounting(self, req: Request) -> tuple[int, int, int, int]:
         """(held, needed, stale, padding) bytes of one live request (see ``jenga.stats``)."""
@@ -115,7 +126,7 @@ class KVCacheManager(PageOps):
     def take(self, group: int) -> int:
         alloc = self.alloc
         before = alloc.num_carved
-        page = alloc.allocate(group, self._tag, self._quota[group] > 0)
+        page = alloc.allocate(group, self._tag, self._quota[group] > 0, self._shared[group])
         self._quota[group] -= alloc.num_carved - before
         self.ref[group][page] = 1
         return page

@@ -19,7 +19,7 @@ class CacheStats:
     cached_bytes: int  # evictable pages (prefix cache)
     free_bytes: int  # free large pages + free slots inside cut large pages
     needed_bytes: int  # bytes live requests' next step reads
-    waste_large_page_bytes: int  # free slots inside large pages cut for a group
+    waste_large_page_bytes: int  # free slots inside large pages that hold used pages
     waste_partial_page_bytes: int  # unfilled tails of held pages (and lookahead room)
     waste_out_of_window_bytes: int  # held pages no live request reads any more
     waste_padding_bytes: int  # padding added to keep the LCM bounded
@@ -62,7 +62,9 @@ def collect_stats(mgr) -> CacheStats:
     n = range(len(groups))
     used = sum(alloc.used_small[g] * pb[g] for g in n)
     cached = sum(len(mgr.evictor.keys[g]) * pb[g] for g in n)
-    carved_free = sum((alloc.free_small[g] + alloc.hidden_free[g]) * pb[g] for g in n)
+    # free slots in large pages that live requests use (slots beside cached pages in a fully
+    # evictable large page are reclaimable at once, so they count as free, not waste)
+    carved_free = sum(alloc.free_small[g] * pb[g] for g in n)
     total = alloc.num_large * alloc.large_bytes
     needed = partial = stale_bytes = padding = 0
     for req in mgr.requests.values():

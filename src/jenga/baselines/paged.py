@@ -14,19 +14,14 @@ out-of-window tokens held by sliding layers show up as waste.
 
 from __future__ import annotations
 
-from jenga.manager import KVCacheManager
-from jenga.prefix.policies import Policy, policy_for
-from jenga.request import GroupState, Request
+from jenga.baselines.common import TrueNeedsMixin
 from jenga.specs import (
     AttentionSpec,
-    ChunkedLocalSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     LayerGroup,
     MambaSpec,
     ModelSpec,
-    SlidingWindowSpec,
-    VisionEmbeddingSpec,
 )
 
 
@@ -58,37 +53,14 @@ def paged_model(model: ModelSpec, block: int) -> ModelSpec:
     return ModelSpec(f"{model.name}[paged]", tuple(groups), model.max_model_len, model.num_layers, model.hf_config)
 
 
-class PagedManager(KVCacheManager):
+class PagedManager(TrueNeedsMixin):
     """PagedAttention v0 ("max page") behind the ``KVCacheManager`` API."""
 
     name = "paged"
 
     def _prepare_model(self, model: ModelSpec, tokens_per_page: int, max_ratio: float | None) -> ModelSpec:
-        from jenga.manager import with_base_page
-        self.true_model = with_base_page(model, tokens_per_page)
-        self.true_policies: list[Policy] = [policy_for(i, g, tokens_per_page)
-                                            for i, g in enumerate(self.true_model.groups)]
+        self._remember_true_model(model, tokens_per_page)
         return paged_model(model, tokens_per_page)
-
-    def request_accounting(self, req: Request) -> tuple[int, int, int, int]:
-        """Held bytes from the paged groups; needed and out-of-window from the real model."""
-        held, _, _, padding = super().request_accounting(req)
-        needed = stale = 0
-        done = req.num_computed
-        for pol in self.true_policies:
-            spec = pol.group.spec
-            gs = GroupState()
-            if isinstance(spec, MambaSpec):
-                gs.work = 0 if req.tables is not None else None
-            elif isinstance(spec, VisionEmbeddingSpec):
-                continue  # not in the v0 pool
-            elif isinstance(spec, CrossAttentionSpec):
-                gs.image_pages = {j: [] for j in range(len(req.images))} if req.tables is not None else {}
-            need = pol.needed_bytes(req, gs)
-            needed += need
-            if isinstance(spec, (SlidingWindowSpec, ChunkedLocalSpec)):
-                stale += (done - pol.needed_tokens(req, gs)) * pol.token_bytes
-        return held, needed, stale, padding
 
 
 __all__ = ["PagedManager", "paged_model"]

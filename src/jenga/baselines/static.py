@@ -1,0 +1,38 @@
+"""``static``: jenga's pages, but each group owns a fixed share of large pages.
+
+The paper artifact's rule: group g may own at most ``N * w_g / sum(w)`` large pages, with
+``w_g = P_g * (1.0 for full / cross attention, 0.5 for sliding, chunked, state and vision)``.
+No memory moves between groups while serving.
+"""
+
+from __future__ import annotations
+
+from jenga.manager import KVCacheManager
+from jenga.prefix.policies import cdiv
+
+WEIGHT = {"full": 1.0, "cross": 1.0, "sliding": 0.5, "chunked": 0.5, "mamba": 0.5, "vision": 0.5}
+
+
+class StaticManager(KVCacheManager):
+    """Static partition: per-group caps on large pages, decided at start-up."""
+
+    name = "static"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        w = [g.page_bytes * WEIGHT.get(g.kind, 1.0) for g in self.model.groups]
+        n = self.alloc.num_large
+        self.caps = [max(1, int(n * x / sum(w))) for x in w]
+
+    def _quota_for(self, need: list[int]) -> list[int] | None:
+        alloc = self.alloc
+        sup = alloc.supply()
+        room = [c - o for c, o in zip(self.caps, alloc.owned, strict=True)]
+        least = [cdiv(max(0, x - f - c), k)
+                 for x, f, c, k in zip(need, sup.free_small, sup.cached_small, alloc.k, strict=True)]
+        if any(lo > r for lo, r in zip(least, room, strict=True)) or sum(least) > sup.whole_large:
+            return None
+        most = [min(cdiv(x, k), r) for x, k, r in zip(need, alloc.k, room, strict=True)]
+        if sum(most) <= sup.whole_large and all(m >= lo for m, lo in zip(most, least, strict=True)):
+            return most
+        return least

@@ -1,0 +1,215 @@
+"""``uniform``: vLLM v1's hybrid KV-cache manager (see shared/reference/peers.md §1).
+
+What it models, rule by rule:
+
+* **One page size.** Layers of each kind are split into groups of ``min(count per kind)``
+  layers (or the max count when ``max < 1.5 min``); short groups get *padding layers*.
+  Groups whose page divides the largest page scale their tokens per block.  With state
+  layers the attention block grows until a block is at least one state, and the state is
+  padded to match (Nemotron-H: thousands of tokens per block).  If pages still differ,
+  v1 falls back to storing sliding and chunked layers as full attention.
+* **One pool, no large pages**: ``S = P`` so any free page serves any group.
+* **Out-of-window blocks are freed at the request's next allocate** (``remove_skipped_blocks``),
+  so a just-computed chunk's out-of-window pages stay held until then.
+* **Sparse retention (default 0)**: sliding-window and state groups keep prefix-cache
+  entries only at the prompt boundary; blocks not retained are never hashed.
+* **Cross-attention is never prefix-cached; vision embeddings live outside the pool.**
+* **Eviction**: one LRU over freed pages, tail first (the same ``(time, -length)`` key,
+  with every page one large page, so no request-aware placement).
+"""
+
+from __future__ import annotations
+
+import math
+
+from jenga.baselines.common import TrueNeedsMixin
+from jenga.prefix.policies import (
+    ChunkedPolicy,
+    FullPolicy,
+    ImagePolicy,
+    MambaPolicy,
+    PageOps,
+    Policy,
+    SlidingPolicy,
+    cdiv,
+)
+from jenga.request import GroupState, Request
+from jenga.specs import (
+    AttentionSpec,
+    ChunkedLocalSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    LayerGroup,
+    MambaSpec,
+    ModelSpec,
+    SlidingWindowSpec,
+    VisionEmbeddingSpec,
+)
+
+
+def uniform_model(model: ModelSpec, block: int) -> ModelSpec:
+    """The groups vLLM v1 would build (see the module docstring)."""
+    kept = [g for g in model.groups if not isinstance(g.spec, VisionEmbeddingSpec)]
+    counts = [g.num_layers for g in kept]
+    lo, hi = min(counts), max(counts)
+    size = hi if hi < 1.5 * lo else lo
+    split: list[LayerGroup] = []
+    for g in kept:
+        for n, start in enumerate(range(0, g.num_layers, size)):
+            layers = g.layers[start:start + size]
+            pad_layers = size - len(layers)
+            per_layer = g.spec.layer_page_bytes(block)
+            split.append(LayerGroup(f"{g.name}.{n}", g.spec, layers, block, pad_layers * per_layer))
+    attn = [g for g in split if isinstance(g.spec, AttentionSpec)]
+    states = [g for g in split if isinstance(g.spec, MambaSpec)]
+    if states and attn:
+        state = max(g.page_bytes for g in states)
+        per_tok = max(g.page_bytes for g in attn) // block
+        tpp = block * cdiv(state, block * per_tok)
+        attn = [_retoken(g, tpp) for g in attn]
+        target = max(g.page_bytes for g in attn)
+        states = [_pad_to(g, target) for g in states]
+    pages = {g.page_bytes for g in attn}
+    top = max(pages, default=0)
+    if any(top % p for p in pages):
+        return _fallback_full(model, block)
+    attn = [_retoken(g, g.tokens_per_page * top // g.page_bytes) for g in attn]
+    groups = tuple(attn + states)
+    if len({g.page_bytes for g in groups}) != 1:
+        return _fallback_full(model, block)
+    return ModelSpec(f"{model.name}[uniform]", groups, model.max_model_len, model.num_layers, model.hf_config)
+
+
+def _retoken(g: LayerGroup, tpp: int) -> LayerGroup:
+    per_layer = g.spec.layer_page_bytes(1)
+    pad_layers = (g.pad_bytes // (g.spec.layer_page_bytes(g.tokens_per_page) or 1))
+    return LayerGroup(g.name, g.spec, g.layers, tpp, pad_layers * per_layer * tpp)
+
+
+def _pad_to(g: LayerGroup, target: int) -> LayerGroup:
+    extra = target - g.useful_page_bytes
+    assert extra >= 0 and extra % g.num_layers == 0, f"cannot pad {g.name} to {target}"
+    return LayerGroup(g.name, g.spec, g.layers, g.tokens_per_page, extra)
+
+
+def _fallback_full(model: ModelSpec, block: int) -> ModelSpec:
+    """``--disable-hybrid-kv-cache-manager``: sliding / chunked layers stored as full."""
+    from jenga.baselines.paged import paged_model
+    return paged_model(model, block)
+
+
+class _ReleaseAtNextAllocate(FullPolicy):
+    """Out-of-window pages are released when the request next allocates, not at commit."""
+
+    def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
+        computed = req.num_computed
+        self._register(req, gs, ops, computed)
+
+    def _register(self, req: Request, gs: GroupState, ops: PageOps, computed: int) -> None:
+        if not ops.caching:
+            return
+        tpp, pages = self.tpp, gs.pages
+        full = min(computed // tpp, len(req.hashes) * self.block // tpp, len(pages))
+        keep_from = self.retained_from(req)
+        for i in range(max(gs.registered, keep_from), full):
+            if pages[i] is not None and (i + 1) * tpp <= self.retained_to(req):
+                ops.register(self.gi, pages[i], self.page_key(req, i))
+        gs.registered = max(gs.registered, full)
+
+    def retained_from(self, req: Request) -> int:
+        return 0
+
+    def retained_to(self, req: Request) -> int:
+        return 1 << 62
+
+    def plan(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> int:
+        super().commit(req, gs, _NoRegister(ops))  # remove_skipped_blocks
+        return super().plan(req, gs, end, ops)
+
+    def next_event(self, req: Request, gs: GroupState, ops: PageOps) -> int:
+        return (gs.registered + 1) * self.tpp if ops.caching else 1 << 62
+
+
+class _NoRegister:
+    """PageOps view used to release pages without registering new ones."""
+
+    def __init__(self, ops: PageOps):
+        self._ops = ops
+        self.caching = False
+        self.now = ops.now
+
+    def drop(self, *args) -> None:
+        self._ops.drop(*args)
+
+
+class UniformSlidingPolicy(_ReleaseAtNextAllocate, SlidingPolicy):
+    """v1 sliding window: retention only inside the window that ends at the prompt."""
+
+    def retained_from(self, req: Request) -> int:
+        return max(0, req.prompt_len - self.group.spec.window) // self.tpp
+
+    def retained_to(self, req: Request) -> int:
+        return req.prompt_len
+
+
+class UniformChunkedPolicy(_ReleaseAtNextAllocate, ChunkedPolicy):
+    pass
+
+
+class UniformMambaPolicy(MambaPolicy):
+    """v1 "align" mode with retention 0: one state kept, at the prompt's last block end."""
+
+    def __init__(self, gi: int, group: LayerGroup, block: int, align: int):
+        super().__init__(gi, group, block)
+        self.every = align
+
+    def _new_checkpoints(self, req: Request, end: int) -> range:
+        pos = req.prompt_len - req.prompt_len % self.every
+        ok = req.start < pos <= end - req.num_lookahead
+        return range(pos, pos + 1) if ok and pos > 0 else range(0)
+
+    def limit(self, req: Request, gs: GroupState, ops: PageOps) -> int:
+        if gs.work is None:
+            return 0
+        pos = req.prompt_len - req.prompt_len % self.every
+        return pos if ops.caching and req.start < pos else 1 << 62
+
+
+class UncachedImagePolicy(ImagePolicy):
+    """Cross-attention KV is never prefix-cached in v1."""
+
+    def plan(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> int:
+        if gs.initialized:
+            return 0
+        for j in range(len(req.images)):
+            gs.pending[j] = None
+        return sum(cdiv(img.num_tokens, self.tpp) for img in req.images)
+
+    def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
+        gs.to_fill.clear()
+
+
+class UniformManager(TrueNeedsMixin):
+    """vLLM v1's hybrid allocator behind the ``KVCacheManager`` API."""
+
+    name = "uniform"
+
+    def _prepare_model(self, model: ModelSpec, tokens_per_page: int, max_ratio: float | None) -> ModelSpec:
+        self._remember_true_model(model, tokens_per_page)
+        um = uniform_model(model, tokens_per_page)
+        self._align = math.lcm(*(g.tokens_per_page for g in um.groups if g.spec.per_token)) \
+            if any(g.spec.per_token for g in um.groups) else tokens_per_page
+        return um
+
+    def _policy(self, gi: int, group: LayerGroup) -> Policy:
+        spec = group.spec
+        if isinstance(spec, SlidingWindowSpec):
+            return UniformSlidingPolicy(gi, group, self.block)
+        if isinstance(spec, ChunkedLocalSpec):
+            return UniformChunkedPolicy(gi, group, self.block)
+        if isinstance(spec, MambaSpec):
+            return UniformMambaPolicy(gi, group, self.block, self._align)
+        if isinstance(spec, CrossAttentionSpec):
+            return UncachedImagePolicy(gi, group, self.block)
+        assert isinstance(spec, FullAttentionSpec), f"uniform: no rule for {type(spec).__name__}"
+        return FullPolicy(gi, group, self.block)
