@@ -1,0 +1,263 @@
+"""Offline inference API: ``LLM(model, **engine_args).generate(prompts, SamplingParams(...))``.
+
+``model`` is a local Hugging Face directory (``config.json`` + safetensors + tokenizer files)
+or a built-in tiny name (``tiny-gemma3``, ``tiny-llama`` ... see :mod:`jenga.engine.tiny`),
+which always has random weights and an offline-trained byte-level tokenizer.  A directory
+with ``random_weights=True`` keeps its architecture and tokenizer but skips the checkpoint.
+
+The engine loop per step: :class:`~jenga.engine.scheduler.Scheduler` plans (continuous
+batching, chunked prefill, prefix reuse, preemption by recompute) -> :class:`ModelRunner`
+writes K/V into the manager's buffer and returns logits -> :func:`sample` -> the scheduler
+commits tokens to the manager and finishes requests.  The KV-cache manager is chosen by name
+(``manager="jenga" | "paged" | ...``, see :func:`jenga.baselines.make_manager`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from jenga.engine.model_runner import ModelRunner
+from jenga.engine.outputs import RequestOutput
+from jenga.engine.sampler import make_generator, sample
+from jenga.engine.sampling_params import SamplingParams
+from jenga.engine.scheduler import Scheduler
+from jenga.engine.sequence import Sequence as Seq
+from jenga.engine.tiny import init_random_weights, is_tiny, tiny_hf_config
+from jenga.engine.tokenizer import TextTokenizer, load_tokenizer, tiny_tokenizer
+from jenga.errors import InvalidArgumentError
+from jenga.units import parse_bytes
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class EngineMetrics:
+    """Counters over the engine's lifetime (``LLM.reset_metrics`` zeroes them)."""
+
+    steps: int = 0
+    step_s: float = 0.0  # wall time inside step()
+    model_s: float = 0.0  # of which the model forward alone (metadata building excluded)
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    finished: int = 0
+    peak_used_bytes: int = 0  # pages held by live requests
+    peak_needed_bytes: int = 0  # bytes live requests really read
+    waste_frac_sum: float = 0.0
+    kv_samples: int = 0
+
+    @property
+    def overhead_s(self) -> float:
+        """Time in the step outside the model forward (scheduling, manager, metadata, sampling)."""
+        return self.step_s - self.model_s
+
+    @property
+    def waste_frac_mean(self) -> float:
+        return self.waste_frac_sum / self.kv_samples if self.kv_samples else 0.0
+
+
+def _resolve_model(model: str | Path, random_weights: bool, seed: int, dtype: torch.dtype, device):
+    """``(hf config, paged model, spec source, tokenizer)`` for a directory or tiny name."""
+    from jenga.engine.models.registry import build_model, text_config
+    from jenga.engine.models.weights import load_config, load_weights
+
+    if is_tiny(model):
+        config = tiny_hf_config(str(model))
+        net = init_random_weights(build_model(config, device=device, dtype=torch.float32), seed=seed)
+        return config, net.to(dtype), config.to_dict(), tiny_tokenizer(config.vocab_size)
+    path = Path(model)
+    if not (path / "config.json").is_file():
+        from jenga.engine.tiny import TINY_MODELS
+
+        raise InvalidArgumentError(f"model {str(model)!r} is neither a directory with config.json nor a built-in "
+                                   f"tiny model ({', '.join(TINY_MODELS)})")
+    config = load_config(path)
+    net = build_model(config, device=device, dtype=dtype)
+    if random_weights:
+        init_random_weights(net, seed=seed)
+    else:
+        load_weights(net, path)
+    eos = getattr(text_config(config), "eos_token_id", None)
+    eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+    return config, net, str(path), load_tokenizer(path, eos_ids)
+
+
+class LLM:
+    """An offline engine over one model and one KV-cache manager.
+
+    Engine arguments: ``manager`` (name for ``make_manager``), ``kv_memory`` (bytes or a
+    string such as ``"64MiB"``), ``tokens_per_page``, ``max_num_seqs``,
+    ``max_num_batched_tokens`` (per-step token budget; prefills are chunked to fit),
+    ``enable_prefix_caching``, ``random_weights``, ``seed`` (weights and the shared sampling
+    RNG), ``dtype`` (model and KV dtype: ``fp32`` | ``bf16`` | ``fp16``), ``device``,
+    ``track_kv_stats`` (sample ``manager.stats()`` every step into :attr:`metrics`),
+    ``manager_kwargs`` (extra keyword arguments for the manager).
+    """
+
+    def __init__(self, model: str | Path, *, manager: str = "jenga", kv_memory: str | int = "64MiB",
+                 tokens_per_page: int = 16, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
+                 enable_prefix_caching: bool = True, random_weights: bool = False, seed: int = 0,
+                 dtype: str = "fp32", device: str | torch.device = "cpu", track_kv_stats: bool = False,
+                 manager_kwargs: dict | None = None, tokenizer: TextTokenizer | None = None):
+        from jenga.baselines import make_manager
+        from jenga.specs import ModelSpec
+
+        if dtype not in TORCH_DTYPES:
+            raise InvalidArgumentError(f"dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
+        self.device = torch.device(device)
+        self.dtype = dtype
+        config, net, spec_source, tok = _resolve_model(model, random_weights, seed, TORCH_DTYPES[dtype], self.device)
+        self.config, self.model = config, net.eval()
+        self.tokenizer = tokenizer or tok
+        spec = ModelSpec.from_hf_config(spec_source, dtype=dtype, tokens_per_page=tokens_per_page, vision=False)
+        self.spec = spec
+        self.kv_memory = parse_bytes(kv_memory)
+        self.manager = make_manager(manager, spec, self.kv_memory, tokens_per_page=tokens_per_page,
+                                    enable_prefix_caching=enable_prefix_caching, device=str(self.device),
+                                    **(manager_kwargs or {}))
+        self.runner = ModelRunner(self.model, self.manager, device=self.device)
+        eos = self.tokenizer.eos_token_ids if self.tokenizer else ()
+        cfg_eos = getattr(self.model.config, "eos_token_id", None)
+        eos = tuple(eos) + ((cfg_eos,) if isinstance(cfg_eos, int) else tuple(cfg_eos or ()))
+        self.scheduler = Scheduler(self.manager, max_num_seqs=max_num_seqs,
+                                   max_num_batched_tokens=max_num_batched_tokens, eos_token_ids=eos)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.track_kv_stats = track_kv_stats
+        self.metrics = EngineMetrics()
+        self._ids = itertools.count()
+
+    # ------------------------------------------------------------------ inputs
+    def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
+            prompt = prompt["prompt"]
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InvalidArgumentError("this model has no tokenizer; pass token id lists")
+            ids = self.tokenizer.encode(prompt)
+            if not ids:
+                raise InvalidArgumentError(f"prompt {prompt!r} encodes to no tokens")
+            return prompt, ids
+        ids = [int(t) for t in prompt]
+        if not ids:
+            raise InvalidArgumentError("empty prompt")
+        if max(ids) >= self.config_vocab or min(ids) < 0:
+            raise InvalidArgumentError(f"token ids must be in [0, {self.config_vocab}), got {min(ids)}..{max(ids)}")
+        return None, ids
+
+    @property
+    def config_vocab(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    @staticmethod
+    def _is_single(prompts) -> bool:
+        return isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, Sequence) and len(prompts) > 0 and all(isinstance(t, int) for t in prompts))
+
+    def add_request(self, prompt, params: SamplingParams | None = None) -> Seq:
+        """Queue one prompt (text, token ids or ``{"prompt_token_ids": ...}``); returns its sequence."""
+        params = params or SamplingParams()
+        text, ids = self._prompt_ids(prompt)
+        seq = Seq(next(self._ids), ids, params, prompt=text)
+        seq.generator = make_generator(params, self.device)
+        self.scheduler.add(seq)
+        self.metrics.prompt_tokens += len(ids)
+        return seq
+
+    # -------------------------------------------------------------------- loop
+    def step(self) -> list[Seq]:
+        """Run one engine step; returns the requests that finished in it."""
+        t0 = time.perf_counter()
+        plan = self.scheduler.schedule()
+        m = self.metrics
+        if self.track_kv_stats:
+            st = self.manager.stats()
+            m.peak_used_bytes = max(m.peak_used_bytes, st.used_bytes)
+            m.peak_needed_bytes = max(m.peak_needed_bytes, st.needed_bytes)
+            m.waste_frac_sum += st.waste_frac
+            m.kv_samples += 1
+        logits = self.runner.execute(plan)
+        items = [it for it in plan.scheduled if it.sample]
+        sampled: list[int | None] = [None] * len(plan.scheduled)
+        if items:
+            toks = sample(logits, [it.seq.params for it in items], [it.seq.generator for it in items],
+                          self.generator).tolist()
+            it_toks = iter(toks)
+            sampled = [next(it_toks) if it.sample else None for it in plan.scheduled]
+            for row, it in enumerate(items):
+                if it.seq.params.return_logits:
+                    it.seq.logits.append(logits[row].clone())
+        finished = self.scheduler.update(plan, sampled)
+        for it in items:
+            seq = it.seq
+            if not seq.finished and seq.params.stop and self._hit_stop_string(seq):
+                finished.append(seq)
+        for seq in finished:
+            self._finalize(seq)
+        m.steps += 1
+        m.output_tokens += len(items)
+        m.finished += len(finished)
+        m.model_s += self.runner.last_forward_s
+        m.step_s += time.perf_counter() - t0
+        return finished
+
+    def _hit_stop_string(self, seq: Seq) -> bool:
+        if self.tokenizer is None:
+            return False
+        text = self.tokenizer.decode(seq.output_token_ids)
+        for s in seq.params.stop:
+            idx = text.find(s)
+            if idx >= 0:
+                seq.text = text[: idx + len(s)] if seq.params.include_stop_str_in_output else text[:idx]
+                self.scheduler.finish(seq, "stop", s)
+                return True
+        return False
+
+    def _finalize(self, seq: Seq) -> None:
+        if seq.finish_reason == "stop" and isinstance(seq.stop_reason, str):
+            return  # text already cut at the stop string
+        if self.tokenizer is not None:
+            seq.text = self.tokenizer.decode(seq.output_token_ids)
+
+    def generate(self, prompts, sampling_params: SamplingParams | Iterable[SamplingParams] | None = None, *,
+                 use_tqdm: bool = False, desc: str | None = None) -> list[RequestOutput]:
+        """Run ``prompts`` (one or a list of: text, token ids, ``{"prompt_token_ids": ...}``) to completion.
+
+        ``sampling_params``: one for all, or one per prompt.  Returns one
+        :class:`RequestOutput` per prompt, in input order.
+        """
+        if self._is_single(prompts):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None or isinstance(sampling_params, SamplingParams):
+            params = [sampling_params or SamplingParams()] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise InvalidArgumentError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(seqs), desc=desc or f"generate [{self.manager.name}]", unit="req", leave=False)
+        try:
+            while self.scheduler.has_unfinished:
+                done = self.step()
+                if bar is not None and done:
+                    bar.update(len(done))
+        finally:
+            if bar is not None:
+                bar.close()
+        return [RequestOutput(s.request_id, s.prompt, s.prompt_token_ids, list(s.output_token_ids), s.text,
+                              s.finish_reason, s.stop_reason, s.num_preemptions, s.prefix_hit_tokens, s.logits)
+                for s in seqs]
+
+    def reset_metrics(self) -> None:
+        self.metrics = EngineMetrics()

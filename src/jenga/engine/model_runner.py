@@ -1,0 +1,144 @@
+"""One engine step on the model: page tables -> per-group metadata -> forward -> logits.
+
+:class:`ModelRunner` binds a paged model (``jenga.engine.models``) to a KV-cache manager:
+every decoder layer reads and writes its K/V only through ``manager.layout.kv_view(g, j)``
+(the manager's own buffer; no copy).  Per step and per layer group it builds one
+:class:`~jenga.engine.attention.AttentionMetadata` from the requests' ``PageTables``:
+
+* only the pages some new token can see are put in the block table (sliding: the last
+  ``window`` tokens, chunked: the current chunk, full: all), so pages the manager already
+  released (``None``) are never read — a ``None`` inside that range raises ``RuntimeError``
+  (a manager bug, not a caller mistake);
+* the flattened token arrays (positions, request index, write slots) are built with torch
+  ops; the only Python loops are per request and per page, never per token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from jenga.engine.attention import AttentionMetadata, ForwardContext
+from jenga.engine.scheduler import ScheduledRequest, StepPlan
+
+
+class ModelRunner:
+    """Runs ``model`` (a ``PagedCausalLM``) over the KV buffer of ``manager`` on ``device``."""
+
+    def __init__(self, model, manager, *, device: torch.device | str = "cpu"):
+        self.model = model
+        self.mgr = manager
+        self.device = torch.device(device)
+        layout = manager.layout
+        self.groups = manager.model.groups
+        attn = model.layer_attention()
+        n_layers = len(attn)
+        self.kv_views: list[Tensor] = []
+        self.group_layers: list[list[int]] = [[] for _ in self.groups]
+        for layer in range(n_layers):
+            gi, j = layout.slot(layer)
+            g = self.groups[gi]
+            self._check_layer(layer, attn[layer], g)
+            self.kv_views.append(layout.kv_view(gi, j))
+            self.group_layers[gi].append(layer)
+        self.windows = [getattr(g.spec, "window", None) for g in self.groups]
+        self.chunks = [getattr(g.spec, "chunk", None) for g in self.groups]
+        self.last_forward_s = 0.0  # wall time of the last model forward (without metadata)
+
+    @staticmethod
+    def _check_layer(layer: int, info, group) -> None:
+        spec = group.spec
+        if getattr(spec, "num_kv_heads", None) != info.num_kv_heads or getattr(spec, "head_dim", None) != info.head_dim:
+            raise ValueError(f"layer {layer}: model has {info.num_kv_heads}x{info.head_dim} KV heads but cache group "
+                             f"{group.name!r} has {getattr(spec, 'num_kv_heads', None)}x{getattr(spec, 'head_dim', None)}")
+        window, chunk = getattr(spec, "window", None), getattr(spec, "chunk", None)
+        if (window is not None and window != info.window) or (chunk is not None and chunk != info.chunk):
+            raise ValueError(f"layer {layer}: model attends with window={info.window} chunk={info.chunk} but cache "
+                             f"group {group.name!r} keeps window={window} chunk={chunk}")
+
+    # ------------------------------------------------------------------ metadata
+    def _group_metadata(self, gi: int, items: Sequence[ScheduledRequest], starts: list[int], new: list[int],
+                        common: dict) -> AttentionMetadata:
+        g = self.groups[gi]
+        n_layers = g.num_layers
+        window, chunk = self.windows[gi], self.chunks[gi]
+        B = items[0].tables.groups[gi].tokens_per_page
+        rows, firsts, cols = [], [], []
+        for it, c, n in zip(items, starts, new, strict=True):  # per request: slice of its page list
+            first = 0
+            if window is not None:
+                first = max(0, c - window + 1)
+            if chunk is not None:
+                first = max(first, c // chunk * chunk)
+            f, last = first // B, (c + n - 1) // B
+            row = it.tables.groups[gi].page_ids[f:last + 1]
+            if len(row) != last - f + 1:
+                raise RuntimeError(f"request {it.seq.request_id!r}: group {g.name} holds {f + len(row)} pages, "
+                                   f"needs {last + 1} for {c + n} tokens")
+            rows.append(row)
+            firsts.append(f)
+            cols.append(len(row))
+        width = max(cols)
+        flat: list[int] = []
+        for row in rows:  # per page
+            flat.extend(-1 if s is None else s * n_layers for s in row)
+            flat.extend([0] * (width - len(row)))
+        R = len(items)
+        table = torch.tensor(flat, dtype=torch.long).view(R, width)
+        held = torch.arange(width)[None, :] < torch.tensor(cols)[:, None]
+        if bool((table < 0).any()):
+            r, c = (int(x) for x in torch.nonzero(table < 0)[0])
+            raise RuntimeError(f"request {items[r].seq.request_id!r}: group {g.name} page {firsts[r] + c} is needed "
+                               "this step but the manager does not hold it")
+        first_t = torch.tensor(firsts, dtype=torch.long)
+        q_req, q_pos = common["q_req"], common["q_pos"]
+        slot_page = table[q_req, torch.div(q_pos, B, rounding_mode="floor") - first_t[q_req]]
+        slots = slot_page * B + q_pos % B
+        dev = self.device
+        return AttentionMetadata(
+            page_size=B, block_tables=table.to(dev), page_offsets=first_t.to(dev), page_held=held.to(dev),
+            context_lens=common["ctx"], query_start_loc=common["starts"], query_positions=common["q_pos_dev"],
+            query_req=common["q_req_dev"], query_local=common["q_local"], slot_mapping=slots.to(dev),
+            max_query_len=common["max_q"], window=window, chunk=chunk)
+
+    def prepare(self, plan: StepPlan) -> tuple[Tensor, Tensor, ForwardContext, Tensor]:
+        """``(input_ids [T], positions [T], ctx, logits_indices [S])`` for the step's plan."""
+        items = plan.scheduled
+        starts = [it.start for it in items]
+        new = [it.num_tokens for it in items]
+        ids: list[int] = []
+        for it in items:  # per request: list slice
+            ids.extend(it.seq.tokens[it.start:it.start + it.num_tokens])
+        new_t = torch.tensor(new, dtype=torch.long)
+        start_t = torch.tensor(starts, dtype=torch.long)
+        qsl = torch.zeros(len(items) + 1, dtype=torch.long)
+        qsl[1:] = torch.cumsum(new_t, 0)
+        T = int(qsl[-1])
+        q_req = torch.repeat_interleave(torch.arange(len(items)), new_t)
+        q_local = torch.arange(T) - qsl[q_req]
+        q_pos = start_t[q_req] + q_local
+        dev = self.device
+        common = dict(q_req=q_req, q_pos=q_pos, ctx=(start_t + new_t).to(dev), starts=qsl.to(dev),
+                      q_pos_dev=q_pos.to(dev), q_req_dev=q_req.to(dev), q_local=q_local.to(dev), max_q=max(new))
+        metas = [(self.group_layers[gi], self._group_metadata(gi, items, starts, new, common))
+                 for gi in range(len(self.groups)) if self.group_layers[gi]]
+        ctx = ForwardContext.from_groups(self.kv_views, metas)
+        sample_rows = [i for i, it in enumerate(items) if it.sample]
+        logits_idx = qsl[1:][sample_rows] - 1
+        return (torch.tensor(ids, dtype=torch.long, device=dev), q_pos.to(dev), ctx, logits_idx.to(dev))
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> Tensor:
+        """Write the step's K/V and return fp32 logits ``[S, vocab]``, one row per item with ``.sample``."""
+        input_ids, positions, ctx, logits_idx = self.prepare(plan)
+        t0 = time.perf_counter()
+        if logits_idx.numel() == 0:
+            self.model.model(input_ids, positions, ctx)  # non-final prefill chunks: K/V only
+            out = torch.empty(0, self.model.config.vocab_size)
+        else:
+            out = self.model(input_ids, positions, ctx, logits_idx).float()
+        self.last_forward_s = time.perf_counter() - t0
+        return out

@@ -1,0 +1,58 @@
+"""Built-in tiny random-weight models (``tiny-gemma3``, ``tiny-llama`` ...): no downloads.
+
+Each name maps to a small Hugging Face config (head_dim 64, 512-token vocab, windows and
+chunks multiples of the 16-token page).  ``tiny-gemma3`` is the heterogeneous default of
+``jenga bench``: 6 layers, 5 sliding (window 64) : 1 full, like Gemma-3's 5:1 pattern.
+Token ids 0 / 1 / 2 are ``<pad>`` / ``<bos>`` / ``<eos>`` (matching :mod:`jenga.engine.tokenizer`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from jenga.errors import InvalidArgumentError
+
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+_SPECIAL = dict(pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, max_position_embeddings=4096)
+
+#: name -> (family, overrides of ``weights.tiny_config(family)``)
+TINY_MODELS: dict[str, tuple[str, dict]] = {
+    "tiny-gemma3": ("gemma3", dict(
+        num_hidden_layers=6, sliding_window=64,
+        layer_types=["sliding_attention"] * 5 + ["full_attention"])),
+    "tiny-gemma2": ("gemma2", {}),
+    "tiny-llama": ("llama", {}),
+    "tiny-mistral": ("mistral", {}),
+    "tiny-ministral": ("ministral", {}),
+    "tiny-llama4": ("llama4", {}),
+}
+
+
+def is_tiny(name: object) -> bool:
+    return isinstance(name, str) and name in TINY_MODELS
+
+
+def tiny_hf_config(name: str, **overrides):
+    """The HF config of a built-in tiny model (eager attention, so HF can serve as an oracle)."""
+    from jenga.engine.models.weights import tiny_config
+
+    if name not in TINY_MODELS:
+        raise InvalidArgumentError(f"unknown tiny model {name!r}; choose one of {', '.join(TINY_MODELS)}")
+    family, extra = TINY_MODELS[name]
+    config = tiny_config(family, **{**_SPECIAL, **extra, **overrides})
+    config._attn_implementation = "eager"
+    return config
+
+
+@torch.no_grad()
+def init_random_weights(model: torch.nn.Module, *, seed: int = 0, std: float = 0.05) -> torch.nn.Module:
+    """``N(0, std)`` weights; RMSNorm weights around 1 (Gemma's ``1 + w`` norms: around 0)."""
+    from jenga.engine.models.gemma import Gemma2ForCausalLM
+    from jenga.engine.models.weights import randomize_
+
+    randomize_(model, seed=seed, std=std)
+    if not isinstance(model, Gemma2ForCausalLM):
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(1.0)
+    return model
