@@ -87,6 +87,12 @@ class SimScheduler(Scheduler):
         self._forget(seq.request_id)
         self.rejected[seq.request_id] = reason
 
+    def _memory_note(self) -> str:
+        s = self.view.mgr.stats()
+        g = float(1 << 30)
+        return (f"{s.total_bytes / g:.1f} GiB total, {s.used_bytes / g:.1f} used, {s.cached_bytes / g:.1f} cached, "
+                f"{s.free_bytes / g:.1f} free")
+
     def _forget(self, rid) -> None:
         self.view.seqs.pop(rid, None)
         self.view.images.pop(rid, None)
@@ -101,12 +107,14 @@ class SimScheduler(Scheduler):
                 if self.running or not self.waiting:
                     raise
                 seq = self.waiting[0]
-                self.reject(seq, f"{seq.num_tokens} tokens: the first chunk does not fit in an empty KV cache")
+                self.reject(seq, f"{seq.num_tokens} tokens: the first chunk does not fit with nothing else "
+                                 f"running ({self._memory_note()})")
                 continue
             for seq in plan.preempted:
                 if not self.running and seq is plan.preempted[-1] and not plan.scheduled:
                     # it preempted everything else and then itself: it can never fit
-                    self.reject(seq, f"grew to {seq.num_tokens} tokens, more than the whole KV cache holds")
+                    self.reject(seq, f"grew to {seq.num_tokens} tokens, more than the KV cache holds with nothing "
+                                     f"else running ({self._memory_note()})")
             return plan
 
     def update(self, plan: StepPlan, sampled: Seq[Seq[int] | None]) -> list[Sequence]:

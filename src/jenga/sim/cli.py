@@ -1,0 +1,117 @@
+"""``jenga simulate`` and ``jenga reproduce`` (loaded by :func:`jenga.cli.main`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+DEFAULT_MANAGERS = "jenga,paged,uniform"
+
+
+def add_sim_parsers(sub) -> None:
+    p = sub.add_parser("simulate", help="simulate continuous batching of a workload on several managers")
+    p.add_argument("--model", default="ministral-8b", help="catalog model name")
+    p.add_argument("--workload", default="decode-batch-20",
+                   help="workload name (jenga.sim.workloads) or a .jsonl trace path")
+    p.add_argument("--gpu", default="h100-80gb", help="h100-80gb, l4-24gb or h200-141gb")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    p.add_argument("--manager", "--managers", dest="managers", default=DEFAULT_MANAGERS,
+                   help="comma-separated: jenga, paged, static, uniform")
+    p.add_argument("--requests", type=int, default=None, help="number of requests (default: workload's)")
+    p.add_argument("--rate", type=float, default=math.inf, help="arrival rate req/s (default: all at t=0)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--draft", default=None, help="draft model for speculative decoding (spec-decode workload)")
+    p.add_argument("--budget", type=int, default=8192, help="max tokens per step (chunked prefill)")
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--record-every", type=int, default=1, help="record memory stats every N steps")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--plot", default=None, metavar="OUT.png", help="write a memory-timeline PNG")
+    p.set_defaults(func=run_simulate)
+
+    r = sub.add_parser("reproduce", help="the paper's headline numbers next to this reproduction's")
+    r.add_argument("--quick", action="store_true", help="tiny request counts (seconds; for tests)")
+    r.add_argument("--section", action="append", default=None,
+                   help="only this section (repeatable): closed form, Llama-4 context, Ministral waste, "
+                        "decode batch, throughput, prefix caching, spec decoding")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=run_reproduce)
+
+
+def _workload(args, max_len: int):
+    from jenga.sim.workloads import get_workload, load_jsonl
+
+    if args.workload.endswith(".jsonl"):
+        w = load_jsonl(args.workload)
+        return w[:args.requests] if args.requests else w
+    kw = dict(rate=args.rate, seed=args.seed, max_len=min(max_len, 131072))
+    if args.requests is not None:
+        kw["num_requests"] = args.requests
+    return get_workload(args.workload, **kw)
+
+
+def run_simulate(args) -> int:
+    from jenga.sim.report import print_simulate, simulate_payload
+    from jenga.sim.simulator import SimConfig, Simulator, build_setup
+
+    managers = [m.strip() for m in args.managers.split(",") if m.strip()]
+    draft = args.draft
+    if args.workload == "spec-decode" and draft is None:
+        draft = "llama-3.2-1b"
+    setup = build_setup(args.model, args.gpu, args.tp, draft=draft)
+    w = _workload(args, setup.target.max_model_len)
+    cfg = SimConfig(max_num_batched_tokens=args.budget, max_num_seqs=args.max_num_seqs, seed=args.seed,
+                    enable_prefix_caching=not args.no_prefix_caching, record_every=max(1, args.record_every))
+    sim = Simulator(setup, cfg)
+    unavailable: dict[str, str] = {}
+    results = {}
+    quiet = args.json or not sys.stderr.isatty()
+    for name in managers:
+        try:
+            sim.make_manager(name)
+        except (ImportError, NameError, AttributeError) as e:
+            unavailable[name] = f"{type(e).__name__}: {e}"
+            print(f"jenga simulate: manager {name!r} is not available yet ({e}); skipping it", file=sys.stderr)
+            continue
+        from tqdm import tqdm
+
+        with tqdm(total=len(w), desc=f"{name:>8}", unit="req", disable=quiet or len(w) < 50,
+                  file=sys.stderr, leave=False) as bar:
+            results[name] = sim.run(w, name, progress=bar.update)
+    if not results:
+        print("jenga simulate: none of the requested managers is available", file=sys.stderr)
+        return 2
+    meta = {"model": setup.model.name, "workload": w.info.name, "gpu": setup.gpu, "tp": setup.tp,
+            "requests": len(w), "seed": args.seed, "rate": None if math.isinf(args.rate) else args.rate,
+            "memory_bytes": setup.memory_bytes, "draft": draft}
+    if args.plot:
+        from jenga.sim.plot import plot_timeline
+
+        plot_timeline(results, args.plot, title=f"{meta['model']} / {meta['workload']} on {meta['gpu']}")
+        meta["plot"] = str(args.plot)
+    if args.json:
+        print(json.dumps(simulate_payload(results, meta, unavailable), indent=2))
+    else:
+        print_simulate(results, meta)
+        if args.plot:
+            print(f"memory timeline written to {args.plot}")
+    return 0
+
+
+def run_reproduce(args) -> int:
+    from jenga.sim.report import print_reproduce
+    from jenga.sim.reproduce import SECTIONS, reproduce
+
+    if args.section:
+        bad = [s for s in args.section if s not in SECTIONS]
+        if bad:
+            print(f"jenga reproduce: unknown section(s) {bad}; choose from {list(SECTIONS)}", file=sys.stderr)
+            return 2
+    say = None if args.json else (lambda name: print(f"... {name}", file=sys.stderr, flush=True))
+    rows = reproduce(quick=args.quick, sections=args.section, progress=say)
+    if args.json:
+        print(json.dumps({"quick": args.quick, "rows": [r.as_dict() for r in rows]}, indent=2))
+    else:
+        print_reproduce(rows)
+    return 0

@@ -1,0 +1,80 @@
+"""Rich tables and JSON payloads for ``jenga simulate`` and ``jenga reproduce``."""
+
+from __future__ import annotations
+
+from jenga.sim.simulator import SimResult
+
+#: Columns of the simulate table: (summary key, header, format).
+COLUMNS = (
+    ("throughput_req_s", "req/s", "{:.3f}"),
+    ("throughput_tok_s", "out tok/s", "{:.1f}"),
+    ("latency_mean_s", "latency s", "{:.2f}"),
+    ("latency_p99_s", "p99 s", "{:.2f}"),
+    ("ttft_mean_s", "TTFT s", "{:.2f}"),
+    ("ttft_p99_s", "TTFT p99", "{:.2f}"),
+    ("decode_batch_mean", "decode batch", "{:.2f}"),
+    ("max_concurrent", "max conc.", "{}"),
+    ("waste_frac_mean", "waste", "{:.2%}"),
+    ("prefix_hit_rate", "prefix hit", "{:.2%}"),
+    ("preemptions", "preempt", "{}"),
+    ("steps", "steps", "{}"),
+    ("rejected", "rejected", "{}"),
+    ("wall_s", "wall s", "{:.1f}"),
+)
+
+
+def simulate_payload(results: dict[str, SimResult], meta: dict, unavailable: dict[str, str]) -> dict:
+    """``{"managers": {name: summary}, "rejected": {name: {rid: reason}}, "unavailable": ..., **meta}``."""
+    return {
+        **meta,
+        "managers": {name: r.summary() for name, r in results.items()},
+        "rejected": {name: {str(k): v for k, v in r.rejected.items()} for name, r in results.items() if r.rejected},
+        "unavailable": unavailable,
+    }
+
+
+def _console():
+    import sys
+
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=220)
+
+
+def print_simulate(results: dict[str, SimResult], meta: dict, console=None) -> None:
+    from rich.table import Table
+
+    con = console or _console()
+    t = Table(title=f"{meta['model']} on {meta['workload']} ({meta['requests']} requests), "
+                    f"{meta['gpu']} x{meta['tp']}, KV {meta['memory_bytes'] / 2**30:.1f} GiB")
+    t.add_column("manager")
+    for _, head, _ in COLUMNS:
+        t.add_column(head, justify="right")
+    base = None
+    for name, r in results.items():
+        s = r.summary()
+        base = base or s
+        t.add_row(name, *(fmt.format(s[key]) for key, _, fmt in COLUMNS))
+    con.print(t)
+    if "jenga" in results and len(results) > 1:
+        j = results["jenga"].summary()
+        for name, r in results.items():
+            s = r.summary()
+            if name != "jenga" and s["throughput_req_s"]:
+                con.print(f"jenga / {name}: throughput {j['throughput_req_s'] / s['throughput_req_s']:.2f}x, "
+                          f"decode batch {j['decode_batch_mean'] / max(s['decode_batch_mean'], 1e-9):.2f}x")
+    for name, r in results.items():
+        for rid, why in list(r.rejected.items())[:3]:
+            con.print(f"[yellow]{name}: rejected {rid}: {why}[/yellow]")
+
+
+def print_reproduce(rows, console=None) -> None:
+    from rich.table import Table
+
+    con = console or _console()
+    t = Table(title="Jenga (SOSP 2025) headline numbers: paper vs this reproduction", show_lines=False)
+    for col in ("section", "what", "paper", "ours", "why they differ"):
+        t.add_column(col, justify="right" if col in ("paper", "ours") else "left", overflow="fold")
+    for r in rows:
+        t.add_row(r.section, r.what, r.paper, r.ours, r.note)
+    con.print(t)
