@@ -25,7 +25,7 @@ from jenga.integrity import check_manager
 from jenga.prefix.evictor import PrefixEvictor
 from jenga.prefix.hashing import ImageRef, extend_block_hashes, root_hash
 from jenga.prefix.index import PrefixIndex
-from jenga.prefix.policies import PageOps, Policy, cdiv, policy_for
+from jenga.prefix.policies import ImagePolicy, PageOps, Policy, cdiv, policy_for
 from jenga.request import GroupState, Request
 from jenga.specs import LayerGroup, ModelSpec
 from jenga.stats import CacheStats, collect_stats
@@ -81,6 +81,7 @@ class KVCacheManager(PageOps):
         self.policies: list[Policy] = [self._policy(i, g) for i, g in enumerate(model.groups)]
         self.ref: list[list[int]] = [[0] * (num_large * k) for k in self.alloc.k]
         self.requests: dict[object, Request] = {}
+        self._max_tokens = model.max_model_len + 1
         self._shared = [not g.spec.per_token for g in model.groups]  # state pages: fill shared large pages
         self.now = 0
         self.prefix_hit_tokens = 0
@@ -271,12 +272,15 @@ class KVCacheManager(PageOps):
 
     def _allocate_slow(self, req: Request, n: int, lookahead: int, end: int) -> PageTables | None:
         old_lookahead, req.num_lookahead = req.num_lookahead, lookahead
+        pairs = req.pairs or list(zip(self.policies, req.groups, strict=True))
+        need = [0] * len(self.policies)
         self._log = log = []
         try:
-            need = [pol.plan(req, gs, end, self) for pol, gs in zip(self.policies, req.groups, strict=True)]
+            for pol, gs in pairs:
+                need[pol.gi] = pol.plan(req, gs, end, self)
         finally:
             self._log = None
-        quota = self._quota_for(need)
+        quota = self._quota_for(need) if any(need) else need
         if quota is None:
             self._unhold(log)
             for gs in req.groups:
@@ -284,7 +288,7 @@ class KVCacheManager(PageOps):
             req.num_lookahead = old_lookahead
             return None
         self._tag, self._quota = req.request_id, quota
-        for pol, gs in zip(self.policies, req.groups, strict=True):
+        for pol, gs in pairs:
             pol.grow(req, gs, end, self)
         self._tag = None
         if not req.counted:
@@ -296,9 +300,10 @@ class KVCacheManager(PageOps):
         req.last_access = self.now
         if req.tables is None:
             req.tables = PageTables(req.request_id, 0, 0, 0, [gs.table for gs in req.groups])
+            req.pairs = self._active(req)
         t = req.tables
         t.num_computed, t.num_new, t.num_lookahead = req.num_computed, req.num_scheduled, lookahead
-        req.limit = min(pol.limit(req, gs, self) for pol, gs in zip(self.policies, req.groups, strict=True))
+        req.limit = min(pol.limit(req, gs, self) for pol, gs in req.pairs)
         return t
 
     def _quota_for(self, need: list[int]) -> list[int] | None:
@@ -319,23 +324,33 @@ class KVCacheManager(PageOps):
 
         Full pages become reusable; pages out of window or chunk are released.
         """
-        req = self._req(request_id)
-        if len(req.tokens) + len(token_ids) > self.model.max_model_len + 1:
+        req = self.requests.get(request_id)
+        if req is None:
+            raise UnknownRequestError(f"unknown request id {request_id!r} (never added, or already freed)")
+        tokens = req.tokens
+        if len(tokens) + len(token_ids) > self._max_tokens:
             raise SequenceTooLongError(f"request {request_id!r}: appending {len(token_ids)} tokens passes "
                                        f"the model's max length {self.model.max_model_len}")
-        req.tokens.extend(token_ids)
-        req.num_computed += req.num_scheduled
+        tokens.extend(token_ids)
+        computed = req.num_computed = req.num_computed + req.num_scheduled
         req.num_scheduled = 0
-        if self.caching and len(req.tokens) >= (len(req.hashes) + 1) * self.block:
-            extend_block_hashes(req.hashes, req.tokens, self.block, req.salt_root, req.images)
-        if req.num_computed >= req.next_event:
+        if self.caching and len(tokens) >= (len(req.hashes) + 1) * self.block:
+            extend_block_hashes(req.hashes, tokens, self.block, req.salt_root, req.images)
+        if computed >= req.next_event:
             next_event = NEVER
-            for pol, gs in zip(self.policies, req.groups, strict=True):
+            for pol, gs in req.pairs or zip(self.policies, req.groups, strict=True):
                 pol.commit(req, gs, self)
                 next_event = min(next_event, pol.next_event(req, gs, self))
             req.next_event = next_event
-        if req.tables is not None:
-            req.tables.num_computed, req.tables.num_new = req.num_computed, 0
+        t = req.tables
+        if t is not None:
+            t.num_computed, t.num_new = computed, 0
+
+    def _active(self, req: Request) -> list[tuple[Policy, GroupState]]:
+        """(policy, state) pairs with work after the first allocate: image groups only with images."""
+        if req.images:
+            return list(zip(self.policies, req.groups, strict=True))
+        return [(p, g) for p, g in zip(self.policies, req.groups, strict=True) if not isinstance(p, ImagePolicy)]
 
     def free(self, request_id: object) -> None:
         """Drop the request; its registered pages stay cached (evictable), the rest are free."""

@@ -48,6 +48,7 @@ class Request:
     counted: bool = False  # prefix hit statistics recorded
     next_event: int = 0  # append_tokens commits groups once num_computed reaches this
     salt_root: bytes = b""
+    pairs: list | None = None  # (policy, group state) pairs with work, set at the first allocate
 
     @property
     def start(self) -> int:

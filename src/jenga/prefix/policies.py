@@ -221,7 +221,8 @@ class SlidingPolicy(FullPolicy):
         return max(0, pos - self.group.spec.window + 1)
 
     def release_point(self, released: int) -> int:
-        return (released + 1) * self.tpp + self.group.spec.window - 1
+        # rounded up to a page end, so releases ride on the registration commit
+        return cdiv((released + 1) * self.tpp + self.group.spec.window - 1, self.tpp) * self.tpp
 
 
 class ChunkedPolicy(FullPolicy):
