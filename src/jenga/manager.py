@@ -80,6 +80,9 @@ class KVCacheManager(PageOps):
         self.evictor = PrefixEvictor(self.alloc, self.index)
         self.policies: list[Policy] = [self._policy(i, g) for i, g in enumerate(model.groups)]
         self.ref: list[list[int]] = [[0] * (num_large * k) for k in self.alloc.k]
+        # (group, page) -> evictor key of the latest release of a page still referenced by
+        # others; used when a pin (lookup hit) is undone after those others have left
+        self._released_key: dict[tuple[int, int], tuple[int, int]] = {}
         self.requests: dict[object, Request] = {}
         self._max_tokens = model.max_model_len + 1
         self._shared = [not g.spec.per_token for g in model.groups]  # state pages: fill shared large pages
@@ -143,7 +146,12 @@ class KVCacheManager(PageOps):
         ref = self.ref[group]
         assert ref[page] > 0, f"drop of unreferenced page {group}:{page}"
         ref[page] -= 1
-        if ref[page] == 0:
+        if ref[page] > 0:
+            if self.caching:
+                self._released_key[(group, page)] = (last_access, -prefix_len)
+        else:
+            if self._released_key:
+                self._released_key.pop((group, page), None)
             if self.caching and self.index.is_registered(group, page):
                 self.evictor.add(group, page, last_access, prefix_len)
             else:
@@ -158,13 +166,22 @@ class KVCacheManager(PageOps):
         return self.index.get(group, key)
 
     def _unhold(self, log: Iterable[tuple[int, int, tuple[int, int] | None]]) -> None:
-        """Undo ``hold`` calls exactly (cached pages get their old key back)."""
+        """Undo ``hold`` calls (``key``: the evictor key the page had when it was held).
+
+        Right after ``hold`` (a rolled-back allocate) this is exact.  A lookup's pins are
+        undone later, after other requests may have held and dropped the same pages, so
+        a page whose last reference goes gets the key of its latest release, else the key
+        it had when pinned; a page still referenced keeps that key for its last holder.
+        """
         for group, page, key in reversed(list(log)):
-            self.ref[group][page] -= 1
-            if key is not None:
-                assert self.ref[group][page] == 0, f"undo of hit {group}:{page} still referenced"
-                self.evictor.add(group, page, key[0], -key[1])  # key is (last_access, -prefix_len)
-            # key None: another live request holds it; nothing else to undo
+            ref = self.ref[group]
+            ref[page] -= 1
+            if ref[page] > 0:
+                if key is not None:
+                    self._released_key.setdefault((group, page), key)  # a recorded key is newer
+                continue
+            key = self._released_key.pop((group, page), None) or key or (self.now, 0)
+            self.evictor.add(group, page, key[0], -key[1])  # key is (last_access, -prefix_len)
 
     # ----------------------------------------------------------------- API
     def _req(self, request_id: object) -> Request:
