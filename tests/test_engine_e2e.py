@@ -80,9 +80,10 @@ def test_prefix_hit_matches_hf(manager):
 
 @pytest.mark.parametrize("manager", ["jenga", "paged"])
 def test_eviction_and_preemption_match_hf(manager):
-    memory = {"jenga": "3MiB", "paged": "1536KiB"}[manager]  # jenga frees out-of-window pages: needs less
-    llm = jenga.LLM("tiny-gemma3", manager=manager, kv_memory=memory, max_num_batched_tokens=256)
-    params = SamplingParams(max_tokens=24, return_logits=True, ignore_eos=True)
+    # about two requests fit at a time; decode growth (full layer) forces preemption
+    memory = {"jenga": "1MiB", "paged": "1536KiB"}[manager]
+    llm = jenga.LLM("tiny-gemma3", manager=manager, kv_memory=memory, max_num_batched_tokens=128)
+    params = SamplingParams(max_tokens=40, return_logits=True, ignore_eos=True)
     outs = llm.generate(rand_prompts([120, 90, 110, 70, 100, 80], seed=3), params)
     assert llm.scheduler.stats.preemptions > 0, "budget should force preemption"
     assert llm.manager.stats().evicted_pages > 0, "budget should force prefix-cache eviction"

@@ -182,6 +182,10 @@ class LLM:
             m.peak_needed_bytes = max(m.peak_needed_bytes, st.needed_bytes)
             m.waste_frac_sum += st.waste_frac
             m.kv_samples += 1
+        if plan.empty:  # everything was preempted this step; admission resumes next step
+            m.steps += 1
+            m.step_s += time.perf_counter() - t0
+            return []
         logits = self.runner.execute(plan)
         items = [it for it in plan.scheduled if it.sample]
         sampled: list[int | None] = [None] * len(plan.scheduled)
@@ -260,4 +264,8 @@ class LLM:
                 for s in seqs]
 
     def reset_metrics(self) -> None:
+        """Zero :attr:`metrics` and the scheduler's counters (e.g. after a warm-up)."""
+        from jenga.engine.scheduler import SchedulerStats
+
         self.metrics = EngineMetrics()
+        self.scheduler.stats = SchedulerStats()

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from jenga.engine.attention import AttentionMetadata, ForwardContext
 from jenga.engine.scheduler import ScheduledRequest, StepPlan
+from jenga.engine.split_attention import SplitAttentionBackend, SplitMetadata
 
 
 class ModelRunner:
@@ -46,6 +47,7 @@ class ModelRunner:
             self.group_layers[gi].append(layer)
         self.windows = [getattr(g.spec, "window", None) for g in self.groups]
         self.chunks = [getattr(g.spec, "chunk", None) for g in self.groups]
+        self.backend = SplitAttentionBackend()
         self.last_forward_s = 0.0  # wall time of the last model forward (without metadata)
 
     @staticmethod
@@ -104,31 +106,63 @@ class ModelRunner:
             query_req=common["q_req_dev"], query_local=common["q_local"], slot_mapping=slots.to(dev),
             max_query_len=common["max_q"], window=window, chunk=chunk)
 
-    def prepare(self, plan: StepPlan) -> tuple[Tensor, Tensor, ForwardContext, Tensor]:
-        """``(input_ids [T], positions [T], ctx, logits_indices [S])`` for the step's plan."""
-        items = plan.scheduled
-        starts = [it.start for it in items]
-        new = [it.num_tokens for it in items]
-        ids: list[int] = []
-        for it in items:  # per request: list slice
-            ids.extend(it.seq.tokens[it.start:it.start + it.num_tokens])
+    def _common(self, starts: list[int], new: list[int]) -> dict:
+        """Token-level arrays of one part (positions, request index ...), built with torch ops."""
         new_t = torch.tensor(new, dtype=torch.long)
         start_t = torch.tensor(starts, dtype=torch.long)
-        qsl = torch.zeros(len(items) + 1, dtype=torch.long)
+        qsl = torch.zeros(len(new) + 1, dtype=torch.long)
         qsl[1:] = torch.cumsum(new_t, 0)
-        T = int(qsl[-1])
-        q_req = torch.repeat_interleave(torch.arange(len(items)), new_t)
-        q_local = torch.arange(T) - qsl[q_req]
+        q_req = torch.repeat_interleave(torch.arange(len(new)), new_t)
+        q_local = torch.arange(int(qsl[-1])) - qsl[q_req]
         q_pos = start_t[q_req] + q_local
         dev = self.device
-        common = dict(q_req=q_req, q_pos=q_pos, ctx=(start_t + new_t).to(dev), starts=qsl.to(dev),
-                      q_pos_dev=q_pos.to(dev), q_req_dev=q_req.to(dev), q_local=q_local.to(dev), max_q=max(new))
-        metas = [(self.group_layers[gi], self._group_metadata(gi, items, starts, new, common))
-                 for gi in range(len(self.groups)) if self.group_layers[gi]]
-        ctx = ForwardContext.from_groups(self.kv_views, metas)
-        sample_rows = [i for i, it in enumerate(items) if it.sample]
-        logits_idx = qsl[1:][sample_rows] - 1
-        return (torch.tensor(ids, dtype=torch.long, device=dev), q_pos.to(dev), ctx, logits_idx.to(dev))
+        return dict(q_req=q_req, q_pos=q_pos, ctx=(start_t + new_t).to(dev), starts=qsl.to(dev),
+                    q_pos_dev=q_pos.to(dev), q_req_dev=q_req.to(dev), q_local=q_local.to(dev), max_q=max(new),
+                    qsl=qsl)
+
+    def prepare(self, plan: StepPlan) -> tuple[Tensor, Tensor, ForwardContext, Tensor]:
+        """``(input_ids [T], positions [T], ctx, logits_indices [S])`` for the step's plan.
+
+        Requests are laid out decodes first (one query token each), then prefill chunks; each
+        part gets its own metadata (:class:`SplitMetadata`).  ``logits_indices`` follow the
+        plan's order of items with ``.sample``.
+        """
+        items = plan.scheduled
+        dec = [i for i, it in enumerate(items) if it.num_tokens == 1]
+        pre = [i for i, it in enumerate(items) if it.num_tokens > 1]
+        order = dec + pre
+        parts = [p for p in (dec, pre) if p]
+        ids: list[int] = []
+        for i in order:  # per request: list slice
+            it = items[i]
+            ids.extend(it.seq.tokens[it.start:it.start + it.num_tokens])
+        part_info = []
+        offset = 0
+        positions = []
+        end_of = {}
+        for part in parts:
+            its = [items[i] for i in part]
+            starts = [it.start for it in its]
+            new = [it.num_tokens for it in its]
+            common = self._common(starts, new)
+            positions.append(common["q_pos"])
+            for k, i in enumerate(part):
+                end_of[i] = offset + int(common["qsl"][k + 1]) - 1
+            part_info.append((offset, its, starts, new, common))
+            offset += int(common["qsl"][-1])
+        metas = []
+        for gi in range(len(self.groups)):
+            if not self.group_layers[gi]:
+                continue
+            subs = [(a, a + int(c["qsl"][-1]), self._group_metadata(gi, its, st, nw, c))
+                    for a, its, st, nw, c in part_info]
+            slots = torch.cat([m.slot_mapping for _, _, m in subs]) if len(subs) > 1 else subs[0][2].slot_mapping
+            metas.append((self.group_layers[gi], SplitMetadata(slots, subs)))
+        ctx = ForwardContext.from_groups(self.kv_views, metas, backend=self.backend)
+        logits_idx = torch.tensor([end_of[i] for i, it in enumerate(items) if it.sample], dtype=torch.long)
+        dev = self.device
+        return (torch.tensor(ids, dtype=torch.long, device=dev), torch.cat(positions).to(dev), ctx,
+                logits_idx.to(dev))
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> Tensor:

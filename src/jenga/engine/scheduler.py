@@ -32,7 +32,8 @@ Policy (vLLM-v1-like)
   (unless ``ignore_eos``), a ``stop_token_ids`` id or the model's max length; then it is freed.
 
 Errors: :class:`~jenga.errors.InsufficientMemoryError` when a request cannot be scheduled even
-with nothing else running (the KV budget is too small for it).
+with nothing else running (the KV budget is too small for it); the scheduler is then left
+as it was before the failing ``schedule`` call's allocation.
 """
 
 from __future__ import annotations
@@ -133,6 +134,10 @@ class Scheduler:
             n = min(seq.num_uncomputed, left)
             tables = mgr.allocate(seq.request_id, n)
             while tables is None:
+                if len(self.running) == 1:  # alone and still does not fit: it never will
+                    raise InsufficientMemoryError(
+                        f"request {seq.request_id!r} needs pages for {seq.num_computed + n} tokens, more than the "
+                        "whole KV cache holds; raise the KV memory budget or lower max_tokens")
                 victim = self.running.pop()
                 self._preempt(victim)
                 plan.preempted.append(victim)
