@@ -9,7 +9,7 @@ new class.  The paper's three hooks appear as:
   holds get its last access when it frees them; pages that leave the window or chunk
   earlier are released at that moment, so they are older and go first;
 * ``set_prefix_length`` -> the token position of a page's end, the same in every group
-  (aligned eviction); all pages of one image share one pseudo-random length, so whole
+  (aligned eviction); all pages of one image share one length (where the image ends), so whole
   images are evicted before another is touched.
 """
 
@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-
-from blake3 import blake3
 
 from jenga.prefix.hashing import ImageRef, image_key
 from jenga.request import GroupState, Request
@@ -333,7 +331,9 @@ class ImagePolicy(Policy):
         return cand  # independent of the text prefix
 
     def image_len(self, img: ImageRef) -> int:
-        return int.from_bytes(blake3(img.content_hash.encode()).digest(4), "little")
+        """One prefix length for every page of an image: the text position where the image
+        ends, so images line up with the text around them and leave whole."""
+        return img.offset + img.num_tokens
 
     def wanted(self, req: Request, gs: GroupState, end: int) -> list[int]:
         """Images that must be held for an allocation reaching ``end``."""
