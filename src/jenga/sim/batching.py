@@ -9,6 +9,11 @@ of the newest running request) so the simulator and the engine share one schedul
 * **speculative decoding** — a decoding request's ``allocate`` asks for ``num_lookahead``
   extra slots (capped at the model's maximum length), and :meth:`SimScheduler.update` takes
   a *list* of accepted tokens per request;
+* **admission back-off** — the engine scheduler frees a waiting head whose first chunk did
+  not fit and re-adds it (re-hashing the whole prompt and re-running ``lookup``) on every
+  step.  For 100k-token prompts that dominated the simulator's wall time, so after a failed
+  admission the head is retried only once a request finished or was preempted, or every
+  ``RETRY_EVERY`` steps (memory can also grow as windows slide).
 * **rejection** — a request that cannot fit even with nothing else running (its first chunk
   does not fit an empty cache, or it had to preempt itself) is removed with a reason instead
   of raising or looping forever.
@@ -56,6 +61,9 @@ class ManagerView:
         self.mgr.free(rid)
 
 
+RETRY_EVERY = 8
+
+
 class SimScheduler(Scheduler):
     """:class:`Scheduler` over a :class:`ManagerView`; see the module docstring.
 
@@ -66,6 +74,8 @@ class SimScheduler(Scheduler):
         super().__init__(view, **kw)
         self.view = view
         self.rejected: dict[object, str] = {}
+        self._epoch = 0  # finished + preempted requests so far
+        self._blocked: tuple[int, int] | None = None  # (epoch, step) of the last failed admission
 
     def add_sim(self, seq: Sequence, images: tuple = ()) -> None:
         self.view.seqs[seq.request_id] = seq
@@ -101,15 +111,34 @@ class SimScheduler(Scheduler):
     def schedule(self) -> StepPlan:
         """One step's plan; requests that can never fit are rejected on the way."""
         while True:
+            skip = (self._blocked is not None and self.running and self._blocked[0] == self._epoch
+                    and (self.stats.steps - self._blocked[1]) % RETRY_EVERY)
+            saved = self.max_num_seqs
+            if skip:
+                self.max_num_seqs = 0  # the admission loop does not run this step
             try:
                 plan = super().schedule()
             except InsufficientMemoryError:
-                if self.running or not self.waiting:
+                if len(self.running) == 1:  # alone and its next chunk still does not fit
+                    seq = self.running[0]
+                    self.reject(seq, f"grew to {seq.num_tokens} tokens, more than the KV cache holds with "
+                                     f"nothing else running ({self._memory_note()})")
+                elif not self.running and self.waiting:
+                    seq = self.waiting[0]
+                    self.reject(seq, f"{seq.num_tokens} tokens: the first chunk does not fit with nothing else "
+                                     f"running ({self._memory_note()})")
+                else:
                     raise
-                seq = self.waiting[0]
-                self.reject(seq, f"{seq.num_tokens} tokens: the first chunk does not fit with nothing else "
-                                 f"running ({self._memory_note()})")
                 continue
+            finally:
+                self.max_num_seqs = saved
+            self._epoch += len(plan.preempted)
+            if (not skip and self.waiting and not plan.preempted and len(self.running) < self.max_num_seqs
+                    and plan.num_tokens < self.budget):
+                if self._blocked is None or self._blocked[0] != self._epoch:
+                    self._blocked = (self._epoch, self.stats.steps)  # the head was tried and did not fit
+            elif not skip:
+                self._blocked = None
             for seq in plan.preempted:
                 if not self.running and seq is plan.preempted[-1] and not plan.scheduled:
                     # it preempted everything else and then itself: it can never fit
@@ -140,6 +169,7 @@ class SimScheduler(Scheduler):
             seq.output_token_ids.extend(toks)
             view.append_tokens(seq.request_id, toks)
             if len(seq.output_token_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
+                self._epoch += 1
                 self._finish(seq, "length", None)
                 self._forget(seq.request_id)
                 finished.append(seq)
