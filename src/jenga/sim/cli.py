@@ -52,6 +52,7 @@ def _workload(args, max_len: int):
 
 
 def run_simulate(args) -> int:
+    from jenga.errors import InvalidArgumentError
     from jenga.sim.report import print_simulate, simulate_payload
     from jenga.sim.simulator import SimConfig, Simulator, build_setup
 
@@ -70,7 +71,7 @@ def run_simulate(args) -> int:
     for name in managers:
         try:
             sim.make_manager(name)
-        except (ImportError, NameError, AttributeError) as e:
+        except (ImportError, NameError, AttributeError, InvalidArgumentError) as e:
             unavailable[name] = f"{type(e).__name__}: {e}"
             print(f"jenga simulate: manager {name!r} is not available yet ({e}); skipping it", file=sys.stderr)
             continue

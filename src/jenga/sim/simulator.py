@@ -30,6 +30,7 @@ import numpy as np
 
 from jenga.engine.sampling_params import SamplingParams
 from jenga.engine.sequence import Sequence
+from jenga.errors import InvalidArgumentError
 from jenga.sim.batching import ManagerView, SimScheduler
 from jenga.sim.costing import StepCoster
 from jenga.sim.gpu import CostModel, ModelCost, get_gpu, memory_budget
@@ -383,7 +384,7 @@ def simulate(model: str, workload: Workload, managers, *, gpu: str = "h100-80gb"
     for name in managers:
         try:
             sim.make_manager(name)
-        except (ImportError, NameError) as e:  # a baseline that has not landed yet
+        except (ImportError, NameError, InvalidArgumentError) as e:  # a baseline that has not landed yet
             if on_unavailable is None:
                 raise
             on_unavailable(name, e)
