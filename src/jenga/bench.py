@@ -1,13 +1,16 @@
 """``jenga bench``: the real engine under ``jenga`` and under ``paged``, same requests, same memory.
 
-Default setup (chosen so the workload's KV need exceeds the budget): the built-in
-``tiny-gemma3`` model (random weights; 6 layers, 5 sliding with a 64-token window : 1 full,
-like Gemma-3), 32 requests with 256-448-token prompts and 48 output tokens each (EOS
-ignored, so both managers do exactly the same work), ``--kv-memory 24MiB`` of fp32 KV.
-PagedAttention v0 keeps every token in every layer; jenga keeps only the window in the
-sliding layers, so the same memory holds ~3x more running requests -> bigger decode batches
--> more tokens per second.  Everything runs in this process on the CPU, timed end to end
-(scheduling, manager, metadata, forward, sampling) after a short untimed warm-up per engine.
+Default setup (chosen so the workload's KV need, ~34 MiB with every request resident, exceeds
+the budget): the built-in ``tiny-gemma3`` model (random weights; 6 layers, 5 sliding with a
+64-token window : 1 full, like Gemma-3), 48 requests with 256-448-token prompts and 64 output
+tokens each (EOS ignored, so both managers do exactly the same work), ``--kv-memory 12MiB`` of
+fp32 KV, 512-token step budget (chunked prefill).  PagedAttention v0 keeps every token in every
+layer; jenga keeps only the window in the sliding layers, so the same memory holds ~2.5x more
+running requests -> bigger decode batches -> more tokens per second (a decode step's cost is
+mostly per-step, not per-request, at these batch sizes).  Everything runs in this process on
+the CPU with one torch thread (tiny kernels: more threads mostly add synchronisation, and
+collapse when other processes share the cores), timed end to end (scheduling, manager,
+metadata, forward, sampling) after a short untimed warm-up per engine.
 
 Public: :func:`add_bench_parser` (wired into ``jenga.cli``), :func:`run_bench` (returns the
 exit code), :func:`bench_data` (the ``--json`` object).
@@ -16,12 +19,12 @@ exit code), :func:`bench_data` (the ``--json`` object).
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 
-DEFAULTS = dict(model="tiny-gemma3", kv_memory="24MiB", requests=32, prompt_min=256, prompt_max=448,
-                output_len=48, max_num_batched_tokens=512, managers="jenga,paged", seed=0)
+DEFAULTS = dict(model="tiny-gemma3", kv_memory="12MiB", requests=48, prompt_min=256, prompt_max=448,
+                output_len=64, shared_prefix=0, max_num_batched_tokens=512, managers="jenga,paged", seed=0,
+                threads=1)
 
 
 @dataclass
@@ -30,12 +33,18 @@ class Workload:
     output_len: int
 
 
-def make_workload(num: int, lo: int, hi: int, output_len: int, vocab: int, seed: int) -> Workload:
-    """``num`` seeded random prompts, lengths uniform in ``[lo, hi]``, ids in ``[3, vocab)``."""
+def make_workload(num: int, lo: int, hi: int, output_len: int, vocab: int, seed: int,
+                  shared_prefix: int = 0) -> Workload:
+    """``num`` seeded random prompts, lengths uniform in ``[lo, hi]``, ids in ``[3, vocab)``; the
+    first ``shared_prefix`` tokens (a system prompt) are the same in every prompt."""
     import random
 
+    if not 0 <= shared_prefix < lo <= hi:
+        raise ValueError(f"need 0 <= shared prefix ({shared_prefix}) < prompt min ({lo}) <= prompt max ({hi})")
     rng = random.Random(seed)
-    prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(num)]
+    system = [rng.randrange(3, vocab) for _ in range(shared_prefix)]
+    prompts = [system + [rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi) - shared_prefix)]
+               for _ in range(num)]
     return Workload(prompts, output_len)
 
 
@@ -114,7 +123,8 @@ def bench_data(args, progress=None) -> dict:
         from jenga.engine.models.weights import load_config
 
         vocab = text_config(load_config(args.model)).vocab_size
-    work = make_workload(args.requests, args.prompt_min, args.prompt_max, args.output_len, vocab, args.seed)
+    work = make_workload(args.requests, args.prompt_min, args.prompt_max, args.output_len, vocab, args.seed,
+                         args.shared_prefix)
     names = [n.strip() for n in args.managers.split(",") if n.strip()]
     results = {name: _run_engine(name, args, work, progress) for name in names}
     first = next(iter(results.values()))
@@ -124,6 +134,7 @@ def bench_data(args, progress=None) -> dict:
         "requests": args.requests,
         "prompt_tokens": sum(len(p) for p in work.prompts),
         "output_len": args.output_len,
+        "shared_prefix": args.shared_prefix,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "threads": args.threads,
         "workload_kv_bytes": first["kv_spec_bytes"],
@@ -200,11 +211,13 @@ def add_bench_parser(subparsers) -> None:
     p.add_argument("--requests", type=int, default=d["requests"], help="number of requests")
     p.add_argument("--prompt-min", type=int, default=d["prompt_min"], help="shortest prompt (tokens)")
     p.add_argument("--prompt-max", type=int, default=d["prompt_max"], help="longest prompt (tokens)")
+    p.add_argument("--shared-prefix", type=int, default=d["shared_prefix"],
+                   help="tokens of a system prompt shared by every request")
     p.add_argument("--output-len", type=int, default=d["output_len"], help="generated tokens per request")
     p.add_argument("--max-num-batched-tokens", type=int, default=d["max_num_batched_tokens"],
                    help="per-step token budget (chunked prefill)")
     p.add_argument("--managers", default=d["managers"], help="comma-separated managers")
     p.add_argument("--seed", type=int, default=d["seed"])
-    p.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1), help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=d["threads"], help="torch CPU threads")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of the table")
     p.set_defaults(func=run_bench)

@@ -1,0 +1,33 @@
+"""``jenga bench --json`` on a tiny setting: runs both managers and reports measured figures."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from jenga.cli import main
+
+KEYS = {"tokens_per_s", "requests_per_s", "decode_batch_mean", "waste_frac_mean", "preemptions", "prefix_hit_rate",
+        "peak_kv_used_bytes", "peak_kv_needed_bytes", "wall_s"}
+
+
+def test_bench_json(capsys):
+    code = main(["bench", "--json", "--requests", "6", "--prompt-min", "40", "--prompt-max", "90",
+                 "--output-len", "6", "--kv-memory", "2MiB", "--shared-prefix", "32"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["managers"]) == {"jenga", "paged"}
+    for name, res in data["managers"].items():
+        assert KEYS <= set(res), f"{name} lacks {KEYS - set(res)}"
+        assert res["tokens_per_s"] > 0 and res["output_tokens"] == 36
+        assert 0.0 <= res["waste_frac_mean"] <= 1.0 and 0.0 <= res["prefix_hit_rate"] <= 1.0
+    ratio = data["ratio_tokens_per_s"]
+    assert isinstance(ratio, float) and math.isfinite(ratio) and ratio > 0
+    assert ratio == data["managers"]["jenga"]["tokens_per_s"] / data["managers"]["paged"]["tokens_per_s"]
+    assert data["managers"]["jenga"]["prefix_hit_rate"] > 0  # the shared system prompt is reused
+
+
+def test_bench_table_runs(capsys):
+    assert main(["bench", "--requests", "3", "--prompt-min", "20", "--prompt-max", "40", "--output-len", "3",
+                 "--kv-memory", "2MiB", "--managers", "jenga"]) == 0
+    assert "tokens/s" in capsys.readouterr().out
