@@ -64,12 +64,18 @@ def workload_kv_bytes(spec, work: Workload) -> int:
     return total
 
 
-def _run_engine(name: str, args, work: Workload, progress=None) -> dict:
+def run_engine(name: str, args, work: Workload, progress=None, *, track_kv_stats: bool = True) -> dict:
+    """Serve ``work`` with a fresh engine using manager ``name``; the per-manager result dict.
+
+    ``args`` needs ``model, kv_memory, seed, max_num_batched_tokens``.  ``model_s`` is time in
+    the model forward, ``overhead_s`` the rest of the engine steps (scheduler, manager, metadata,
+    sampling).  ``track_kv_stats=False`` skips the per-step ``manager.stats()`` sample (peak
+    and waste figures are then 0)."""
     from jenga.engine.llm import LLM
     from jenga.engine.sampling_params import SamplingParams
 
     llm = LLM(args.model, manager=name, kv_memory=args.kv_memory, random_weights=True, seed=args.seed,
-              max_num_batched_tokens=args.max_num_batched_tokens, track_kv_stats=True)
+              max_num_batched_tokens=args.max_num_batched_tokens, track_kv_stats=track_kv_stats)
     params = SamplingParams(max_tokens=work.output_len, ignore_eos=True)
     llm.generate([list(range(3, 40)), list(range(50, 70))], SamplingParams(max_tokens=4, ignore_eos=True))
     llm.reset_metrics()
@@ -126,7 +132,7 @@ def bench_data(args, progress=None) -> dict:
     work = make_workload(args.requests, args.prompt_min, args.prompt_max, args.output_len, vocab, args.seed,
                          args.shared_prefix)
     names = [n.strip() for n in args.managers.split(",") if n.strip()]
-    results = {name: _run_engine(name, args, work, progress) for name in names}
+    results = {name: run_engine(name, args, work, progress) for name in names}
     first = next(iter(results.values()))
     data = {
         "model": args.model,
