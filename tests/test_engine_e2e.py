@@ -120,3 +120,21 @@ def test_errors():
         llm.generate([[1, 2, 100000]])
     with pytest.raises(InsufficientMemoryError):
         jenga.LLM("tiny-llama", kv_memory="300KiB").generate([[5] * 600], SamplingParams(max_tokens=2))
+
+
+def test_import_is_lazy():
+    import subprocess
+    import sys
+
+    code = "import sys, jenga; assert 'torch' not in sys.modules; jenga.SamplingParams; print('ok')"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "ok"
+
+
+def test_local_hf_directory(tmp_path):
+    """A saved HF checkpoint + tokenizer.json serves exactly like the in-memory tiny model."""
+    ref = jenga.LLM("tiny-llama", kv_memory="4MiB")
+    hf_twin(ref).save_pretrained(tmp_path)
+    ref.tokenizer.backend.save(str(tmp_path / "tokenizer.json"))
+    llm = jenga.LLM(tmp_path, kv_memory="4MiB")
+    p = SamplingParams(max_tokens=5)
+    assert llm.generate("Once upon a time", p)[0].token_ids == ref.generate("Once upon a time", p)[0].token_ids
