@@ -220,6 +220,16 @@ class ModelSpec:
         if len(set(names)) != len(names):
             raise ValueError(f"model {self.name!r}: duplicate group names {names}")
 
+    @classmethod
+    def from_hf_config(cls, source, **kwargs) -> ModelSpec:
+        """Groups of a Hugging Face config (catalog name, directory, json path or dict).
+
+        Thin wrapper over :func:`jenga.structure.model_spec_from_hf_config` (same keyword arguments).
+        """
+        from jenga.structure import model_spec_from_hf_config  # lazy: structure imports specs
+
+        return model_spec_from_hf_config(source, **kwargs)
+
     @property
     def lcm_page_bytes(self) -> int:
         return reduce(math.lcm, (g.page_bytes for g in self.groups))
