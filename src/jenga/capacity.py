@@ -30,19 +30,30 @@ def large_pages_for(mgr, pages: list[int]) -> int:
     return sum(cdiv(p, k) for p, k in zip(pages, mgr.alloc.k, strict=True))
 
 
+def fits(mgr, pages: list[int]) -> bool:
+    """Whether these small pages per group fit in the manager's large pages (and, for a
+    static partition, in every group's share)."""
+    need = [cdiv(p, k) for p, k in zip(pages, mgr.alloc.k, strict=True)]
+    caps = getattr(mgr, "caps", None)
+    if caps is not None and any(n > c for n, c in zip(need, caps, strict=True)):
+        return False
+    return sum(need) <= mgr.alloc.num_large
+
+
 def max_context_tokens(mgr, limit: int = 1 << 40) -> int:
     """Longest request (tokens) whose pages fit in the manager's memory, not capped by
     the model's max length.  Returns 0 if not even one token fits."""
-    n = mgr.alloc.num_large
-    fits = lambda length: large_pages_for(mgr, pages_for_context(mgr, length)) <= n  # noqa: E731
-    if not fits(1):
+    def ok(length: int) -> bool:
+        return fits(mgr, pages_for_context(mgr, length))
+
+    if not ok(1):
         return 0
     lo, hi = 1, 2
-    while hi < limit and fits(hi):
+    while hi < limit and ok(hi):
         lo, hi = hi, hi * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
     return lo
 
 
@@ -50,13 +61,12 @@ def max_concurrent_requests(mgr, length: int) -> int:
     """How many requests of ``length`` tokens fit at once (large pages shared between
     requests once every request's own pages are placed)."""
     per = pages_for_context(mgr, length)
-    n = mgr.alloc.num_large
-    if large_pages_for(mgr, per) > n:
+    if not fits(mgr, per):
         return 0
     lo, hi = 1, 2
-    while large_pages_for(mgr, [p * hi for p in per]) <= n:
+    while fits(mgr, [p * hi for p in per]):
         lo, hi = hi, hi * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if large_pages_for(mgr, [p * mid for p in per]) <= n else (lo, mid)
+        lo, hi = (mid, hi) if fits(mgr, [p * mid for p in per]) else (lo, mid)
     return lo

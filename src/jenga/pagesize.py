@@ -36,6 +36,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import reduce
 
+from jenga.errors import JengaError
 from jenga.specs import LayerGroup, ModelSpec
 
 __all__ = ["PADDABLE_KINDS", "SCALABLE_KINDS", "PagePlan", "PageSizeError", "fit_page_sizes"]
@@ -49,7 +50,7 @@ _MAX_SCALINGS = 4096  # beyond this many tokens_per_page combinations, only unif
 _MAX_R = 128  # largest S / (anchor page) enumerated; beyond it only the unmodified (raw) plan is considered
 
 
-class PageSizeError(ValueError):
+class PageSizeError(JengaError, ValueError):
     """No page plan keeps the large page within the requested ratio."""
 
 

@@ -43,6 +43,7 @@ from typing import Any
 
 from huggingface_hub.errors import StrictDataclassError
 
+from jenga.errors import JengaError
 from jenga.specs import (
     CacheSpec,
     ChunkedLocalSpec,
@@ -88,7 +89,7 @@ def list_catalog() -> list[str]:
 CATALOG_NAMES: tuple[str, ...] = tuple(list_catalog())
 
 
-class UnsupportedModelError(ValueError):
+class UnsupportedModelError(JengaError, ValueError):
     """The config's architecture (or the named model) is not one jenga can map to cache groups."""
 
     def __init__(self, what: str):
