@@ -10,7 +10,10 @@ every decoder layer reads and writes its K/V only through ``manager.layout.kv_vi
   released (``None``) are never read — a ``None`` inside that range raises ``RuntimeError``
   (a manager bug, not a caller mistake);
 * the flattened token arrays (positions, request index, write slots) are built with torch
-  ops; the only Python loops are per request and per page, never per token.
+  ops; the only Python loops are per request and per page, never per token;
+* the step's requests are laid out decodes first, then prefill chunks, each part with its own
+  metadata (:mod:`jenga.engine.split_attention`), so decodes never pay for a prefill's
+  query padding.
 """
 
 from __future__ import annotations
