@@ -10,6 +10,7 @@ and a request needing all memory fits again, after evicting the cache.
 
 from __future__ import annotations
 
+import os
 import dataclasses
 import functools
 from collections import Counter
@@ -469,7 +470,7 @@ class ManagerMachine(RuleBasedStateMachine):
             self.seen["examples"] += 1
 
 
-SETTINGS = settings(max_examples=30, stateful_step_count=50, deadline=None,
+SETTINGS = settings(max_examples=30, derandomize=os.environ.get("JENGA_RANDOM_PROPS") is None, stateful_step_count=50, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 

@@ -89,6 +89,7 @@ class LargePageAllocator:
         self.used_small = [0] * len(page_bytes)  # USED pages per group
         self.evictor: EvictionSource | None = None
         self.owned = [0] * len(page_bytes)  # large pages each group owns now
+        self.e_count = [0] * len(page_bytes)  # fully evictable large pages per group
         self.num_carved = 0  # large pages ever carved (the manager's per-request quota counts these)
 
     # ------------------------------------------------------------------ queries
@@ -235,6 +236,24 @@ class LargePageAllocator:
         self._add_free_slot(group, large, page % self.k[group])
         self._settle(large)
 
+    def evict_whole(self, large: int) -> None:
+        """Every CACHED page of fully evictable ``large`` -> FREE at once; the large page
+        returns to the pool (the evictor has dropped their keys and index entries)."""
+        assert self.in_e[large] and self.n_used[large] == 0, f"large {large} is not fully evictable"
+        group = self.group_of[large]
+        k = self.k[group]
+        self.in_e[large] = 0
+        self.num_e -= 1
+        self.e_count[group] -= 1
+        self._hidden.pop(large, None)
+        self.hidden_free[group] -= k - self.n_cached[large]
+        self.state[group][large * k:(large + 1) * k] = bytes(k)  # all FREE
+        self.n_cached[large] = 0
+        self.owned[group] -= 1
+        self.group_of[large] = -1
+        self.tag_of[large] = None
+        heapq.heappush(self._free_large, large)
+
     def _add_free_slot(self, group: int, large: int, slot: int) -> None:
         slots = self._slots[group].get(large)
         if slots is None:
@@ -267,6 +286,7 @@ class LargePageAllocator:
         group = self.group_of[large]
         self.in_e[large] = 1
         self.num_e += 1
+        self.e_count[group] += 1
         self.cached_small[group] -= self.n_cached[large]
         slots = self._slots[group].get(large)
         if slots is not None:
@@ -283,6 +303,7 @@ class LargePageAllocator:
         group = self.group_of[large]
         self.in_e[large] = 0
         self.num_e -= 1
+        self.e_count[group] -= 1
         self.cached_small[group] += self.n_cached[large]
         slots = self._hidden.pop(large, None)
         if slots is not None:

@@ -165,6 +165,9 @@ class KVCacheManager(PageOps):
     def find(self, group: int, key: bytes) -> int | None:
         return self.index.get(group, key)
 
+    def index_table(self, group: int) -> dict[bytes, int]:
+        return self.index.table[group]
+
     def _unhold(self, log: Iterable[tuple[int, int, tuple[int, int] | None]]) -> None:
         """Undo ``hold`` calls (``key``: the evictor key the page had when it was held).
 

@@ -28,7 +28,6 @@ class PrefixEvictor(EvictionSource):
         self._heaps: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
         self._large_heap: list[tuple[int, int, int, int]] = []  # (t, -plen, version, large)
         self._large_ver = [0] * allocator.num_large
-        self._evicting = -1
         self.num_evicted_pages = 0
         allocator.evictor = self
 
@@ -85,21 +84,17 @@ class PrefixEvictor(EvictionSource):
                 continue
             group = alloc.group_of[large]
             k = alloc.k[group]
-            state = alloc.state[group]
-            self._evicting = large
-            try:
-                for page in range(large * k, (large + 1) * k):
-                    if state[page] == CACHED:
-                        self._drop(group, page)
-            finally:
-                self._evicting = -1
-            assert alloc.group_of[large] == -1, f"evicted large page {large} still owned"
+            state, keys, index = alloc.state[group], self.keys[group], self.index
+            for page in range(large * k, (large + 1) * k):
+                if state[page] == CACHED:
+                    del keys[page]
+                    index.drop(group, page)
+                    self.num_evicted_pages += 1
+            alloc.evict_whole(large)
             return large
         return None
 
     def on_large_evictable(self, large: int) -> None:
-        if large == self._evicting:
-            return
         self._large_ver[large] += 1
         alloc = self.alloc
         group = alloc.group_of[large]

@@ -51,6 +51,11 @@ def extend_block_hashes(hashes: list[bytes], tokens: Sequence[int], block: int, 
     raw = arr.tobytes()
     width = block * 8
     parent = hashes[-1] if hashes else root
+    if not images:
+        for off in range(0, (end - start) * width, width):
+            parent = blake3(parent + raw[off:off + width]).digest(DIGEST_BYTES)
+            hashes.append(parent)
+        return
     for i in range(start, end):
         h = blake3(parent)
         h.update(raw[(i - start) * width:(i - start + 1) * width])

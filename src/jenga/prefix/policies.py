@@ -59,6 +59,10 @@ class PageOps(ABC):
     def find(self, group: int, key: bytes) -> int | None:
         """The registered page holding ``key``, if any."""
 
+    @abstractmethod
+    def index_table(self, group: int) -> dict[bytes, int]:
+        """The group's ``key -> page`` index (read only; for scans over many pages)."""
+
 
 NEVER = 1 << 62
 
@@ -112,7 +116,7 @@ class Policy(ABC):
         """Tokens (or states) of this group the next step really reads."""
 
     def held_pages(self, gs: GroupState) -> int:
-        return len(gs.pages) - gs.pages.count(None)
+        return len(gs.pages) - gs.released  # pages below ``released`` are None, the rest held
 
     def needed_bytes(self, req: Request, gs: GroupState) -> int:
         return self.needed_tokens(req, gs) * self.token_bytes
@@ -133,21 +137,18 @@ class FullPolicy(Policy):
         return req.hashes[(i + 1) * (self.tpp // self.block) - 1]
 
     def longest_prefix(self, req: Request, cand: int, ops: PageOps) -> int:
-        tpp, find, gi = self.tpp, ops.find, self.gi
-        j = cand // tpp  # try p = j * tpp
-        memo: dict[int, bool] = {}
-
-        def cached(i: int) -> bool:
-            if i not in memo:
-                memo[i] = find(gi, self.page_key(req, i)) is not None
-            return memo[i]
-
+        tpp = self.tpp
+        m = tpp // self.block
+        hashes, table = req.hashes, ops.index_table(self.gi)
+        j = cand // tpp  # try p = j * tpp: pages [first_needed(p) // tpp, j) must be cached
         while j > 0:
             lo = self.first_needed(j * tpp) // tpp
-            miss = next((m for m in range(j - 1, lo - 1, -1) if not cached(m)), None)
-            if miss is None:
+            i = j - 1
+            while i >= lo and hashes[(i + 1) * m - 1] in table:
+                i -= 1
+            if i < lo:
                 return j * tpp
-            j = miss
+            j = i  # any valid p must end at or below the miss
         return 0
 
     def hit(self, req: Request, gs: GroupState, p: int, ops: PageOps) -> None:
@@ -208,7 +209,7 @@ class FullPolicy(Policy):
 
     def stale_pages(self, req: Request, gs: GroupState) -> int:
         lo = min(self.first_needed(req.num_computed) // self.tpp, len(gs.pages))
-        return lo - gs.pages[:lo].count(None) if lo > gs.released else 0
+        return max(0, lo - gs.released)
 
 
 class SlidingPolicy(FullPolicy):
