@@ -12,8 +12,14 @@ import torch
 
 from jenga.engine.attention import build_attention_metadata, paged_attention, write_kv
 from jenga.manager import KVCacheManager
-from jenga.specs import (ChunkedLocalSpec, FullAttentionSpec, LayerGroup, MambaSpec, ModelSpec,
-                         SlidingWindowSpec)
+from jenga.specs import (
+    ChunkedLocalSpec,
+    FullAttentionSpec,
+    LayerGroup,
+    MambaSpec,
+    ModelSpec,
+    SlidingWindowSpec,
+)
 
 B = 4
 MODEL = ModelSpec("layout", (

@@ -10,9 +10,9 @@ and a request needing all memory fits again, after evicting the cache.
 
 from __future__ import annotations
 
-import os
 import dataclasses
 import functools
+import os
 from collections import Counter
 
 import pytest
