@@ -159,6 +159,53 @@ class KVCacheManager(PageOps):
                     self.index.drop(group, page)
                 self.alloc.release(group, page)
 
+    def drop_run(self, group: int, pages: list[int | None], start: int, stop: int, last_access: int,
+                 tokens_per_page: int) -> None:
+        """``drop`` for ``pages[start:stop]`` (page ``i`` ends at token ``(i+1) * tokens_per_page``),
+        setting them to None; one pass, cached pages handed to the evictor together."""
+        ref, key_of, caching = self.ref[group], self.index.key_of[group], self.caching
+        released = self._released_key
+        to_cache: list[tuple[int, int]] = []
+        to_free: list[int] = []
+        for i in range(start, stop):
+            page = pages[i]
+            if page is None:
+                continue
+            pages[i] = None
+            r = ref[page] - 1
+            assert r >= 0, f"drop of unreferenced page {group}:{page}"
+            ref[page] = r
+            if r:
+                if caching:
+                    released[(group, page)] = (last_access, -(i + 1) * tokens_per_page)
+                continue
+            if released:
+                released.pop((group, page), None)
+            if page in key_of:
+                if caching:
+                    to_cache.append((page, (i + 1) * tokens_per_page))
+                    continue
+                self.index.drop(group, page)
+            to_free.append(page)
+        if to_cache:
+            self.evictor.add_many(group, to_cache, last_access)
+        release = self.alloc.release
+        for page in to_free:
+            release(group, page)
+
+    def take_run(self, group: int, n: int) -> list[int]:
+        """``n`` fresh pages of ``group`` (``take`` in a loop, with less overhead)."""
+        alloc, ref, tag, shared = self.alloc, self.ref[group], self._tag, self._shared[group]
+        quota = self._quota
+        out = []
+        for _ in range(n):
+            before = alloc.num_carved
+            page = alloc.allocate(group, tag, quota[group] > 0, shared)
+            quota[group] -= alloc.num_carved - before
+            ref[page] = 1
+            out.append(page)
+        return out
+
     def register(self, group: int, page: int, key: bytes) -> bool:
         return self.index.register(group, page, key)
 

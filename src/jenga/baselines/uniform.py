@@ -141,6 +141,9 @@ class _NoRegister:
     def drop(self, *args) -> None:
         self._ops.drop(*args)
 
+    def drop_run(self, *args) -> None:
+        self._ops.drop_run(*args)
+
 
 class UniformSlidingPolicy(_ReleaseAtNextAllocate, SlidingPolicy):
     """v1 sliding window: retention only inside the window that ends at the prompt."""

@@ -43,6 +43,31 @@ class PrefixEvictor(EvictionSource):
             heapq.heapify(self._heaps[group])
         self.alloc.to_cached(group, page)
 
+    def add_many(self, group: int, pages: list[tuple[int, int]], last_access: int) -> None:
+        """``add`` for many (page, prefix length) pairs with one access time."""
+        keys, heap = self.keys[group], self._heaps[group]
+        alloc = self.alloc
+        state, k, n_used, n_cached = alloc.state[group], alloc.k[group], alloc.n_used, alloc.n_cached
+        settle = []
+        push = heapq.heappush
+        for page, plen in pages:
+            keys[page] = (last_access, -plen)
+            push(heap, (last_access, -plen, page))
+            assert state[page] == 1, f"cache of {group}:{page} in state {state[page]}"
+            state[page] = 2  # USED -> CACHED (allocator.to_cached, inlined)
+            large = page // k
+            n_used[large] -= 1
+            n_cached[large] += 1
+            if n_used[large] == 0:
+                settle.append(large)
+        alloc.used_small[group] -= len(pages)
+        alloc.cached_small[group] += len(pages)
+        for large in settle:
+            alloc._settle(large)
+        if len(heap) > 2 * len(keys) + 1024:
+            self._heaps[group] = [(t, n, p) for t, n, p in heap if keys.get(p) == (t, n)]
+            heapq.heapify(self._heaps[group])
+
     def touch(self, group: int, page: int) -> Key:
         """A CACHED page is hit: it becomes USED.  Returns its key (to undo with ``add``)."""
         key = self.keys[group].pop(page)

@@ -42,6 +42,19 @@ class PageOps(ABC):
     def take(self, group: int) -> int:
         """A fresh USED page for the request being allocated (inside ``allocate`` only)."""
 
+    def take_run(self, group: int, n: int) -> list[int]:
+        """``n`` fresh pages (``take`` repeated)."""
+        return [self.take(group) for _ in range(n)]
+
+    def drop_run(self, group: int, pages: list[int | None], start: int, stop: int, last_access: int,
+                 tokens_per_page: int) -> None:
+        """``drop`` each held page of ``pages[start:stop]`` (page i ends at token
+        ``(i+1) * tokens_per_page``) and set it to None."""
+        for i in range(start, stop):
+            if pages[i] is not None:
+                self.drop(group, pages[i], last_access, (i + 1) * tokens_per_page)
+                pages[i] = None
+
     @abstractmethod
     def hold(self, group: int, page: int) -> None:
         """Add a reference to a registered page (a hit); CACHED pages become USED."""
@@ -166,11 +179,12 @@ class FullPolicy(Policy):
         return max(0, cdiv(end, self.tpp) - len(gs.pages))
 
     def grow(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> None:
-        pages, take, gi = gs.pages, ops.take, self.gi
-        for _ in range(cdiv(end, self.tpp) - len(pages)):
-            pages.append(take(gi))
+        pages = gs.pages
+        n = cdiv(end, self.tpp) - len(pages)
+        if n > 0:
+            pages.extend(ops.take_run(self.gi, n))
         if gs.table is None:
-            gs.table = TokenTable(gi, self.tpp, pages)
+            gs.table = TokenTable(self.gi, self.tpp, pages)
 
     def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
         tpp, pages, gi = self.tpp, gs.pages, self.gi
@@ -181,16 +195,12 @@ class FullPolicy(Policy):
                     ops.register(gi, pages[i], self.page_key(req, i))
             gs.registered = max(gs.registered, full)
         lo = self.first_needed(req.num_computed) // tpp
-        for i in range(gs.released, min(lo, len(pages))):
-            if pages[i] is not None:
-                ops.drop(gi, pages[i], ops.now, (i + 1) * tpp)
-                pages[i] = None
-        gs.released = max(gs.released, lo)
+        if lo > gs.released:
+            ops.drop_run(gi, pages, gs.released, min(lo, len(pages)), ops.now, tpp)
+            gs.released = lo
 
     def free(self, req: Request, gs: GroupState, ops: PageOps) -> None:
-        for i, page in enumerate(gs.pages):
-            if page is not None:
-                ops.drop(self.gi, page, req.last_access, (i + 1) * self.tpp)
+        ops.drop_run(self.gi, gs.pages, gs.released, len(gs.pages), req.last_access, self.tpp)
         gs.pages.clear()
 
     def limit(self, req: Request, gs: GroupState, ops: PageOps) -> int:
