@@ -140,6 +140,48 @@ class LargePageAllocator:
             return self._take(group, self._carve(group, tag))
         raise AssertionError(f"allocator out of pages for group {group}: supply {self.supply()}")
 
+    def allocate_many(self, group: int, tag: object, n: int, quota: int, prefer_shared: bool = False
+                      ) -> tuple[list[int], int]:
+        """``allocate`` ``n`` times; returns the pages and how many large pages were carved.
+
+        Steps 2-3 stop once ``quota`` large pages were carved.  Slots of the request's own
+        large pages are taken in bulk.
+        """
+        out: list[int] = []
+        carved = 0
+        tagged_of = self._tag_larges[group]
+        while len(out) < n:
+            tagged = tagged_of.get(tag)
+            if tagged:
+                self._take_many(group, min(tagged), n - len(out), out)
+                continue
+            before = self.num_carved
+            out.append(self.allocate(group, tag, carved < quota, prefer_shared))
+            carved += self.num_carved - before
+        return out, carved
+
+    def _take_many(self, group: int, large: int, m: int, out: list[int]) -> None:
+        """Take up to ``m`` free slots of ``large`` (lowest first) into ``out``."""
+        slots = self._slots[group][large]
+        if m >= len(slots):
+            taken = sorted(slots)
+            slots.clear()
+        else:
+            taken = [heapq.heappop(slots) for _ in range(m)]
+        if not slots:
+            self._hide_slots(group, large)
+        base = large * self.k[group]
+        state = self.state[group]
+        for slot in taken:
+            page = base + slot
+            assert state[page] == FREE, f"page {group}:{page} taken while {state[page]}"
+            state[page] = USED
+            out.append(page)
+        c = len(taken)
+        self.free_small[group] -= c
+        self.n_used[large] += c
+        self.used_small[group] += c
+
     def _carve(self, group: int, tag: object) -> int:
         large = heapq.heappop(self._free_large)
         self.num_carved += 1
