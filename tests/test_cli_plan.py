@@ -42,3 +42,15 @@ def test_plan_bad_input(capsys):
     assert "Catalog names" in capsys.readouterr().err
     assert main(["plan", "--model", "llama-3.1-8b", "--memory", "lots", "--json"]) == 2
     assert "byte size" in capsys.readouterr().err
+
+
+def test_plan_tensor_parallel_keeps_token_capacity(capsys):
+    one = plan(capsys, "--model", "llama-4-scout", "--memory", "640GiB")
+    eight = plan(capsys, "--model", "llama-4-scout", "--memory", "640GiB", "--tp", "8")
+    # 8 KV heads over 8 ranks: each rank holds 1/8 of every token in 1/8 of the memory
+    for name in ("jenga", "paged"):
+        a, b = one["max_context_tokens"][name], eight["max_context_tokens"][name]
+        assert abs(a - b) / a < 0.01, (name, a, b)
+    d = plan(capsys, "--model", "llama-4-scout", "--gpu", "h100-80gb", "--tp", "8")
+    assert 0.5e6 < d["max_context_tokens"]["paged"] < 2.0e6  # paper: 1.3M on 8xH100 (budget assumptions differ)
+    assert 3.5 < d["max_context_tokens"]["jenga"] / d["max_context_tokens"]["paged"] < 4.1

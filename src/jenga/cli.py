@@ -34,12 +34,15 @@ def plan_data(args) -> dict:
     managers = [m.strip() for m in args.managers.split(",") if m.strip()]
     if "jenga" not in managers:
         managers.insert(0, "jenga")
-    built = {name: make_manager(name, model, memory, tokens_per_page=args.tokens_per_page) for name in managers}
+    # the spec is one tensor-parallel rank's (KV heads / tp), so each rank gets memory / tp
+    per_rank = memory // args.tp
+    built = {name: make_manager(name, model, per_rank, tokens_per_page=args.tokens_per_page) for name in managers}
     jenga = built["jenga"]
     plan = jenga.page_plan
     data = {
         "model": model.name,
         "memory_bytes": memory,
+        "tp": args.tp,
         "memory_source": budget_note,
         "groups": [{"name": g.name, "kind": g.kind, "layers": g.num_layers, "layer_ids": list(g.layers),
                     "page_bytes": g.page_bytes, "pad_bytes": g.pad_bytes, "tokens_per_page": g.tokens_per_page,
