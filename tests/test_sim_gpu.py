@@ -18,6 +18,8 @@ from jenga.sim.gpu import (
     get_gpu,
     memory_budget,
 )
+from jenga.specs import ModelSpec
+from jenga.structure import CATALOG_NAMES
 
 LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, vocab_size=128256,
                 num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False)
@@ -120,6 +122,30 @@ def test_missing_fields_are_recorded_or_rejected():
                 num_attention_heads=16,
                 num_experts_per_tok=2, intermediate_size=6144, tie_word_embeddings=False)
     assert ModelCost.from_hf_config(qwen).assumed == ("moe_intermediate_size",)
+
+
+#: Published total parameter counts (billions, model cards / safetensors metadata), vision towers included.
+PUBLISHED_PARAMS_B = {
+    "llama-3.1-8b": 8.03, "llama-3.1-70b": 70.6, "llama-3.2-1b": 1.24, "mistral-7b": 7.24, "ministral-8b": 8.02,
+    "gemma-2-9b": 9.24, "gemma-2-27b": 27.2, "gemma-3-4b": 4.3, "gemma-3-12b": 12.2, "gemma-3-27b": 27.4,
+    "gpt-oss-20b": 21.0, "gpt-oss-120b": 117.0, "llama-4-scout": 109.0, "llama-3.2-11b-vision": 10.6,
+    "llama-3.2-90b-vision": 88.6, "jamba-1.5-mini": 52.0, "nemotron-h-8b": 8.1, "falcon-h1-7b": 7.6,
+    "qwen3-next-80b": 80.0,
+}
+
+
+def test_published_table_covers_catalog():
+    assert set(PUBLISHED_PARAMS_B) == set(CATALOG_NAMES)
+
+
+@pytest.mark.parametrize("name", sorted(CATALOG_NAMES))
+def test_catalog_configs_are_complete_and_sized(name):
+    """Every catalog config carries the size fields ``ModelCost`` needs (no fallbacks) and lands
+    within 15% of the published parameter count."""
+    m = ModelCost.from_hf_config(ModelSpec.from_hf_config(name).hf_config, name=name, strict=True)
+    assert m.assumed == ()
+    assert m.params_total == pytest.approx(PUBLISHED_PARAMS_B[name] * 1e9, rel=0.15)
+    assert m.params_active <= m.params_total
 
 
 def test_config_errors():

@@ -151,24 +151,9 @@ class Setup:
     tp: int = 1
 
 
-#: Sizes some trimmed catalog configs lack (``ModelCost`` would fall back to 3.5 x hidden and
-#: double Llama-4-Scout's weights); values from the models' published ``config.json``.
-CONFIG_PATCHES: dict[str, dict] = {"llama-4-scout": {"intermediate_size": 8192, "intermediate_size_mlp": 16384},
-                                   "gemma-3-12b": {"intermediate_size": 15360}}
-
-
-def model_cost(spec: ModelSpec, name: str) -> ModelCost:
-    """``ModelCost`` of a catalog model, filling the sizes of :data:`CONFIG_PATCHES` it lacks."""
-    cfg = dict(spec.hf_config)
-    patch = CONFIG_PATCHES.get(name)
-    if patch:
-        key = "text_config" if isinstance(cfg.get("text_config"), dict) else None
-        text = dict(cfg[key]) if key else cfg
-        for k, v in patch.items():
-            text.setdefault(k, v)
-        if key:
-            cfg[key] = text
-    return ModelCost.from_hf_config(cfg, name=spec.name)
+def model_cost(spec: ModelSpec) -> ModelCost:
+    """``ModelCost`` of a catalog model, read straight from its (complete) ``config.json``."""
+    return ModelCost.from_hf_config(spec.hf_config, name=spec.name)
 
 
 def _coster(spec: ModelSpec, mc: ModelCost) -> StepCoster:
@@ -182,12 +167,12 @@ def build_setup(model: str, gpu: str = "h100-80gb", tp: int = 1, *, draft: str |
     (target + draft weights), unless ``memory_bytes`` is given."""
     g = get_gpu(gpu)
     target = ModelSpec.from_hf_config(model, dtype=dtype, tokens_per_page=tokens_per_page)
-    tcost = model_cost(target, model)
+    tcost = model_cost(target)
     weights = tcost.weight_bytes
     d_spec = d_cost = None
     if draft:
         d_spec = ModelSpec.from_hf_config(draft, dtype=dtype, tokens_per_page=tokens_per_page)
-        d_cost = model_cost(d_spec, draft)
+        d_cost = model_cost(d_spec)
         weights += d_cost.weight_bytes
     if memory_bytes is None:
         kw = {} if activation_reserve_bytes is None else {"activation_reserve_bytes": activation_reserve_bytes}
