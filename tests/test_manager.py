@@ -558,3 +558,33 @@ def test_same_image_twice_in_one_request():
     mgr.free("b")
     mgr.check_integrity()
     assert sorted(cached_keys(mgr, 1)) == [3, 4, 5]
+
+
+def test_window_slack_keeps_a_second_question_hitting():
+    """A question ending a little earlier than the first one on the same article still finds
+    its whole window: the band below the first request's window stays held (window_slack)."""
+    from jenga.manager import KVCacheManager
+    from jenga.specs import FullAttentionSpec, LayerGroup, ModelSpec, SlidingWindowSpec
+
+    spec = ModelSpec("qa", (LayerGroup("full", FullAttentionSpec("m", "bf16", 1, 8), (0,)),
+                            LayerGroup("sliding", SlidingWindowSpec("m", "bf16", 1, 8, window=64), (1, 2))),
+                     max_model_len=4096)
+    article = list(range(1000, 1400))
+
+    def second_hit(slack: int) -> int:
+        mgr = KVCacheManager(spec, 1 << 20, tokens_per_page=16, fit_pages=False, window_slack=slack)
+        mgr.add_request("q1", article + list(range(40)))  # a 40-token question
+        assert mgr.allocate("q1", 440) is not None
+        mgr.append_tokens("q1", [7])
+        mgr.free("q1")
+        # memory pressure takes exactly the pages that left the window early (aged, first out)
+        aged = [p for p, (t, _) in mgr.evictor.keys[1].items() if t < 0]
+        assert mgr.alloc.k[1] == 1  # one sliding page per large page
+        for _ in aged:
+            assert mgr.evictor.evict_large() in aged
+        mgr.check_integrity()
+        mgr.add_request("q2", article + list(range(50, 60)))
+        return mgr.lookup("q2")
+
+    assert second_hit(64) == 400  # the whole article
+    assert second_hit(0) < 400  # q2's window starts below q1's: those pages had left early

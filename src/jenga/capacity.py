@@ -17,7 +17,7 @@ def pages_for_context(mgr, length: int) -> list[int]:
     for pol in mgr.policies:
         if isinstance(pol, FullPolicy):
             hi = length // pol.tpp  # page of the next token
-            lo = pol.first_needed(length) // pol.tpp
+            lo = pol.keep_from(length) // pol.tpp
             out.append(hi - lo + 1)
         elif isinstance(pol, MambaPolicy):
             out.append(1)

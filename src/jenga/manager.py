@@ -25,7 +25,15 @@ from jenga.integrity import check_manager
 from jenga.prefix.evictor import PrefixEvictor
 from jenga.prefix.hashing import ImageRef, extend_block_hashes, root_hash
 from jenga.prefix.index import PrefixIndex
-from jenga.prefix.policies import ImagePolicy, PageOps, Policy, cdiv, policy_for
+from jenga.prefix.policies import (
+    OUT_OF_RANGE_AGE,
+    ImagePolicy,
+    PageOps,
+    Policy,
+    SlidingPolicy,
+    cdiv,
+    policy_for,
+)
 from jenga.request import GroupState, Request
 from jenga.specs import LayerGroup, ModelSpec
 from jenga.stats import CacheStats, collect_stats
@@ -48,7 +56,11 @@ class KVCacheManager(PageOps):
     ``memory_bytes`` is the KV budget; it is cut into ``floor(memory / S) - 1`` large
     pages of ``S = lcm(small pages)`` bytes.  ``tokens_per_page`` is the base page (and
     hash block) size; groups may use multiples of it to keep the LCM bounded
-    (``max_lcm_ratio`` x the largest small page).  ``device`` is only used by
+    (``max_lcm_ratio`` x the largest small page).  Sliding groups keep ``window_slack``
+    tokens below the window (so a prompt ending a little earlier still hits; vLLM v1 keeps
+    W + 192).  Pages that leave the window or chunk are stamped ``out_of_window_age`` clock
+    ticks older, so they are evicted first (0: their release time, the paper's text).
+    ``device`` is only used by
     :attr:`layout` (the torch buffer), which is built on first use.
     """
 
@@ -56,11 +68,15 @@ class KVCacheManager(PageOps):
 
     def __init__(self, model: ModelSpec, memory_bytes: int, *, tokens_per_page: int = 16,
                  enable_prefix_caching: bool = True, device: str = "cpu", max_lcm_ratio: float = 8.0,
-                 fit_pages: bool = True):
+                 fit_pages: bool = True, window_slack: int = 256, out_of_window_age: int = OUT_OF_RANGE_AGE):
         if tokens_per_page <= 0:
             raise InvalidArgumentError(f"tokens_per_page must be positive, got {tokens_per_page}")
         if memory_bytes <= 0:
             raise InvalidArgumentError(f"memory_bytes must be positive, got {memory_bytes}")
+        if window_slack < 0:
+            raise InvalidArgumentError(f"window_slack must be >= 0, got {window_slack}")
+        self.window_slack = window_slack
+        self.out_of_range_age = out_of_window_age
         self.source_model = model
         self.page_plan = None
         model = self._prepare_model(model, tokens_per_page, max_lcm_ratio if fit_pages else None)
@@ -79,6 +95,9 @@ class KVCacheManager(PageOps):
         self.index = PrefixIndex(len(model.groups))
         self.evictor = PrefixEvictor(self.alloc, self.index)
         self.policies: list[Policy] = [self._policy(i, g) for i, g in enumerate(model.groups)]
+        for pol in self.policies:
+            if isinstance(pol, SlidingPolicy):
+                pol.slack = window_slack
         self.ref: list[list[int]] = [[0] * (num_large * k) for k in self.alloc.k]
         # (group, page) -> evictor key of the latest release of a page still referenced by
         # others; used when a pin (lookup hit) is undone after those others have left

@@ -37,6 +37,7 @@ class PageOps(ABC):
 
     now: int
     caching: bool
+    out_of_range_age: int = 0
 
     @abstractmethod
     def take(self, group: int) -> int:
@@ -78,6 +79,9 @@ class PageOps(ABC):
 
 
 NEVER = 1 << 62
+#: Default age of pages released because they left the window / chunk: stamped this much
+#: older than "now", they are evicted before any page a request still held when it finished.
+OUT_OF_RANGE_AGE = 1 << 40
 
 
 def cdiv(a: int, b: int) -> int:
@@ -146,6 +150,10 @@ class FullPolicy(Policy):
         """Lowest token position a token at ``pos`` reads."""
         return 0
 
+    def keep_from(self, pos: int) -> int:
+        """Lowest token position a request that computed ``pos`` tokens still holds."""
+        return self.first_needed(pos)
+
     def page_key(self, req: Request, i: int) -> bytes:
         return req.hashes[(i + 1) * (self.tpp // self.block) - 1]
 
@@ -194,9 +202,9 @@ class FullPolicy(Policy):
                 if pages[i] is not None:
                     ops.register(gi, pages[i], self.page_key(req, i))
             gs.registered = max(gs.registered, full)
-        lo = self.first_needed(req.num_computed) // tpp
-        if lo > gs.released:
-            ops.drop_run(gi, pages, gs.released, min(lo, len(pages)), ops.now, tpp)
+        lo = self.keep_from(req.num_computed) // tpp
+        if lo > gs.released:  # out of window / chunk: the first pages to be evicted
+            ops.drop_run(gi, pages, gs.released, min(lo, len(pages)), ops.now - ops.out_of_range_age, tpp)
             gs.released = lo
 
     def free(self, req: Request, gs: GroupState, ops: PageOps) -> None:
@@ -229,9 +237,19 @@ class SlidingPolicy(FullPolicy):
     def first_needed(self, pos: int) -> int:
         return max(0, pos - self.group.spec.window + 1)
 
+    #: tokens below the window a request keeps holding (set by the manager; vLLM v1 keeps W + 192)
+    slack = 0
+
+    def keep_from(self, pos: int) -> int:
+        # a band of ``slack`` tokens below the window stays held, so a later prompt that ends
+        # a little earlier (another question on the same article) still finds the whole
+        # window it needs, with the request's own priority
+        return max(0, pos - self.group.spec.window + 1 - self.slack)
+
     def release_point(self, released: int) -> int:
         # rounded up to a page end, so releases ride on the registration commit
-        return cdiv((released + 1) * self.tpp + self.group.spec.window - 1, self.tpp) * self.tpp
+        first = (released + 1) * self.tpp + self.group.spec.window - 1 + self.slack
+        return cdiv(first, self.tpp) * self.tpp
 
 
 class ChunkedPolicy(FullPolicy):
