@@ -29,8 +29,9 @@ class EvictionSource(ABC):
     """What the allocator asks of the evictor (implemented by ``jenga.prefix.evictor``)."""
 
     @abstractmethod
-    def evict_large(self) -> int | None:
-        """Evict every cached page of the fully evictable large page with the smallest key.
+    def evict_large(self, group: int | None = None) -> int | None:
+        """Evict every cached page of the fully evictable large page with the smallest key
+        (of ``group`` only, when given).
 
         Changes: the pages become FREE (through ``LargePageAllocator.evict_cached``), so
         the large page returns to the pool.  Returns its id, or ``None`` if ``E`` is empty.
@@ -88,6 +89,7 @@ class LargePageAllocator:
         self.hidden_free = [0] * len(page_bytes)  # free slots inside E
         self.used_small = [0] * len(page_bytes)  # USED pages per group
         self.evictor: EvictionSource | None = None
+        self.caps: list[int] | None = None  # per-group large-page caps (static partition baseline)
         self.owned = [0] * len(page_bytes)  # large pages each group owns now
         self.e_count = [0] * len(page_bytes)  # fully evictable large pages per group
         self.num_carved = 0  # large pages ever carved (the manager's per-request quota counts these)
@@ -122,9 +124,11 @@ class LargePageAllocator:
             if large is not None:
                 return self._take(group, large)
         if may_take_large:
-            if self._free_large:
+            capped = self.caps is not None and self.owned[group] >= self.caps[group]
+            if self._free_large and not capped:
                 return self._take(group, self._carve(group, tag))
-            if self.evictor is not None and self.evictor.evict_large() is not None:
+            # at its cap a group may only recycle its own fully evictable large pages
+            if self.evictor is not None and self.evictor.evict_large(group if capped else None) is not None:
                 return self._take(group, self._carve(group, tag))
         large = self._pop_partial(group)
         if large is not None:
@@ -136,7 +140,8 @@ class LargePageAllocator:
                 if self.group_of[large] == group:
                     return self._take(group, large)
                 return self._take(group, self._carve(group, tag))  # the large page emptied
-        if self._free_large:  # quota spent but a whole page is left: still correct
+        if self._free_large and (self.caps is None or self.owned[group] < self.caps[group]):
+            # quota spent but a whole page is left: still correct
             return self._take(group, self._carve(group, tag))
         raise AssertionError(f"allocator out of pages for group {group}: supply {self.supply()}")
 

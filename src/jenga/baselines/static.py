@@ -23,16 +23,20 @@ class StaticManager(KVCacheManager):
         w = [g.page_bytes * WEIGHT.get(g.kind, 1.0) for g in self.model.groups]
         n = self.alloc.num_large
         self.caps = [max(1, int(n * x / sum(w))) for x in w]
+        self.alloc.caps = self.caps
 
     def _quota_for(self, need: list[int]) -> list[int] | None:
+        """As jenga's, but a group takes new large pages only up to its share; its own fully
+        evictable large pages can always be recycled."""
         alloc = self.alloc
         sup = alloc.supply()
         room = [c - o for c, o in zip(self.caps, alloc.owned, strict=True)]
         least = [cdiv(max(0, x - f - c), k)
                  for x, f, c, k in zip(need, sup.free_small, sup.cached_small, alloc.k, strict=True)]
-        if any(lo > r for lo, r in zip(least, room, strict=True)) or sum(least) > sup.whole_large:
+        if sum(least) > sup.whole_large or any(
+                lo > r + e for lo, r, e in zip(least, room, alloc.e_count, strict=True)):
             return None
-        most = [min(cdiv(x, k), r) for x, k, r in zip(need, alloc.k, room, strict=True)]
-        if sum(most) <= sup.whole_large and all(m >= lo for m, lo in zip(most, least, strict=True)):
+        most = [min(cdiv(x, k), r + e) for x, k, r, e in zip(need, alloc.k, room, alloc.e_count, strict=True)]
+        if sum(most) <= sup.whole_large:
             return most
         return least

@@ -26,7 +26,8 @@ class PrefixEvictor(EvictionSource):
         n = len(allocator.k)
         self.keys: list[dict[int, Key]] = [{} for _ in range(n)]
         self._heaps: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
-        self._large_heap: list[tuple[int, int, int, int]] = []  # (t, -plen, version, large)
+        # per group: (t, -plen, version, large) of fully evictable large pages, lazily cleaned
+        self._large_heaps: list[list[tuple[int, int, int, int]]] = [[] for _ in range(n)]
         self._large_ver = [0] * allocator.num_large
         self.num_evicted_pages = 0
         allocator.evictor = self
@@ -101,23 +102,37 @@ class PrefixEvictor(EvictionSource):
             self._drop(group, found)
         return found
 
-    def evict_large(self) -> int | None:
-        heap, alloc = self._large_heap, self.alloc
+    def _top(self, group: int) -> tuple[int, int, int, int] | None:
+        """The valid smallest entry of a group's large-page heap (stale ones dropped)."""
+        heap, ver, in_e = self._large_heaps[group], self._large_ver, self.alloc.in_e
         while heap:
-            _t, _neg, ver, large = heapq.heappop(heap)
-            if ver != self._large_ver[large] or not alloc.in_e[large]:
-                continue
-            group = alloc.group_of[large]
-            k = alloc.k[group]
-            state, keys, index = alloc.state[group], self.keys[group], self.index
-            for page in range(large * k, (large + 1) * k):
-                if state[page] == CACHED:
-                    del keys[page]
-                    index.drop(group, page)
-                    self.num_evicted_pages += 1
-            alloc.evict_whole(large)
-            return large
+            e = heap[0]
+            if e[2] == ver[e[3]] and in_e[e[3]]:
+                return e
+            heapq.heappop(heap)
         return None
+
+    def evict_large(self, group: int | None = None) -> int | None:
+        alloc = self.alloc
+        if group is None:
+            tops = [(e, g) for g in range(len(self._large_heaps)) if (e := self._top(g)) is not None]
+            if not tops:
+                return None
+            _, g = min(tops)
+        else:
+            if self._top(group) is None:
+                return None
+            g = group
+        found = heapq.heappop(self._large_heaps[g])[3]
+        k = alloc.k[g]
+        state, keys, index = alloc.state[g], self.keys[g], self.index
+        for page in range(found * k, (found + 1) * k):
+            if state[page] == CACHED:
+                del keys[page]
+                index.drop(g, page)
+                self.num_evicted_pages += 1
+        alloc.evict_whole(found)
+        return found
 
     def on_large_evictable(self, large: int) -> None:
         self._large_ver[large] += 1
@@ -126,12 +141,12 @@ class PrefixEvictor(EvictionSource):
         k = alloc.k[group]
         state, keys = alloc.state[group], self.keys[group]
         best = max(keys[p] for p in range(large * k, (large + 1) * k) if state[p] == CACHED)
-        heap = self._large_heap
+        heap = self._large_heaps[group]
         heapq.heappush(heap, (best[0], best[1], self._large_ver[large], large))
-        if len(heap) > 2 * self.alloc.num_e + 1024:
-            ver, in_e = self._large_ver, self.alloc.in_e
-            self._large_heap = [e for e in heap if e[2] == ver[e[3]] and in_e[e[3]]]
-            heapq.heapify(self._large_heap)
+        if len(heap) > 2 * alloc.e_count[group] + 1024:
+            ver, in_e = self._large_ver, alloc.in_e
+            heap[:] = [e for e in heap if e[2] == ver[e[3]] and in_e[e[3]]]
+            heapq.heapify(heap)
 
     def on_large_unevictable(self, large: int) -> None:
         self._large_ver[large] += 1

@@ -1,0 +1,73 @@
+"""Baseline managers: their page-size rules on real configs, and their allocation rules."""
+
+import random
+
+from jenga.baselines import make_manager
+from jenga.baselines.paged import paged_model
+from jenga.baselines.uniform import uniform_model
+from jenga.specs import ModelSpec
+
+
+def test_paged_one_page_size_and_jamba_max_page():
+    m = paged_model(ModelSpec.from_hf_config("jamba-1.5-mini"), 16)
+    assert len({g.page_bytes for g in m.groups}) == 1
+    attn = m.group("paged")
+    # 28 Mamba states (8.72 MB) in one page: attention pages grow to 560 tokens (532 needed,
+    # rounded up to a multiple of 16 where the padding splits evenly over 28 layers)
+    assert attn.tokens_per_page == 560 and attn.num_layers == 4
+    mllama = paged_model(ModelSpec.from_hf_config("llama-3.2-11b-vision"), 16)
+    assert [g.num_layers for g in mllama.groups] == [40, 40]  # text and image tokens in every layer
+
+
+def test_uniform_v1_grouping():
+    g3 = uniform_model(ModelSpec.from_hf_config("gemma-3-27b"), 16)
+    names = [g.name for g in g3.groups]
+    assert sum(n.startswith("sliding") for n in names) == 6 and sum(n.startswith("full") for n in names) == 1
+    assert "vision" not in " ".join(names)  # vision embeddings live outside v1's pool
+    assert len({g.page_bytes for g in g3.groups}) == 1
+    pad_layers = sum(g.pad_bytes // g.spec.layer_page_bytes(g.tokens_per_page) for g in g3.groups)
+    assert pad_layers == 8  # 52 SWA layers in groups of 10: "Add 8 padding layers"
+    nem = uniform_model(ModelSpec.from_hf_config("nemotron-h-8b"), 16)
+    attn = [g for g in nem.groups if g.kind == "full"]
+    # 24 Mamba layers in groups of 4 (8.6 MB pages) force 528-token attention blocks
+    assert [g.tokens_per_page for g in attn] == [528]
+
+
+def _drive(mgr, n_req: int, seed: int) -> None:
+    rng = random.Random(seed)
+    live = []
+    for r in range(n_req):
+        length = rng.randrange(200, 3000)
+        mgr.add_request(r, [rng.randrange(50) for _ in range(length)])
+        h = mgr.lookup(r)
+        if mgr.allocate(r, length - h) is None:
+            mgr.free(r)
+            continue
+        mgr.append_tokens(r, [1])
+        live.append(r)
+        if len(live) > 3:
+            mgr.free(live.pop(0))
+        mgr.check_integrity()
+        caps = getattr(mgr, "caps", None)
+        if caps:
+            assert all(o <= c for o, c in zip(mgr.alloc.owned, caps, strict=True)), (mgr.alloc.owned, caps)
+
+
+def test_static_partition_recycles_its_own_cached_pages_and_keeps_caps():
+    model = ModelSpec.from_hf_config("ministral-8b")
+    mgr = make_manager("static", model, 4 << 30)
+    _drive(mgr, 40, 0)
+    st = mgr.stats()
+    assert st.evicted_pages > 0  # caps were reached and cached pages recycled
+
+
+def test_every_baseline_runs_every_family_with_integrity():
+    for name in ("ministral-8b", "jamba-1.5-mini", "llama-4-scout", "gemma-3-4b"):
+        model = ModelSpec.from_hf_config(name)
+        for mgr_name in ("jenga", "paged", "static", "uniform"):
+            mgr = make_manager(mgr_name, model, 3 << 30)
+            _drive(mgr, 12, 1)
+            for r in list(mgr.requests):
+                mgr.free(r)
+            mgr.check_integrity()
+            assert mgr.stats().used_bytes == 0
