@@ -58,7 +58,7 @@ class KVCacheManager(PageOps):
     hash block) size; groups may use multiples of it to keep the LCM bounded
     (``max_lcm_ratio`` x the largest small page).  Sliding groups keep ``window_slack``
     tokens below the window (so a prompt ending a little earlier still hits; vLLM v1 keeps
-    W + 192).  Pages that leave the window or chunk are stamped ``out_of_window_age`` clock
+    W + 192); the default is ``min(256, W // 8)``.  Pages that leave the window or chunk are stamped ``out_of_window_age`` clock
     ticks older, so they are evicted first (0: their release time, the paper's text).
     ``device`` is only used by
     :attr:`layout` (the torch buffer), which is built on first use.
@@ -68,12 +68,12 @@ class KVCacheManager(PageOps):
 
     def __init__(self, model: ModelSpec, memory_bytes: int, *, tokens_per_page: int = 16,
                  enable_prefix_caching: bool = True, device: str = "cpu", max_lcm_ratio: float = 8.0,
-                 fit_pages: bool = True, window_slack: int = 256, out_of_window_age: int = OUT_OF_RANGE_AGE):
+                 fit_pages: bool = True, window_slack: int | None = None, out_of_window_age: int = OUT_OF_RANGE_AGE):
         if tokens_per_page <= 0:
             raise InvalidArgumentError(f"tokens_per_page must be positive, got {tokens_per_page}")
         if memory_bytes <= 0:
             raise InvalidArgumentError(f"memory_bytes must be positive, got {memory_bytes}")
-        if window_slack < 0:
+        if window_slack is not None and window_slack < 0:
             raise InvalidArgumentError(f"window_slack must be >= 0, got {window_slack}")
         self.window_slack = window_slack
         self.out_of_range_age = out_of_window_age
@@ -97,7 +97,8 @@ class KVCacheManager(PageOps):
         self.policies: list[Policy] = [self._policy(i, g) for i, g in enumerate(model.groups)]
         for pol in self.policies:
             if isinstance(pol, SlidingPolicy):
-                pol.slack = window_slack
+                w = pol.group.spec.window
+                pol.slack = min(256, w // 8) if window_slack is None else window_slack
         self.ref: list[list[int]] = [[0] * (num_large * k) for k in self.alloc.k]
         # (group, page) -> evictor key of the latest release of a page still referenced by
         # others; used when a pin (lookup hit) is undone after those others have left
