@@ -105,7 +105,8 @@ class KVCacheManager(PageOps):
         self._released_key: dict[tuple[int, int], tuple[int, int]] = {}
         self.requests: dict[object, Request] = {}
         self._max_tokens = model.max_model_len + 1
-        self._shared = [not g.spec.per_token for g in model.groups]  # state pages: fill shared large pages
+        self._state_group = [not g.spec.per_token for g in model.groups]
+        self._shared = list(self._state_group)  # per allocate: fill shared large pages first
         self.now = 0
         self.prefix_hit_tokens = 0
         self.prefix_query_tokens = 0
@@ -371,6 +372,7 @@ class KVCacheManager(PageOps):
             req.num_lookahead = old_lookahead
             return None
         self._tag, self._quota = req.request_id, quota
+        self._shared = self._prefer_shared(req)
         for pol, gs in pairs:
             pol.grow(req, gs, end, self)
         self._tag = None
@@ -388,6 +390,14 @@ class KVCacheManager(PageOps):
         t.num_computed, t.num_new, t.num_lookahead = req.num_computed, req.num_scheduled, lookahead
         req.limit = min(pol.limit(req, gs, self) for pol, gs in req.pairs)
         return t
+
+    def _prefer_shared(self, req: Request) -> list[bool]:
+        """Groups where this request should fill other requests' large pages before taking
+        a fresh one: its lone state page, and token groups where its whole prompt covers
+        at most a quarter of a large page (a fresh one would stay mostly empty; the paper's
+        co-freeing gain needs a request that fills its large pages)."""
+        return [state or req.prompt_len <= (k // 4) * pol.tpp
+                for state, k, pol in zip(self._state_group, self.alloc.k, self.policies, strict=True)]
 
     def _quota_for(self, need: list[int]) -> list[int] | None:
         """Large pages each group may take (steps 2-3), or ``None`` if ``need`` can't fit."""
