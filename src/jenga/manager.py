@@ -11,7 +11,7 @@ pages that left the window or chunk go to the evictor) -> ``free``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from jenga.allocator import LargePageAllocator
 from jenga.errors import (
@@ -22,13 +22,13 @@ from jenga.errors import (
     UnknownRequestError,
 )
 from jenga.integrity import check_manager
+from jenga.ledger import PageLedger
 from jenga.prefix.evictor import PrefixEvictor
 from jenga.prefix.hashing import ImageRef, extend_block_hashes, root_hash
 from jenga.prefix.index import PrefixIndex
 from jenga.prefix.policies import (
     OUT_OF_RANGE_AGE,
     ImagePolicy,
-    PageOps,
     Policy,
     SlidingPolicy,
     cdiv,
@@ -50,7 +50,7 @@ def with_base_page(model: ModelSpec, tokens_per_page: int) -> ModelSpec:
     return ModelSpec(model.name, groups, model.max_model_len, model.num_layers, model.hf_config)
 
 
-class KVCacheManager(PageOps):
+class KVCacheManager(PageLedger):
     """Jenga's KV-cache manager for one (possibly composite) model.
 
     ``memory_bytes`` is the KV budget; it is cut into ``floor(memory / S) - 1`` large
@@ -146,109 +146,6 @@ class KVCacheManager(PageOps):
             stale += k * grp.page_bytes
             padding += (n - k) * (grp.page_bytes - grp.useful_page_bytes)
         return held, needed, stale, padding
-
-    # ------------------------------------------------------------- PageOps
-    def take(self, group: int) -> int:
-        alloc = self.alloc
-        before = alloc.num_carved
-        page = alloc.allocate(group, self._tag, self._quota[group] > 0, self._shared[group])
-        self._quota[group] -= alloc.num_carved - before
-        self.ref[group][page] = 1
-        return page
-
-    def hold(self, group: int, page: int) -> None:
-        ref = self.ref[group]
-        key = self.evictor.touch(group, page) if ref[page] == 0 else None
-        ref[page] += 1
-        if self._log is not None:
-            self._log.append((group, page, key))
-
-    def drop(self, group: int, page: int, last_access: int, prefix_len: int) -> None:
-        ref = self.ref[group]
-        assert ref[page] > 0, f"drop of unreferenced page {group}:{page}"
-        ref[page] -= 1
-        if ref[page] > 0:
-            if self.caching:
-                self._released_key[(group, page)] = (last_access, -prefix_len)
-        else:
-            if self._released_key:
-                self._released_key.pop((group, page), None)
-            if self.caching and self.index.is_registered(group, page):
-                self.evictor.add(group, page, last_access, prefix_len)
-            else:
-                if self.index.is_registered(group, page):
-                    self.index.drop(group, page)
-                self.alloc.release(group, page)
-
-    def drop_run(self, group: int, pages: list[int | None], start: int, stop: int, last_access: int,
-                 tokens_per_page: int) -> None:
-        """``drop`` for ``pages[start:stop]`` (page ``i`` ends at token ``(i+1) * tokens_per_page``),
-        setting them to None; one pass, cached pages handed to the evictor together."""
-        ref, key_of, caching = self.ref[group], self.index.key_of[group], self.caching
-        released = self._released_key
-        to_cache: list[tuple[int, int]] = []
-        to_free: list[int] = []
-        for i in range(start, stop):
-            page = pages[i]
-            if page is None:
-                continue
-            pages[i] = None
-            r = ref[page] - 1
-            assert r >= 0, f"drop of unreferenced page {group}:{page}"
-            ref[page] = r
-            if r:
-                if caching:
-                    released[(group, page)] = (last_access, -(i + 1) * tokens_per_page)
-                continue
-            if released:
-                released.pop((group, page), None)
-            if page in key_of:
-                if caching:
-                    to_cache.append((page, (i + 1) * tokens_per_page))
-                    continue
-                self.index.drop(group, page)
-            to_free.append(page)
-        if to_cache:
-            self.evictor.add_many(group, to_cache, last_access)
-        release = self.alloc.release
-        for page in to_free:
-            release(group, page)
-
-    def take_run(self, group: int, n: int) -> list[int]:
-        """``n`` fresh pages of ``group`` (``take`` in a loop, own large pages in bulk)."""
-        pages, carved = self.alloc.allocate_many(group, self._tag, n, self._quota[group], self._shared[group])
-        self._quota[group] -= carved
-        ref = self.ref[group]
-        for page in pages:
-            ref[page] = 1
-        return pages
-
-    def register(self, group: int, page: int, key: bytes) -> bool:
-        return self.index.register(group, page, key)
-
-    def find(self, group: int, key: bytes) -> int | None:
-        return self.index.get(group, key)
-
-    def index_table(self, group: int) -> dict[bytes, int]:
-        return self.index.table[group]
-
-    def _unhold(self, log: Iterable[tuple[int, int, tuple[int, int] | None]]) -> None:
-        """Undo ``hold`` calls (``key``: the evictor key the page had when it was held).
-
-        Right after ``hold`` (a rolled-back allocate) this is exact.  A lookup's pins are
-        undone later, after other requests may have held and dropped the same pages, so
-        a page whose last reference goes gets the key of its latest release, else the key
-        it had when pinned; a page still referenced keeps that key for its last holder.
-        """
-        for group, page, key in reversed(list(log)):
-            ref = self.ref[group]
-            ref[page] -= 1
-            if ref[page] > 0:
-                if key is not None:
-                    self._released_key.setdefault((group, page), key)  # a recorded key is newer
-                continue
-            key = self._released_key.pop((group, page), None) or key or (self.now, 0)
-            self.evictor.add(group, page, key[0], -key[1])  # key is (last_access, -prefix_len)
 
     # ----------------------------------------------------------------- API
     def _req(self, request_id: object) -> Request:

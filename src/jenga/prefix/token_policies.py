@@ -1,0 +1,126 @@
+"""Token kinds: full attention, sliding window, chunked local attention."""
+
+from __future__ import annotations
+
+from jenga.prefix.policy import NEVER, PageOps, Policy, cdiv
+from jenga.request import GroupState, Request
+from jenga.tables import TokenTable
+
+
+class FullPolicy(Policy):
+    """Every token stays; a hit needs every page before it."""
+
+    def first_needed(self, pos: int) -> int:
+        """Lowest token position a token at ``pos`` reads."""
+        return 0
+
+    def keep_from(self, pos: int) -> int:
+        """Lowest token position a request that computed ``pos`` tokens still holds."""
+        return self.first_needed(pos)
+
+    def page_key(self, req: Request, i: int) -> bytes:
+        return req.hashes[(i + 1) * (self.tpp // self.block) - 1]
+
+    def longest_prefix(self, req: Request, cand: int, ops: PageOps) -> int:
+        tpp = self.tpp
+        m = tpp // self.block
+        hashes, table = req.hashes, ops.index_table(self.gi)
+        j = cand // tpp  # try p = j * tpp: pages [first_needed(p) // tpp, j) must be cached
+        while j > 0:
+            lo = self.first_needed(j * tpp) // tpp
+            i = j - 1
+            while i >= lo and hashes[(i + 1) * m - 1] in table:
+                i -= 1
+            if i < lo:
+                return j * tpp
+            j = i  # any valid p must end at or below the miss
+        return 0
+
+    def hit(self, req: Request, gs: GroupState, p: int, ops: PageOps) -> None:
+        n = p // self.tpp
+        lo = self.first_needed(p) // self.tpp
+        gs.pages = [None] * lo
+        for i in range(lo, n):
+            page = ops.find(self.gi, self.page_key(req, i))
+            assert page is not None, f"group {self.gi}: hit page {i} vanished"
+            ops.hold(self.gi, page)
+            gs.pages.append(page)
+        gs.registered, gs.released = n, lo
+
+    def plan(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> int:
+        return max(0, cdiv(end, self.tpp) - len(gs.pages))
+
+    def grow(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> None:
+        pages = gs.pages
+        n = cdiv(end, self.tpp) - len(pages)
+        if n > 0:
+            pages.extend(ops.take_run(self.gi, n))
+        if gs.table is None:
+            gs.table = TokenTable(self.gi, self.tpp, pages)
+
+    def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
+        tpp, pages, gi = self.tpp, gs.pages, self.gi
+        if ops.caching:
+            full = min(req.num_computed // tpp, len(req.hashes) * self.block // tpp, len(pages))
+            for i in range(gs.registered, full):
+                if pages[i] is not None:
+                    ops.register(gi, pages[i], self.page_key(req, i))
+            gs.registered = max(gs.registered, full)
+        lo = self.keep_from(req.num_computed) // tpp
+        if lo > gs.released:  # out of window / chunk: the first pages to be evicted
+            ops.drop_run(gi, pages, gs.released, min(lo, len(pages)), ops.now - ops.out_of_range_age, tpp)
+            gs.released = lo
+
+    def free(self, req: Request, gs: GroupState, ops: PageOps) -> None:
+        ops.drop_run(self.gi, gs.pages, gs.released, len(gs.pages), req.last_access, self.tpp)
+        gs.pages.clear()
+
+    def limit(self, req: Request, gs: GroupState, ops: PageOps) -> int:
+        return len(gs.pages) * self.tpp + 1
+
+    def release_point(self, released: int) -> int:
+        """Smallest computed length at which page ``released`` is no longer read."""
+        return NEVER
+
+    def next_event(self, req: Request, gs: GroupState, ops: PageOps) -> int:
+        reg = (gs.registered + 1) * self.tpp if ops.caching else NEVER
+        return min(reg, self.release_point(gs.released))
+
+    def needed_tokens(self, req: Request, gs: GroupState) -> int:
+        return req.num_computed - self.first_needed(req.num_computed)
+
+    def stale_pages(self, req: Request, gs: GroupState) -> int:
+        lo = min(self.first_needed(req.num_computed) // self.tpp, len(gs.pages))
+        return max(0, lo - gs.released)
+
+
+class SlidingPolicy(FullPolicy):
+    """Only the last ``window`` tokens are read: a hit needs just those pages; pages
+    leave at commit time (even mid-prefill) and go to the evictor as older entries."""
+
+    def first_needed(self, pos: int) -> int:
+        return max(0, pos - self.group.spec.window + 1)
+
+    #: tokens below the window a request keeps holding (set by the manager; vLLM v1 keeps W + 192)
+    slack = 0
+
+    def keep_from(self, pos: int) -> int:
+        # a band of ``slack`` tokens below the window stays held, so a later prompt that ends
+        # a little earlier (another question on the same article) still finds the whole
+        # window it needs, with the request's own priority
+        return max(0, pos - self.group.spec.window + 1 - self.slack)
+
+    def release_point(self, released: int) -> int:
+        # rounded up to a page end, so releases ride on the registration commit
+        first = (released + 1) * self.tpp + self.group.spec.window - 1 + self.slack
+        return cdiv(first, self.tpp) * self.tpp
+
+
+class ChunkedPolicy(FullPolicy):
+    """Tokens read only their own chunk: earlier chunks are released as soon as done."""
+
+    def first_needed(self, pos: int) -> int:
+        return pos - pos % self.group.spec.chunk
+
+    def release_point(self, released: int) -> int:
+        return cdiv((released + 1) * self.tpp, self.group.spec.chunk) * self.group.spec.chunk
