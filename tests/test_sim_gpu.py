@@ -12,12 +12,12 @@ from jenga.sim.gpu import (
     L4_24GB,
     CostModel,
     GPUSpec,
-    ModelCost,
     ModelDoesNotFitError,
     UnknownGPUError,
     get_gpu,
     memory_budget,
 )
+from jenga.sim.model_cost import ModelCost
 from jenga.specs import ModelSpec
 from jenga.structure import CATALOG_NAMES
 

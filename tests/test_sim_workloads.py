@@ -8,17 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from jenga.sim.traces import TraceFormatError, dump_jsonl, load_jsonl
 from jenga.sim.workloads import (
     FIRST_TOKEN_ID,
     WORKLOAD_NAMES,
     InvalidRequestError,
     SimRequest,
-    TraceFormatError,
     UnknownWorkloadError,
     Workload,
-    dump_jsonl,
     get_workload,
-    load_jsonl,
 )
 
 EXPECTED_NAMES = {"mmlu-pro", "arxiv-qa", "mmmu-pro", "arxiv-multiq", "ministral-static", "ministral-dynamic",

@@ -68,7 +68,8 @@ def _budget(args, model) -> tuple[int, str]:
         return parse_bytes(args.memory), "--memory"
     if args.gpu is None:
         return parse_bytes("64GiB"), "default 64GiB"
-    from jenga.sim.gpu import ModelCost, get_gpu, memory_budget
+    from jenga.sim.gpu import get_gpu, memory_budget
+    from jenga.sim.model_cost import ModelCost
 
     gpu = get_gpu(args.gpu)
     cost = ModelCost.from_hf_config(model.hf_config, name=model.name)

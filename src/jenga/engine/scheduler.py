@@ -208,22 +208,28 @@ class Scheduler:
         if len(sampled) != len(plan.scheduled):
             raise InvalidArgumentError(f"{len(sampled)} sampled tokens for {len(plan.scheduled)} scheduled requests")
         finished = []
-        mgr = self.mgr
         for item, tok in zip(plan.scheduled, sampled, strict=True):
             seq = item.seq
             seq.num_computed += item.num_tokens
             if not item.sample:
-                mgr.append_tokens(seq.request_id, ())
-                continue
-            if tok is None:
-                raise InvalidArgumentError(f"request {seq.request_id!r} needs a sampled token this step")
-            seq.append(tok)
-            mgr.append_tokens(seq.request_id, (tok,))
-            reason = self._stop_reason(seq, tok)
-            if reason is not None:
-                self._finish(seq, reason, tok if reason == "stop" else None)
+                self.mgr.append_tokens(seq.request_id, ())
+            elif self._commit(seq, tok):
                 finished.append(seq)
         return finished
+
+    def _commit(self, seq: Sequence, tok) -> bool:
+        """Append the token sampled for ``seq`` (its step ended the known tokens), tell the
+        manager, and finish the request if it stops; True when it finished.  A subclass with a
+        different sample type (e.g. several accepted speculative tokens) overrides this."""
+        if tok is None:
+            raise InvalidArgumentError(f"request {seq.request_id!r} needs a sampled token this step")
+        seq.append(tok)
+        self.mgr.append_tokens(seq.request_id, (tok,))
+        reason = self._stop_reason(seq, tok)
+        if reason is None:
+            return False
+        self._finish(seq, reason, tok if reason == "stop" else None)
+        return True
 
     def _stop_reason(self, seq: Sequence, tok: int) -> str | None:
         p = seq.params

@@ -153,26 +153,20 @@ class SimScheduler(Scheduler):
         Returns the finished requests (already freed in the manager)."""
         if len(sampled) != len(plan.scheduled):
             raise InvalidArgumentError(f"{len(sampled)} samples for {len(plan.scheduled)} scheduled requests")
-        finished = []
-        view = self.view
-        for item, toks in zip(plan.scheduled, sampled, strict=True):
-            seq = item.seq
-            seq.num_computed += item.num_tokens
-            if not item.sample:
-                view.append_tokens(seq.request_id, ())
-                continue
-            if not toks:
-                raise InvalidArgumentError(f"request {seq.request_id!r} needs sampled tokens this step")
-            room = min(seq.params.max_tokens - len(seq.output_token_ids), self.max_model_len - seq.num_tokens)
-            toks = list(toks[:max(1, room)])
-            seq.tokens.extend(toks)
-            seq.output_token_ids.extend(toks)
-            view.append_tokens(seq.request_id, toks)
-            if len(seq.output_token_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
-                self._epoch += 1
-                self._finish(seq, "length", None)
-                self._forget(seq.request_id)
-                finished.append(seq)
-            else:
-                view.decoding.add(seq.request_id)
-        return finished
+        return super().update(plan, sampled)
+
+    def _commit(self, seq: Sequence, toks: Seq[int] | None) -> bool:
+        if not toks:
+            raise InvalidArgumentError(f"request {seq.request_id!r} needs sampled tokens this step")
+        room = min(seq.params.max_tokens - len(seq.output_token_ids), self.max_model_len - seq.num_tokens)
+        toks = list(toks[:max(1, room)])
+        seq.tokens.extend(toks)
+        seq.output_token_ids.extend(toks)
+        self.view.append_tokens(seq.request_id, toks)
+        if len(seq.output_token_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
+            self._epoch += 1
+            self._finish(seq, "length", None)
+            self._forget(seq.request_id)
+            return True
+        self.view.decoding.add(seq.request_id)
+        return False

@@ -40,7 +40,8 @@ def add_sim_parsers(sub) -> None:
 
 
 def _workload(args, max_len: int):
-    from jenga.sim.workloads import get_workload, load_jsonl
+    from jenga.sim.traces import load_jsonl
+    from jenga.sim.workloads import get_workload
 
     if args.workload.endswith(".jsonl"):
         w = load_jsonl(args.workload)

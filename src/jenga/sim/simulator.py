@@ -33,7 +33,8 @@ from jenga.engine.sequence import Sequence
 from jenga.errors import InvalidArgumentError
 from jenga.sim.batching import ManagerView, SimScheduler
 from jenga.sim.costing import StepCoster
-from jenga.sim.gpu import CostModel, ModelCost, get_gpu, memory_budget
+from jenga.sim.gpu import CostModel, get_gpu, memory_budget
+from jenga.sim.model_cost import ModelCost
 from jenga.sim.workloads import FIRST_TOKEN_ID, SimRequest, Workload, _stable_int
 from jenga.specs import ModelSpec
 
