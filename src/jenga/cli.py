@@ -97,8 +97,8 @@ def run_plan(args) -> int:
     con.print(t)
     con.print(f"KV memory {fmt_bytes(data['memory_bytes'])} ({data['memory_source']}); "
               f"LCM page {fmt_bytes(data['lcm_page_bytes'])} = {data['lcm_ratio']:.2f}x the largest small page "
-              f"(raw LCM {fmt_bytes(data['raw_lcm_page_bytes'])}; padding {100 * data['pad_frac']:.3f}% of a "
-              f"large page); {data['num_large_pages']} large pages")
+              f"(raw LCM {fmt_bytes(data['raw_lcm_page_bytes'])}; padding: {100 * data['pad_frac']:.3f}% of a "
+              f"large page cut for a padded group); {data['num_large_pages']} large pages")
     c = Table(title="capacity")
     c.add_column("manager")
     c.add_column("page sizes", justify="right")
