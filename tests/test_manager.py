@@ -588,3 +588,31 @@ def test_window_slack_keeps_a_second_question_hitting():
 
     assert second_hit(64) == 400  # the whole article
     assert second_hit(0) < 400  # q2's window starts below q1's: those pages had left early
+
+
+def test_readded_request_reuses_block_hashes_only_when_unchanged():
+    from jenga.manager import KVCacheManager
+    from jenga.prefix.hashing import extend_block_hashes, root_hash
+    from jenga.specs import FullAttentionSpec, LayerGroup, ModelSpec
+
+    spec = ModelSpec("m", (LayerGroup("full", FullAttentionSpec("m", "bf16", 1, 8), (0,)),), max_model_len=4096)
+    mgr = KVCacheManager(spec, 1 << 20, tokens_per_page=16, fit_pages=False)
+    prompt = list(range(100))
+    mgr.add_request("r", prompt)
+    first = list(mgr.requests["r"].hashes)
+    mgr.free("r")
+    mgr.add_request("r", prompt + [5] * 30)  # preempted, back with its generated tokens
+    fresh: list[bytes] = []
+    extend_block_hashes(fresh, prompt + [5] * 30, 16, root_hash(None))
+    assert mgr.requests["r"].hashes == fresh and fresh[:6] == first
+    mgr.free("r")
+    mgr.add_request("r", prompt, cache_salt="tenant-b")  # another salt: nothing reused
+    salted: list[bytes] = []
+    extend_block_hashes(salted, prompt, 16, root_hash("tenant-b"))
+    assert mgr.requests["r"].hashes == salted and salted[0] != first[0]
+    mgr.free("r")
+    changed = [7] + prompt[1:]
+    mgr.add_request("r", changed)  # different tokens: nothing reused
+    mine: list[bytes] = []
+    extend_block_hashes(mine, changed, 16, root_hash(None))
+    assert mgr.requests["r"].hashes == mine

@@ -40,6 +40,7 @@ from jenga.stats import CacheStats, collect_stats
 from jenga.tables import PageTables
 
 NEVER = 1 << 62
+HASH_MEMO_SIZE = 256  # freed requests whose block hashes are kept for a re-add
 
 
 def with_base_page(model: ModelSpec, tokens_per_page: int) -> ModelSpec:
@@ -105,6 +106,7 @@ class KVCacheManager(PageLedger):
         self._released_key: dict[tuple[int, int], tuple[int, int]] = {}
         self.requests: dict[object, Request] = {}
         self._max_tokens = model.max_model_len + 1
+        self._hash_memo: dict[object, tuple] = {}  # freed request id -> its tokens and block hashes
         self._state_group = [not g.spec.per_token for g in model.groups]
         self._shared = list(self._state_group)  # per allocate: fill shared large pages first
         self.now = 0
@@ -174,12 +176,28 @@ class KVCacheManager(PageLedger):
                                            "prompt (offset in [0, len], num_tokens > 0)")
             refs.append(img)
         hashes: list[bytes] = []
+        root = root_hash(cache_salt) if self.caching else b""
         if self.caching:
-            extend_block_hashes(hashes, tokens, self.block, root_hash(cache_salt), refs)
+            hashes = self._remembered_hashes(request_id, tokens, root, tuple(refs))
+            extend_block_hashes(hashes, tokens, self.block, root, refs)
         req = Request(request_id, tokens, len(tokens), tuple(refs), hashes,
                       [GroupState() for _ in self.model.groups])
-        req.salt_root = root_hash(cache_salt) if self.caching else b""
+        req.salt_root = root
         self.requests[request_id] = req
+
+    def _remembered_hashes(self, request_id: object, tokens: list[int], root: bytes,
+                           images: tuple[ImageRef, ...]) -> list[bytes]:
+        """Block hashes of a freed request re-added under the same id (a preempted request
+        coming back with its generated tokens): reused for the blocks whose tokens, salt
+        and images are unchanged, so a long prompt is not hashed again."""
+        memo = self._hash_memo.pop(request_id, None)
+        if memo is None:
+            return []
+        old_tokens, old_hashes, old_root, old_images = memo
+        n = min(len(old_hashes), len(tokens) // self.block)
+        if old_root != root or old_images != images or tokens[:n * self.block] != old_tokens[:n * self.block]:
+            return []
+        return old_hashes[:n]
 
     def lookup(self, request_id: object) -> int:
         """Tokens of the prompt already cached for every group (never the last token).
@@ -352,6 +370,11 @@ class KVCacheManager(PageLedger):
             for pol, gs in zip(self.policies, req.groups, strict=True):
                 pol.free(req, gs, self)
         del self.requests[request_id]
+        if self.caching:
+            memo = self._hash_memo
+            memo[request_id] = (req.tokens, req.hashes, req.salt_root, req.images)
+            if len(memo) > HASH_MEMO_SIZE:
+                del memo[next(iter(memo))]  # the oldest
 
     # ----------------------------------------------------------- reporting
     def stats(self) -> CacheStats:
