@@ -23,6 +23,15 @@ class PageLedger(PageOps):
         self.ref[group][page] = 1
         return page
 
+    def hold_run(self, group: int, pages: list[int]) -> None:
+        """``hold`` each page (a hit on a run of cached pages)."""
+        ref, touch, log = self.ref[group], self.evictor.touch, self._log
+        for page in pages:
+            key = touch(group, page) if ref[page] == 0 else None
+            ref[page] += 1
+            if log is not None:
+                log.append((group, page, key))
+
     def hold(self, group: int, page: int) -> None:
         ref = self.ref[group]
         key = self.evictor.touch(group, page) if ref[page] == 0 else None
@@ -107,12 +116,16 @@ class PageLedger(PageOps):
         a page whose last reference goes gets the key of its latest release, else the key
         it had when pinned; a page still referenced keeps that key for its last holder.
         """
+        batches: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        released = self._released_key
         for group, page, key in reversed(list(log)):
             ref = self.ref[group]
             ref[page] -= 1
             if ref[page] > 0:
                 if key is not None:
-                    self._released_key.setdefault((group, page), key)  # a recorded key is newer
+                    released.setdefault((group, page), key)  # a recorded key is newer
                 continue
-            key = self._released_key.pop((group, page), None) or key or (self.now, 0)
-            self.evictor.add(group, page, key[0], -key[1])  # key is (last_access, -prefix_len)
+            key = released.pop((group, page), None) or key or (self.now, 0)
+            batches.setdefault((group, key[0]), []).append((page, -key[1]))  # key is (t, -prefix_len)
+        for (group, t), pages in batches.items():
+            self.evictor.add_many(group, pages, t)

@@ -45,6 +45,11 @@ class PageOps(ABC):
                 self.drop(group, pages[i], last_access, (i + 1) * tokens_per_page)
                 pages[i] = None
 
+    def hold_run(self, group: int, pages: list[int]) -> None:
+        """``hold`` each page of a run."""
+        for page in pages:
+            self.hold(group, page)
+
     @abstractmethod
     def hold(self, group: int, page: int) -> None:
         """Add a reference to a registered page (a hit); CACHED pages become USED."""

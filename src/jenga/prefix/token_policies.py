@@ -39,12 +39,11 @@ class FullPolicy(Policy):
     def hit(self, req: Request, gs: GroupState, p: int, ops: PageOps) -> None:
         n = p // self.tpp
         lo = self.first_needed(p) // self.tpp
-        gs.pages = [None] * lo
-        for i in range(lo, n):
-            page = ops.find(self.gi, self.page_key(req, i))
-            assert page is not None, f"group {self.gi}: hit page {i} vanished"
-            ops.hold(self.gi, page)
-            gs.pages.append(page)
+        table, m, hashes = ops.index_table(self.gi), self.tpp // self.block, req.hashes
+        found = [table.get(hashes[(i + 1) * m - 1]) for i in range(lo, n)]
+        assert None not in found, f"group {self.gi}: a hit page vanished"
+        ops.hold_run(self.gi, found)
+        gs.pages = [None] * lo + found
         gs.registered, gs.released = n, lo
 
     def plan(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> int:
