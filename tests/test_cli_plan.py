@@ -54,3 +54,11 @@ def test_plan_tensor_parallel_keeps_token_capacity(capsys):
     d = plan(capsys, "--model", "llama-4-scout", "--gpu", "h100-80gb", "--tp", "8")
     assert 0.5e6 < d["max_context_tokens"]["paged"] < 2.5e6  # paper: 1.3M on 8xH100 (budget assumptions differ)
     assert 3.5 < d["max_context_tokens"]["jenga"] / d["max_context_tokens"]["paged"] < 4.1
+
+
+def test_plan_sliding_only_model_is_unbounded(capsys):
+    d = plan(capsys, "--model", "mistral-7b", "--memory", "16GiB")
+    assert d["max_context_tokens"]["jenga"] is None  # every layer keeps a 4096-token window
+    assert d["max_context_tokens"]["paged"] > 0  # paged keeps every token
+    assert main(["plan", "--model", "mistral-7b", "--memory", "16GiB"]) == 0
+    assert "unbounded" in capsys.readouterr().out

@@ -40,14 +40,17 @@ def fits(mgr, pages: list[int]) -> bool:
     return sum(need) <= mgr.alloc.num_large
 
 
-def max_context_tokens(mgr, limit: int = 1 << 40) -> int:
+def max_context_tokens(mgr, limit: int = 1 << 40) -> int | None:
     """Longest request (tokens) whose pages fit in the manager's memory, not capped by
-    the model's max length.  Returns 0 if not even one token fits."""
+    the model's max length.  Returns 0 if not even one token fits, and ``None`` when the
+    length is unbounded (every layer keeps only a window or chunk, e.g. Mistral-7B)."""
     def ok(length: int) -> bool:
         return fits(mgr, pages_for_context(mgr, length))
 
     if not ok(1):
         return 0
+    if ok(limit):
+        return None
     lo, hi = 1, 2
     while hi < limit and ok(hi):
         lo, hi = hi, hi * 2

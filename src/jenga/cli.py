@@ -54,6 +54,7 @@ def plan_data(args) -> dict:
         "pad_frac": plan.pad_frac if plan else 0.0,
         "num_large_pages": jenga.alloc.num_large,
         "short_tokens": args.short_tokens,
+        # null: unbounded (every layer keeps only a window / chunk)
         "max_context_tokens": {n: max_context_tokens(m) for n, m in built.items()},
         "max_concurrent_requests": {n: max_concurrent_requests(m, args.short_tokens) for n, m in built.items()},
         "page_bytes": {n: sorted({g.page_bytes for g in m.model.groups}) for n, m in built.items()},
@@ -106,8 +107,9 @@ def run_plan(args) -> int:
     c.add_column(f"max requests of {data['short_tokens']} tokens", justify="right")
     base = data["max_context_tokens"]["jenga"]
     for name, ctx in data["max_context_tokens"].items():
-        ratio = "" if name == "jenga" or not ctx else f"  (jenga {base / ctx:.2f}x)"
-        c.add_row(name, ", ".join(fmt_bytes(b) for b in data["page_bytes"][name]), fmt_tokens(ctx) + ratio,
+        ratio = "" if name == "jenga" or not ctx or base is None else f"  (jenga {base / ctx:.2f}x)"
+        shown = "unbounded (windows only)" if ctx is None else fmt_tokens(ctx)
+        c.add_row(name, ", ".join(fmt_bytes(b) for b in data["page_bytes"][name]), shown + ratio,
                   str(data["max_concurrent_requests"][name]))
     con.print(c)
     return 0

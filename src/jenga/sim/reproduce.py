@@ -106,7 +106,8 @@ def _sim(model: str, workload: str, n: int, managers, *, tp: int = 1, draft: str
     st = build_setup(model, "h100-80gb", tp, draft=draft)
     sim = Simulator(st, SimConfig(record_every=record_every))
     # every manager must hold one request alone (as a vLLM max-model-len that passes start-up)
-    fit = min(max_context_tokens(sim.make_manager(m)) for m in managers)
+    fit = min((c for m in managers if (c := max_context_tokens(sim.make_manager(m))) is not None),
+              default=1 << 40)
     max_len = min(st.target.max_model_len, 131072, fit - fit // 50)
     w = get_workload(workload, num_requests=n, max_len=max_len, **wkw)
     return {m: sim.run(w, m).summary() for m in managers}
