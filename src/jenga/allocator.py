@@ -252,14 +252,26 @@ class LargePageAllocator:
 
     def to_cached(self, group: int, page: int) -> None:
         """USED -> CACHED (the evictor has recorded its key)."""
-        assert self.state[group][page] == USED, f"cache of {group}:{page} in state {self.state[group][page]}"
-        large = page // self.k[group]
-        self.state[group][page] = CACHED
-        self.n_used[large] -= 1
-        self.used_small[group] -= 1
-        self.n_cached[large] += 1
-        self.cached_small[group] += 1
-        self._settle(large)
+        self.to_cached_many(group, (page,))
+
+    def to_cached_many(self, group: int, pages) -> None:
+        """USED -> CACHED for each page (one pass; large pages settled once at the end)."""
+        state, k, n_used, n_cached = self.state[group], self.k[group], self.n_used, self.n_cached
+        emptied = []
+        count = 0
+        for page in pages:
+            assert state[page] == USED, f"cache of {group}:{page} in state {state[page]}"
+            state[page] = CACHED
+            large = page // k
+            n_used[large] -= 1
+            n_cached[large] += 1
+            count += 1
+            if n_used[large] == 0:
+                emptied.append(large)
+        self.used_small[group] -= count
+        self.cached_small[group] += count
+        for large in emptied:
+            self._settle(large)
 
     def touch_cached(self, group: int, page: int) -> None:
         """CACHED -> USED (a prefix hit).  The caller removed it from the evictor."""

@@ -26,10 +26,6 @@ def pages_for_context(mgr, length: int) -> list[int]:
     return out
 
 
-def large_pages_for(mgr, pages: list[int]) -> int:
-    return sum(cdiv(p, k) for p, k in zip(pages, mgr.alloc.k, strict=True))
-
-
 def fits(mgr, pages: list[int]) -> bool:
     """Whether these small pages per group fit in the manager's large pages (and, for a
     static partition, in every group's share)."""

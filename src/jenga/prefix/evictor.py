@@ -35,39 +35,19 @@ class PrefixEvictor(EvictionSource):
     # ------------------------------------------------------------ page moves
     def add(self, group: int, page: int, last_access: int, prefix_len: int) -> None:
         """A registered USED page whose last holder left becomes CACHED with this key."""
-        key = (last_access, -prefix_len)
-        keys, heap = self.keys[group], self._heaps[group]
-        keys[page] = key
-        heapq.heappush(heap, (last_access, -prefix_len, page))
-        if len(heap) > 2 * len(keys) + 1024:  # drop stale entries now and then
-            self._heaps[group] = [(t, n, p) for t, n, p in heap if keys.get(p) == (t, n)]
-            heapq.heapify(self._heaps[group])
-        self.alloc.to_cached(group, page)
+        self.add_many(group, [(page, prefix_len)], last_access)
 
     def add_many(self, group: int, pages: list[tuple[int, int]], last_access: int) -> None:
         """``add`` for many (page, prefix length) pairs with one access time."""
         keys, heap = self.keys[group], self._heaps[group]
-        alloc = self.alloc
-        state, k, n_used, n_cached = alloc.state[group], alloc.k[group], alloc.n_used, alloc.n_cached
-        settle = []
         push = heapq.heappush
         for page, plen in pages:
             keys[page] = (last_access, -plen)
             push(heap, (last_access, -plen, page))
-            assert state[page] == 1, f"cache of {group}:{page} in state {state[page]}"
-            state[page] = 2  # USED -> CACHED (allocator.to_cached, inlined)
-            large = page // k
-            n_used[large] -= 1
-            n_cached[large] += 1
-            if n_used[large] == 0:
-                settle.append(large)
-        alloc.used_small[group] -= len(pages)
-        alloc.cached_small[group] += len(pages)
-        for large in settle:
-            alloc._settle(large)
-        if len(heap) > 2 * len(keys) + 1024:
-            self._heaps[group] = [(t, n, p) for t, n, p in heap if keys.get(p) == (t, n)]
-            heapq.heapify(self._heaps[group])
+        self.alloc.to_cached_many(group, (page for page, _ in pages))
+        if len(heap) > 2 * len(keys) + 1024:  # drop stale entries now and then
+            heap[:] = [(t, n, p) for t, n, p in heap if keys.get(p) == (t, n)]
+            heapq.heapify(heap)
 
     def touch(self, group: int, page: int) -> Key:
         """A CACHED page is hit: it becomes USED.  Returns its key (to undo with ``add``)."""
@@ -151,6 +131,3 @@ class PrefixEvictor(EvictionSource):
     def on_large_unevictable(self, large: int) -> None:
         self._large_ver[large] += 1
 
-    @property
-    def num_cached_pages(self) -> int:
-        return sum(len(k) for k in self.keys)
