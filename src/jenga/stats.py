@@ -27,6 +27,7 @@ class CacheStats:
     prefix_query_tokens: int
     num_requests: int
     evicted_pages: int
+    group_used_bytes: tuple[int, ...] = ()  # used_bytes split by cache group (manager.model.groups order)
 
     @property
     def allocated_bytes(self) -> int:
@@ -60,7 +61,8 @@ def collect_stats(mgr) -> CacheStats:
     groups = mgr.model.groups
     pb = alloc.page_bytes
     n = range(len(groups))
-    used = sum(alloc.used_small[g] * pb[g] for g in n)
+    group_used = tuple(alloc.used_small[g] * pb[g] for g in n)
+    used = sum(group_used)
     cached = sum(len(mgr.evictor.keys[g]) * pb[g] for g in n)
     # free slots in large pages that live requests use (slots beside cached pages in a fully
     # evictable large page are reclaimable at once, so they count as free, not waste)
@@ -75,4 +77,4 @@ def collect_stats(mgr) -> CacheStats:
         partial += max(0, held - need - stale - pad)
     return CacheStats(total, used, cached, total - used - cached, needed, carved_free, partial, stale_bytes,
                       padding, mgr.prefix_hit_tokens, mgr.prefix_query_tokens, len(mgr.requests),
-                      mgr.evictor.num_evicted_pages)
+                      mgr.evictor.num_evicted_pages, group_used)

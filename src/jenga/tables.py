@@ -1,7 +1,12 @@
 """Typed page tables returned by ``KVCacheManager.allocate``.
 
-The lists inside are the manager's live records: read them, never mutate them; they
-stay valid until the next manager call for the same request.
+Lifetime: a ``PageTables`` and the lists inside are the manager's live records of that
+request (returning them costs nothing on the decode fast path).  Read them, never mutate
+them.  Calls for *other* requests never change them (hits, evictions and frees elsewhere
+leave them as they were: ``tests/test_engine_robustness.py``); the same request's next
+``allocate`` / ``append_tokens`` updates the same object in place (counters, new pages,
+pages released out of the window), and ``free`` ends its meaning.  Copy
+(``copy.deepcopy``) what must outlive the request's next call.
 """
 
 from __future__ import annotations

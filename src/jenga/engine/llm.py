@@ -10,6 +10,19 @@ batching, chunked prefill, prefix reuse, preemption by recompute) -> :class:`Mod
 writes K/V into the manager's buffer and returns logits -> :func:`sample` -> the scheduler
 commits tokens to the manager and finishes requests.  The KV-cache manager is chosen by name
 (``manager="jenga" | "paged" | ...``, see :func:`jenga.baselines.make_manager`).
+
+Online use (the server's loop thread; an ``LLM`` is not thread-safe, one thread drives it):
+``add_request(prompt, params, request_id=..., cache_salt=...)`` returns the request's live
+:class:`~jenga.engine.sequence.Sequence` (its ``output_token_ids`` grow step by step),
+``step()`` runs one step, ``abort(request_id)`` ends a request now and frees its pages.
+
+Failures: a step that raises (a failing forward, a ``KeyboardInterrupt``, a request that can
+never fit) aborts the requests it had scheduled -- their uncommitted allocation cannot be
+undone, so they are freed (finish reason ``"abort"``) -- and re-raises; every other request
+is untouched and the engine stays usable.  ``generate`` aborts all of its own requests still
+live when it is interrupted.  A directory's ``generation_config.json`` adds its EOS ids and
+default sampling values (:mod:`jenga.engine.generation_config`); a directory without
+tokenizer files takes token-id prompts only (text raises :class:`InvalidArgumentError`).
 """
 
 from __future__ import annotations
@@ -22,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from jenga.engine.generation_config import GenerationDefaults, load_generation_defaults
 from jenga.engine.model_runner import ModelRunner
 from jenga.engine.outputs import RequestOutput
 from jenga.engine.sampler import make_generator, sample
@@ -30,7 +44,7 @@ from jenga.engine.scheduler import Scheduler
 from jenga.engine.sequence import Sequence as Seq
 from jenga.engine.tiny import init_random_weights, is_tiny, tiny_hf_config
 from jenga.engine.tokenizer import TextTokenizer, load_tokenizer, tiny_tokenizer
-from jenga.errors import InvalidArgumentError
+from jenga.errors import DuplicateRequestError, InvalidArgumentError
 from jenga.units import parse_bytes
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -46,6 +60,7 @@ class EngineMetrics:
     prompt_tokens: int = 0
     output_tokens: int = 0
     finished: int = 0
+    aborted: int = 0
     peak_used_bytes: int = 0  # pages held by live requests
     peak_needed_bytes: int = 0  # bytes live requests really read
     waste_frac_sum: float = 0.0
@@ -62,14 +77,14 @@ class EngineMetrics:
 
 
 def _resolve_model(model: str | Path, random_weights: bool, seed: int, dtype: torch.dtype, device):
-    """``(hf config, paged model, spec source, tokenizer)`` for a directory or tiny name."""
+    """``(hf config, paged model, spec source, tokenizer, generation defaults)`` for a directory or tiny name."""
     from jenga.engine.models.registry import build_model, text_config
     from jenga.engine.models.weights import load_config, load_weights
 
     if is_tiny(model):
         config = tiny_hf_config(str(model))
         net = init_random_weights(build_model(config, device=device, dtype=torch.float32), seed=seed)
-        return config, net.to(dtype), config.to_dict(), tiny_tokenizer(config.vocab_size)
+        return config, net.to(dtype), config.to_dict(), tiny_tokenizer(config.vocab_size), GenerationDefaults()
     path = Path(model)
     if not (path / "config.json").is_file():
         from jenga.engine.tiny import TINY_MODELS
@@ -84,7 +99,8 @@ def _resolve_model(model: str | Path, random_weights: bool, seed: int, dtype: to
         load_weights(net, path)
     eos = getattr(text_config(config), "eos_token_id", None)
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
-    return config, net, str(path), load_tokenizer(path, eos_ids)
+    gen = load_generation_defaults(path)
+    return config, net, str(path), load_tokenizer(path, eos_ids + list(gen.eos_token_ids)), gen
 
 
 class LLM:
@@ -111,8 +127,10 @@ class LLM:
             raise InvalidArgumentError(f"dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
         self.device = torch.device(device)
         self.dtype = dtype
-        config, net, spec_source, tok = _resolve_model(model, random_weights, seed, TORCH_DTYPES[dtype], self.device)
+        config, net, spec_source, tok, gen = _resolve_model(model, random_weights, seed, TORCH_DTYPES[dtype],
+                                                            self.device)
         self.config, self.model = config, net.eval()
+        self.generation_defaults = gen
         self.tokenizer = tokenizer or tok
         spec = ModelSpec.from_hf_config(spec_source, dtype=dtype, tokens_per_page=tokens_per_page, vision=False)
         self.spec = spec
@@ -123,13 +141,14 @@ class LLM:
         self.runner = ModelRunner(self.model, self.manager, device=self.device)
         eos = self.tokenizer.eos_token_ids if self.tokenizer else ()
         cfg_eos = getattr(self.model.config, "eos_token_id", None)
-        eos = tuple(eos) + ((cfg_eos,) if isinstance(cfg_eos, int) else tuple(cfg_eos or ()))
+        eos = tuple(eos) + ((cfg_eos,) if isinstance(cfg_eos, int) else tuple(cfg_eos or ())) + gen.eos_token_ids
         self.scheduler = Scheduler(self.manager, max_num_seqs=max_num_seqs,
                                    max_num_batched_tokens=max_num_batched_tokens, eos_token_ids=eos)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.track_kv_stats = track_kv_stats
         self.metrics = EngineMetrics()
         self._ids = itertools.count()
+        self._live: dict[object, Seq] = {}  # request id -> its sequence, until it finishes
 
     # ------------------------------------------------------------------ inputs
     def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
@@ -139,7 +158,8 @@ class LLM:
             prompt = prompt["prompt"]
         if isinstance(prompt, str):
             if self.tokenizer is None:
-                raise InvalidArgumentError("this model has no tokenizer; pass token id lists")
+                raise InvalidArgumentError("this model has no tokenizer files (tokenizer.json, tokenizer.model, "
+                                           "...); pass prompts as token id lists")
             ids = self.tokenizer.encode(prompt)
             if not ids:
                 raise InvalidArgumentError(f"prompt {prompt!r} encodes to no tokens")
@@ -160,21 +180,66 @@ class LLM:
         return isinstance(prompts, (str, dict)) or (
             isinstance(prompts, Sequence) and len(prompts) > 0 and all(isinstance(t, int) for t in prompts))
 
-    def add_request(self, prompt, params: SamplingParams | None = None) -> Seq:
-        """Queue one prompt (text, token ids or ``{"prompt_token_ids": ...}``); returns its sequence."""
-        params = params or SamplingParams()
+    @property
+    def default_sampling_params(self) -> SamplingParams:
+        """What a request without ``SamplingParams`` gets (the directory's generation config)."""
+        return self.generation_defaults.params()
+
+    def add_request(self, prompt, params: SamplingParams | None = None, *, request_id: object = None,
+                    cache_salt: str | None = None) -> Seq:
+        """Queue one prompt (text, token ids or ``{"prompt_token_ids": ...}``); returns its live sequence.
+
+        ``request_id`` defaults to a fresh integer; ``cache_salt`` keeps this request's prefix
+        cache apart from requests with another salt.  Raises before queueing anything."""
+        params = params or self.default_sampling_params
         text, ids = self._prompt_ids(prompt)
-        seq = Seq(next(self._ids), ids, params, prompt=text)
+        rid = next(self._ids) if request_id is None else request_id
+        if rid in self._live:
+            raise DuplicateRequestError(f"request id {rid!r} is already live")
+        seq = Seq(rid, ids, params, prompt=text)
+        seq.cache_salt = cache_salt
         seq.generator = make_generator(params, self.device)
         self.scheduler.add(seq)
+        self._live[rid] = seq
         self.metrics.prompt_tokens += len(ids)
         return seq
 
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    def abort(self, request_id: object) -> bool:
+        """End live request ``request_id`` now (finish reason ``"abort"``): its pages are freed
+        (full pages stay in the prefix cache) and the other requests go on unchanged.  Call it
+        between steps.  Returns False when the request is not live (unknown or finished)."""
+        seq = self._live.pop(request_id, None)
+        if seq is None or seq.finished:
+            return False
+        self.scheduler.finish(seq, "abort")
+        self._finalize(seq)
+        self.metrics.aborted += 1
+        return True
+
     # -------------------------------------------------------------------- loop
     def step(self) -> list[Seq]:
-        """Run one engine step; returns the requests that finished in it."""
+        """Run one engine step; returns the requests that finished in it.
+
+        If it raises, the requests it had scheduled are aborted first (see the module doc)."""
+        self._plan = None
+        try:
+            return self._step()
+        except BaseException:
+            plan = self._plan
+            hit = [it.seq for it in plan.scheduled] if plan is not None else list(self.scheduler.touched)
+            for seq in hit:
+                self.abort(seq.request_id)
+            raise
+        finally:
+            self._plan = None
+
+    def _step(self) -> list[Seq]:
         t0 = time.perf_counter()
-        plan = self.scheduler.schedule()
+        plan = self._plan = self.scheduler.schedule()
         m = self.metrics
         if self.track_kv_stats:
             st = self.manager.stats()
@@ -203,6 +268,7 @@ class LLM:
             if not seq.finished and seq.params.stop and self._hit_stop_string(seq):
                 finished.append(seq)
         for seq in finished:
+            self._live.pop(seq.request_id, None)
             self._finalize(seq)
         m.steps += 1
         m.output_tokens += len(items)
@@ -245,17 +311,23 @@ class LLM:
             params = list(sampling_params)
             if len(params) != len(prompts):
                 raise InvalidArgumentError(f"{len(params)} sampling params for {len(prompts)} prompts")
-        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        seqs: list[Seq] = []
         bar = None
-        if use_tqdm:
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(seqs), desc=desc or f"generate [{self.manager.name}]", unit="req", leave=False)
         try:
+            for p, sp in zip(prompts, params, strict=True):
+                seqs.append(self.add_request(p, sp))
+            if use_tqdm:
+                from tqdm import tqdm
+
+                bar = tqdm(total=len(seqs), desc=desc or f"generate [{self.manager.name}]", unit="req", leave=False)
             while self.scheduler.has_unfinished:
                 done = self.step()
                 if bar is not None and done:
                     bar.update(len(done))
+        except BaseException:
+            for s in seqs:  # interrupted or failed: none of this call's requests stays live
+                self.abort(s.request_id)
+            raise
         finally:
             if bar is not None:
                 bar.close()

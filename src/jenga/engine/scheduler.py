@@ -32,8 +32,9 @@ Policy (vLLM-v1-like)
   (unless ``ignore_eos``), a ``stop_token_ids`` id or the model's max length; then it is freed.
 
 Errors: :class:`~jenga.errors.InsufficientMemoryError` when a request cannot be scheduled even
-with nothing else running (the KV budget is too small for it); the scheduler is then left
-as it was before the failing ``schedule`` call's allocation.
+with nothing else running (the KV budget is too small for it).  ``touched`` then lists the
+requests that ``schedule`` allocated for (or tried to) before it raised: their allocations
+are not committed, so the caller must ``finish`` them (the engine aborts them).
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.ids: set[object] = set()
         self.stats = SchedulerStats()
+        self.touched: list[Sequence] = []  # requests the current schedule() allocated for (or tried to)
 
     # ------------------------------------------------------------------ queue
     def add(self, seq: Sequence) -> None:
@@ -128,9 +130,11 @@ class Scheduler:
         plan = StepPlan()
         left = self.budget
         mgr = self.mgr
+        touched = self.touched = []
         i = 0
         while i < len(self.running) and left > 0:
             seq = self.running[i]
+            touched.append(seq)
             n = min(seq.num_uncomputed, left)
             tables = mgr.allocate(seq.request_id, n)
             while tables is None:
@@ -152,8 +156,12 @@ class Scheduler:
         if not plan.preempted:
             while self.waiting and left > 0 and len(self.running) < self.max_num_seqs:
                 seq = self.waiting[0]
+                touched.append(seq)
                 if not seq.in_manager:
-                    mgr.add_request(seq.request_id, seq.tokens)
+                    if seq.cache_salt is None:
+                        mgr.add_request(seq.request_id, seq.tokens)
+                    else:
+                        mgr.add_request(seq.request_id, seq.tokens, cache_salt=seq.cache_salt)
                     seq.in_manager = True
                     seq.num_computed = mgr.lookup(seq.request_id)
                     seq.prefix_hit_tokens += seq.num_computed

@@ -46,6 +46,7 @@ class Sequence:
     logits: list = field(default_factory=list)
     num_preemptions: int = 0
     prefix_hit_tokens: int = 0
+    cache_salt: str | None = None  # prefix-cache namespace (tenants with other salts never share)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)

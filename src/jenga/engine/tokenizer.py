@@ -27,6 +27,9 @@ The numbers 0 1 2 3 4 5 6 7 8 9 10 100 1000 and the words one two three four fiv
 """
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")
+#: files that carry a vocabulary; without one, transformers would fabricate a tokenizer from
+#: the config alone (a Gemma folder got 5 tokens and its BOS as EOS), so none is loaded
+VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt", "tekken.json")
 
 
 class TextTokenizer:
@@ -68,10 +71,18 @@ def tiny_tokenizer(vocab_size: int = 512) -> TextTokenizer:
     return TextTokenizer(tok, [tok.token_to_id("<eos>")])
 
 
+def has_tokenizer_files(path: str | Path) -> bool:
+    path = Path(path)
+    return any((path / f).is_file() for f in VOCAB_FILES) or any(path.glob("*.tiktoken"))
+
+
 def load_tokenizer(path: str | Path, eos_token_ids: Iterable[int] = ()) -> TextTokenizer | None:
-    """The tokenizer of a local model directory, or ``None`` when it ships none."""
+    """The tokenizer of a local model directory, or ``None`` when it ships no vocabulary file
+    (:data:`VOCAB_FILES`, or a ``*.tiktoken``): such a model takes token-id prompts only."""
     path = Path(path)
     eos = list(eos_token_ids)
+    if not has_tokenizer_files(path):
+        return None
     try:
         from transformers import AutoTokenizer
 
