@@ -112,14 +112,17 @@ class LLM:
     ``enable_prefix_caching``, ``random_weights``, ``seed`` (weights and the shared sampling
     RNG), ``dtype`` (model and KV dtype: ``fp32`` | ``bf16`` | ``fp16``), ``device``,
     ``track_kv_stats`` (sample ``manager.stats()`` every step into :attr:`metrics`),
-    ``manager_kwargs`` (extra keyword arguments for the manager).
+    ``manager_kwargs`` (extra keyword arguments for the manager), ``state_checkpoint_interval``
+    (tokens between the recurrent-state checkpoints of Mamba / Gated DeltaNet layers, a multiple of
+    ``tokens_per_page``; default the spec's 512).
     """
 
     def __init__(self, model: str | Path, *, manager: str = "jenga", kv_memory: str | int = "64MiB",
                  tokens_per_page: int = 16, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  enable_prefix_caching: bool = True, random_weights: bool = False, seed: int = 0,
                  dtype: str = "fp32", device: str | torch.device = "cpu", track_kv_stats: bool = False,
-                 manager_kwargs: dict | None = None, tokenizer: TextTokenizer | None = None):
+                 manager_kwargs: dict | None = None, tokenizer: TextTokenizer | None = None,
+                 state_checkpoint_interval: int | None = None):
         from jenga.baselines import make_manager
         from jenga.specs import ModelSpec
 
@@ -132,7 +135,9 @@ class LLM:
         self.config, self.model = config, net.eval()
         self.generation_defaults = gen
         self.tokenizer = tokenizer or tok
-        spec = ModelSpec.from_hf_config(spec_source, dtype=dtype, tokens_per_page=tokens_per_page, vision=False)
+        ckpt = {} if state_checkpoint_interval is None else {"mamba_checkpoint_interval": state_checkpoint_interval}
+        spec = ModelSpec.from_hf_config(spec_source, dtype=dtype, tokens_per_page=tokens_per_page, vision=False,
+                                        **ckpt)
         self.spec = spec
         self.kv_memory = parse_bytes(kv_memory)
         self.manager = make_manager(manager, spec, self.kv_memory, tokens_per_page=tokens_per_page,

@@ -27,6 +27,7 @@ from torch import Tensor
 from jenga.engine.attention import AttentionMetadata, ForwardContext
 from jenga.engine.scheduler import ScheduledRequest, StepPlan
 from jenga.engine.split_attention import SplitAttentionBackend, SplitMetadata
+from jenga.engine.state import StateBindings
 
 
 class ModelRunner:
@@ -40,14 +41,19 @@ class ModelRunner:
         self.groups = manager.model.groups
         attn = model.layer_attention()
         n_layers = len(attn)
-        self.kv_views: list[Tensor] = []
+        self.kv_views: list[Tensor | None] = [None] * n_layers
         self.group_layers: list[list[int]] = [[] for _ in self.groups]
-        for layer in range(n_layers):
-            gi, j = layout.slot(layer)
-            g = self.groups[gi]
-            self._check_layer(layer, attn[layer], g)
-            self.kv_views.append(layout.kv_view(gi, j))
-            self.group_layers[gi].append(layer)
+        self.states = StateBindings(model, manager, n_layers)
+        for gi, g in enumerate(self.groups):
+            if gi in self.states.groups:
+                continue
+            for j, layer in enumerate(g.layers):
+                self._check_layer(layer, attn[layer], g)
+                self.kv_views[layer] = layout.kv_view(gi, j)
+                self.group_layers[gi].append(layer)
+        for layer, info in enumerate(attn):
+            if info is not None and self.kv_views[layer] is None:
+                raise ValueError(f"layer {layer} attends but no cache group of {manager.model.name} holds it")
         self.windows = [getattr(g.spec, "window", None) for g in self.groups]
         self.chunks = [getattr(g.spec, "chunk", None) for g in self.groups]
         self.backend = SplitAttentionBackend()
@@ -56,6 +62,8 @@ class ModelRunner:
     @staticmethod
     def _check_layer(layer: int, info, group) -> None:
         spec = group.spec
+        if info is None:
+            raise ValueError(f"layer {layer} has no attention but cache group {group.name!r} keeps its K/V")
         if getattr(spec, "num_kv_heads", None) != info.num_kv_heads or getattr(spec, "head_dim", None) != info.head_dim:
             raise ValueError(f"layer {layer}: model has {info.num_kv_heads}x{info.head_dim} KV heads but cache group "
                              f"{group.name!r} has {getattr(spec, 'num_kv_heads', None)}x{getattr(spec, 'head_dim', None)}")
@@ -162,6 +170,9 @@ class ModelRunner:
             slots = torch.cat([m.slot_mapping for _, _, m in subs]) if len(subs) > 1 else subs[0][2].slot_mapping
             metas.append((self.group_layers[gi], SplitMetadata(slots, subs)))
         ctx = ForwardContext.from_groups(self.kv_views, metas, backend=self.backend)
+        if self.states.groups:
+            its = [items[i] for i in order]
+            ctx = self.states.context(ctx, its, [it.start for it in its], [it.num_tokens for it in its])
         logits_idx = torch.tensor([end_of[i] for i, it in enumerate(items) if it.sample], dtype=torch.long)
         dev = self.device
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.cat(positions).to(dev), ctx,

@@ -25,6 +25,7 @@ TINY_MODELS: dict[str, tuple[str, dict]] = {
     "tiny-mistral": ("mistral", {}),
     "tiny-ministral": ("ministral", {}),
     "tiny-llama4": ("llama4", {}),
+    "tiny-jamba": ("jamba", {}),
 }
 
 

@@ -10,6 +10,7 @@ import torch
 
 from jenga.engine.models.common import PagedCausalLM
 from jenga.engine.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
+from jenga.engine.models.jamba import JambaForCausalLM
 from jenga.engine.models.llama import LlamaForCausalLM
 from jenga.engine.models.llama4 import Llama4ForCausalLM
 
@@ -22,6 +23,7 @@ MODEL_TYPES: dict[str, type[PagedCausalLM]] = {
     "gemma3": Gemma3ForCausalLM,
     "llama4_text": Llama4ForCausalLM,
     "llama4": Llama4ForCausalLM,
+    "jamba": JambaForCausalLM,
 }
 
 ARCHITECTURES: dict[str, type[PagedCausalLM]] = {
@@ -33,6 +35,7 @@ ARCHITECTURES: dict[str, type[PagedCausalLM]] = {
     "Gemma3ForConditionalGeneration": Gemma3ForCausalLM,
     "Llama4ForCausalLM": Llama4ForCausalLM,
     "Llama4ForConditionalGeneration": Llama4ForCausalLM,
+    "JambaForCausalLM": JambaForCausalLM,
 }
 
 #: model types whose checkpoints wrap the text decoder (weights live under a prefix).

@@ -119,7 +119,7 @@ _TINY_COMMON = dict(vocab_size=512, hidden_size=256, intermediate_size=256, num_
 
 
 def tiny_config(family: str, **overrides):
-    """A small HF config of ``family`` in {llama, mistral, ministral, gemma2, gemma3, llama4}.
+    """A small HF config of ``family`` in {llama, mistral, ministral, gemma2, gemma3, llama4, jamba}.
 
     Windows / chunks are 32 tokens (two 16-token pages) so short prompts cross them.
     """
@@ -146,6 +146,10 @@ def tiny_config(family: str, **overrides):
             num_experts_per_tok=2, interleave_moe_layer_step=2, no_rope_layers=[1, 1, 1, 0],
             attention_chunk_size=32, use_qk_norm=True, attn_temperature_tuning=True, floor_scale=8,
             attn_scale=0.5, rope_parameters=llama3_rope)),
+        "jamba": (tf.JambaConfig, dict(
+            num_hidden_layers=4, hidden_size=64, intermediate_size=128, attn_layer_period=2, attn_layer_offset=1,
+            num_experts=4, num_experts_per_tok=2, expert_layer_period=2, expert_layer_offset=1,
+            mamba_d_state=13, mamba_d_conv=4, mamba_expand=2)),  # state page 16 KiB: LCM = the full page
     }
     if family not in families:
         raise ValueError(f"unknown family {family!r}; choose one of {sorted(families)}")

@@ -1,0 +1,169 @@
+"""Recurrent state (Mamba-1/2, Gated DeltaNet) held in jenga's state pages, per engine step.
+
+Contract
+--------
+For every state group the manager's :class:`~jenga.tables.StateTable` of a request says where its
+state lives: ``work_page`` (the running state, updated in place), ``read_page`` (a cached
+checkpoint to copy into the work page before the step: a prefix hit) and ``checkpoints[t]``
+(pages that must receive the state after the first ``t`` tokens).  Any set of checkpoint
+positions inside the step is honoured, not only multiples of the interval.
+
+:class:`StateMetadata` is one group's view of one step: per request (in the step's token order)
+its work exec page, whether it starts from zero (no token computed yet: the page may hold stale
+bytes), its token span and the checkpoints that fall inside its span.  :class:`StateContext`
+extends the attention :class:`~jenga.engine.attention.ForwardContext` with the layers' state
+views (``KVLayout.state_views``) and drives a *mixer* — any object with
+
+* ``state_scan(u [n, F], state: tuple) -> (y [n, G], state)``: a prefill segment of one request;
+* ``state_step(u [R, F], state: tuple of [R, ...]) -> (y [R, G], state)``: one token of R requests;
+
+where ``state`` is the tuple of the layer's state tensors in spec order (fp32).  The context
+splits each prefill at its checkpoint positions, runs the segments, writes the state after a
+segment into the checkpoint page and the final state into the work page — all through the
+exec views of the group's pages, never a private cache.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from jenga.engine.attention import ForwardContext
+
+
+@dataclass
+class StateMetadata:
+    """One state group in one step; requests listed in the step's token order."""
+
+    work: list[int]  # exec page of each request's running state
+    fresh: list[bool]  # True: no token computed before this step, start from the zero state
+    spans: list[tuple[int, int]]  # (first flat token, number of tokens)
+    checkpoints: list[list[tuple[int, int]]]  # per request: (tokens of this step done, exec page), sorted
+    reads: list[tuple[int, int]] = field(default_factory=list)  # (checkpoint exec page, work exec page)
+
+    @classmethod
+    def build(cls, tables: Sequence, starts: Sequence[int], counts: Sequence[int], n_layers: int) -> StateMetadata:
+        """From each request's ``StateTable`` (``tables``), first position and token count."""
+        work, fresh, spans, ckpts, reads = [], [], [], [], []
+        offset = 0
+        for t, c, n in zip(tables, starts, counts, strict=True):
+            work.append(t.work_page * n_layers)
+            fresh.append(c == 0)
+            spans.append((offset, n))
+            ckpts.append(sorted((pos - c, page * n_layers) for pos, page in t.checkpoints.items() if c < pos <= c + n))
+            if t.read_page is not None and c > 0:
+                reads.append((t.read_page * n_layers, t.work_page * n_layers))
+            offset += n
+        return cls(work, fresh, spans, ckpts, reads)
+
+
+def copy_reads(views: Sequence[Tensor], meta: StateMetadata) -> None:
+    """Copy prefix-hit checkpoints into the work pages (one layer's state tensors)."""
+    if not meta.reads:
+        return
+    src = torch.tensor([s for s, _ in meta.reads], device=views[0].device)
+    dst = torch.tensor([d for _, d in meta.reads], device=views[0].device)
+    for v in views:
+        v[dst] = v[src]
+
+
+def _load(views: Sequence[Tensor], pages: Tensor, fresh: Tensor) -> tuple[Tensor, ...]:
+    """State tensors of ``pages`` in fp32, zero where ``fresh`` (stale bytes never read)."""
+    out = []
+    for v in views:
+        s = v[pages].float()
+        keep = ~fresh.view(-1, *([1] * (s.dim() - 1)))
+        out.append(torch.where(keep, s, torch.zeros((), dtype=s.dtype, device=s.device)))
+    return tuple(out)
+
+
+def _store(views: Sequence[Tensor], pages: Tensor, state: Sequence[Tensor]) -> None:
+    for v, s in zip(views, state, strict=True):
+        v[pages] = s.to(v.dtype)
+
+
+@dataclass
+class StateContext(ForwardContext):
+    """A :class:`ForwardContext` that also holds the state views and metadata of state layers."""
+
+    state_views: Sequence[Sequence[Tensor] | None] = ()
+    state_metadata: Sequence[StateMetadata | None] = ()
+
+    def run_state(self, layer: int, u: Tensor, mixer) -> Tensor:
+        """Run ``mixer`` over this step's per-token inputs ``u [T, F]`` of ``layer``; ``[T, G]``."""
+        views, meta = self.state_views[layer], self.state_metadata[layer]
+        dev = u.device
+        outs: list[Tensor] = []
+        dec = [r for r, (_, n) in enumerate(meta.spans) if n == 1]
+        pre = [r for r, (_, n) in enumerate(meta.spans) if n > 1]
+        if dec:
+            rows = torch.tensor([meta.spans[r][0] for r in dec], device=dev)
+            pages = torch.tensor([meta.work[r] for r in dec], device=dev)
+            fresh = torch.tensor([meta.fresh[r] for r in dec], device=dev)
+            y, state = mixer.state_step(u[rows], _load(views, pages, fresh))
+            _store(views, pages, state)
+            for k, r in enumerate(dec):
+                for _, page in meta.checkpoints[r]:  # only offset 1 is possible
+                    _store(views, torch.tensor([page], device=dev), [s[k:k + 1] for s in state])
+            outs.append((rows, y))
+        for r in pre:
+            a, n = meta.spans[r]
+            page = torch.tensor([meta.work[r]], device=dev)
+            state = tuple(s[0] for s in _load(views, page, torch.tensor([meta.fresh[r]], device=dev)))
+            done, ys = 0, []
+            for o, ck in [*meta.checkpoints[r], (n, None)]:
+                if o > done:
+                    y, state = mixer.state_scan(u[a + done:a + o], state)
+                    ys.append(y)
+                    done = o
+                if ck is not None:
+                    _store(views, torch.tensor([ck], device=dev), [s[None] for s in state])
+            _store(views, page, [s[None] for s in state])
+            outs.append((torch.arange(a, a + n, device=dev), torch.cat(ys)))
+        if len(outs) == 1 and outs[0][0].numel() == u.shape[0]:
+            return outs[0][1]
+        y0 = outs[0][1]
+        out = y0.new_empty(u.shape[0], *y0.shape[1:])
+        for rows, y in outs:
+            out[rows] = y
+        return out
+
+
+class StateBindings:
+    """Which layers keep state in which group of ``manager``, and their state views."""
+
+    def __init__(self, model, manager, n_layers: int):
+        from jenga.specs import MambaSpec
+
+        shapes = model.layer_states() if hasattr(model, "layer_states") else [None] * n_layers
+        layout = manager.layout
+        self.n_layers = n_layers
+        self.groups: dict[int, int] = {}  # state group index -> its number of layers n_g
+        self.layers: dict[int, list[int]] = {}
+        self.views: list[list[Tensor] | None] = [None] * n_layers
+        for gi, g in enumerate(manager.model.groups):
+            if not isinstance(g.spec, MambaSpec):
+                continue
+            self.groups[gi] = g.num_layers
+            self.layers[gi] = list(g.layers)
+            for j, layer in enumerate(g.layers):
+                if shapes[layer] is None or tuple(map(tuple, shapes[layer])) != tuple(map(tuple, g.spec.shapes)):
+                    raise ValueError(f"layer {layer}: model state shapes {shapes[layer]} but cache group "
+                                     f"{g.name!r} keeps {g.spec.shapes}")
+                self.views[layer] = layout.state_views(gi, j)
+        for layer, s in enumerate(shapes):
+            if s is not None and self.views[layer] is None:
+                raise ValueError(f"layer {layer} keeps a state but no cache group of {manager.model.name} holds it")
+
+    def context(self, ctx: ForwardContext, items, starts: list[int], counts: list[int]) -> StateContext:
+        """The step's :class:`StateContext` (items in token order); copies prefix-hit checkpoints first."""
+        metas: list[StateMetadata | None] = [None] * self.n_layers
+        for gi, n_g in self.groups.items():
+            meta = StateMetadata.build([it.tables.groups[gi] for it in items], starts, counts, n_g)
+            for layer in self.layers[gi]:
+                metas[layer] = meta
+                copy_reads(self.views[layer], meta)
+        return StateContext(ctx.kv_views, ctx.metadata, ctx.backend, self.views, metas)
