@@ -20,7 +20,7 @@ from jenga.sim.workloads import (
 )
 
 EXPECTED_NAMES = {"mmlu-pro", "arxiv-qa", "mmmu-pro", "arxiv-multiq", "ministral-static", "ministral-dynamic",
-                  "decode-batch-20", "spec-decode"}
+                  "decode-batch-20", "spec-decode", "mmlu-pro-5shot"}
 
 
 def prompts(w):

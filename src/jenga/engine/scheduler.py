@@ -128,13 +128,21 @@ class Scheduler:
     # --------------------------------------------------------------- schedule
     def schedule(self) -> StepPlan:
         plan = StepPlan()
-        left = self.budget
+        self.touched = []
+        left = self._schedule_running(plan, self.budget)
+        if not plan.preempted:
+            self._admit(plan, left)
+        self._account(plan)
+        return plan
+
+    def _schedule_running(self, plan: StepPlan, left: int) -> int:
+        """Running requests first, in admission order, each up to what is left of ``left``
+        tokens; preempts the newest when an allocation fails.  Returns the tokens left."""
         mgr = self.mgr
-        touched = self.touched = []
         i = 0
         while i < len(self.running) and left > 0:
             seq = self.running[i]
-            touched.append(seq)
+            self.touched.append(seq)
             n = min(seq.num_uncomputed, left)
             tables = mgr.allocate(seq.request_id, n)
             while tables is None:
@@ -153,33 +161,49 @@ class Scheduler:
             self._take(plan, seq, n, tables)
             left -= n
             i += 1
-        if not plan.preempted:
-            while self.waiting and left > 0 and len(self.running) < self.max_num_seqs:
-                seq = self.waiting[0]
-                touched.append(seq)
-                if not seq.in_manager:
-                    if seq.cache_salt is None:
-                        mgr.add_request(seq.request_id, seq.tokens)
-                    else:
-                        mgr.add_request(seq.request_id, seq.tokens, cache_salt=seq.cache_salt)
-                    seq.in_manager = True
-                    seq.num_computed = mgr.lookup(seq.request_id)
-                    seq.prefix_hit_tokens += seq.num_computed
-                n = min(seq.num_uncomputed, left)
-                tables = mgr.allocate(seq.request_id, n)
-                if tables is None:
-                    mgr.free(seq.request_id)
-                    seq.in_manager, seq.num_computed = False, 0
-                    if not self.running:
-                        raise InsufficientMemoryError(
-                            f"request {seq.request_id!r} ({seq.num_tokens} tokens) does not fit in the KV cache "
-                            "even with nothing else running; raise the KV memory budget")
-                    break
-                self.waiting.popleft()
-                seq.status = Status.RUNNING
-                self.running.append(seq)
-                self._take(plan, seq, n, tables)
-                left -= n
+        return left
+
+    def _enter(self, seq: Sequence) -> None:
+        """Add the waiting head to the manager and skip its cached prefix (``lookup``)."""
+        self.touched.append(seq)
+        if not seq.in_manager:
+            if seq.cache_salt is None:
+                self.mgr.add_request(seq.request_id, seq.tokens)
+            else:
+                self.mgr.add_request(seq.request_id, seq.tokens, cache_salt=seq.cache_salt)
+            seq.in_manager = True
+            seq.num_computed = self.mgr.lookup(seq.request_id)
+            seq.prefix_hit_tokens += seq.num_computed
+
+    def _leave(self, seq: Sequence) -> None:
+        """The waiting head did not fit: take it out of the manager again (it stays waiting)."""
+        self.mgr.free(seq.request_id)
+        seq.in_manager, seq.num_computed = False, 0
+        if not self.running:
+            raise InsufficientMemoryError(
+                f"request {seq.request_id!r} ({seq.num_tokens} tokens) does not fit in the KV cache "
+                "even with nothing else running; raise the KV memory budget")
+
+    def _start(self, plan: StepPlan, seq: Sequence, n: int, tables) -> None:
+        self.waiting.popleft()
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+        self._take(plan, seq, n, tables)
+
+    def _admit(self, plan: StepPlan, left: int) -> None:
+        """Waiting requests FCFS, each with a first chunk of what is left of the budget."""
+        while self.waiting and left > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            self._enter(seq)
+            n = min(seq.num_uncomputed, left)
+            tables = self.mgr.allocate(seq.request_id, n)
+            if tables is None:
+                self._leave(seq)
+                break
+            self._start(plan, seq, n, tables)
+            left -= n
+
+    def _account(self, plan: StepPlan) -> None:
         st = self.stats
         st.steps += 1
         st.preemptions += len(plan.preempted)
@@ -191,7 +215,6 @@ class Scheduler:
             st.decode_batch_sum += plan.num_decode
         if plan.empty and self.running:
             raise InsufficientMemoryError("no request could be scheduled; the KV budget is too small")
-        return plan
 
     def _take(self, plan: StepPlan, seq: Sequence, n: int, tables) -> None:
         sample = seq.num_computed + n == seq.num_tokens

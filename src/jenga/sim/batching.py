@@ -14,6 +14,9 @@ of the newest running request) so the simulator and the engine share one schedul
   step.  For 100k-token prompts that dominated the simulator's wall time, so after a failed
   admission the head is retried only once a request finished or was preempted, or every
   ``RETRY_EVERY`` steps (memory can also grow as windows slide).
+* **scheduler kind** — :data:`SCHEDULERS` maps a name to the class: ``chunked`` (the engine's
+  v1-like mixed chunked prefill; vLLM v1) or ``v0`` (:class:`jenga.engine.v0_scheduler.V0Scheduler`:
+  whole-prompt admission and prefill-only steps; vLLM v0 with chunked prefill off).
 * **rejection** — a request that cannot fit even with nothing else running (its first chunk
   does not fit an empty cache, or it had to preempt itself) is removed with a reason instead
   of raising or looping forever.
@@ -25,6 +28,7 @@ from collections.abc import Sequence as Seq
 
 from jenga.engine.scheduler import Scheduler, StepPlan
 from jenga.engine.sequence import Sequence, Status
+from jenga.engine.v0_scheduler import V0Scheduler
 from jenga.errors import InsufficientMemoryError, InvalidArgumentError
 
 
@@ -170,3 +174,11 @@ class SimScheduler(Scheduler):
             return True
         self.view.decoding.add(seq.request_id)
         return False
+
+
+class V0SimScheduler(SimScheduler, V0Scheduler):
+    """:class:`SimScheduler` whose steps follow :class:`V0Scheduler` (no chunked prefill)."""
+
+
+#: Scheduler kind -> class (``SimConfig.scheduler``).
+SCHEDULERS: dict[str, type[SimScheduler]] = {"chunked": SimScheduler, "v0": V0SimScheduler}

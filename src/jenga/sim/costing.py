@@ -13,6 +13,11 @@ a sliding-window layer reads only its window even when a baseline keeps older to
 
 Attention FLOPs use the same effective contexts: ``4 x H_q x D x q x (ctx_before + (q+1)/2)``
 per attention layer.  Everything is vectorised over the batch with numpy.
+
+In a model with cross-attention layers (mllama) image positions never enter the decoder's
+self-attention: given the image positions in the context (``img_ctx``) and among the new
+tokens (``img_new``), the other groups read and compute only text positions, and a
+cross-attention layer costs ``text queries x image tokens``.
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ class StepCoster:
     def __init__(self, model: ModelSpec, num_q_heads: int, head_dim: int):
         self.groups = group_costs(model)
         self.qf = 4.0 * num_q_heads * head_dim
+        self.images_in_cross = any(g.kind == "cross" for g in self.groups)
 
     def kinds(self) -> list[str]:
         return sorted({g.kind for g in self.groups})
@@ -87,9 +93,13 @@ class StepCoster:
             return img
         return np.zeros_like(end)
 
-    def step(self, end: np.ndarray, q: np.ndarray, img: np.ndarray) -> tuple[float, float]:
+    def step(self, end: np.ndarray, q: np.ndarray, img: np.ndarray, img_ctx: np.ndarray | None = None,
+             img_new: np.ndarray | None = None) -> tuple[float, float]:
         """``(kv_bytes_read, attention_flops)`` for requests with context ends ``end``, new
-        tokens ``q`` and image tokens ``img`` (int64 arrays of equal length)."""
+        tokens ``q`` and image tokens ``img`` (int64 arrays of equal length); ``img_ctx`` /
+        ``img_new``: image positions before ``end`` / among the new tokens (see module doc)."""
+        if self.images_in_cross and img_ctx is not None and img_new is not None:
+            end, q = end - img_ctx, q - img_new  # text positions only
         kv = 0.0
         flops = 0.0
         for g in self.groups:

@@ -172,7 +172,7 @@ class CostModel:
 
     def step_time(self, num_prefill_tokens: int, num_decode_tokens: int, kv_bytes_read: float = 0.0, *,
                   attention_flops: float | None = None, query_lens=None, context_lens=None,
-                  num_seqs: int | None = None) -> float:
+                  num_seqs: int | None = None, num_image_tokens: int = 0) -> float:
         """Seconds for one step that computes ``num_prefill_tokens + num_decode_tokens`` tokens.
 
         ``kv_bytes_read`` is the whole model's KV (and state) bytes the step reads, over all
@@ -180,14 +180,21 @@ class CostModel:
         ``context_lens`` (cached tokens per sequence) and ``query_lens`` (new tokens per sequence;
         default 1 each, i.e. decode) with :meth:`ModelCost.attention_flops`, else 0.
         ``num_seqs`` defaults to ``num_decode_tokens + (1 if num_prefill_tokens else 0)`` and sets
-        both the per-sequence overhead and the number of lm_head rows.  An empty step costs 0.
+        both the per-sequence overhead and the number of lm_head rows.  ``num_image_tokens`` of
+        the prefill tokens are image positions: they cost :meth:`ModelCost.image_flops` and the
+        tower's weights, and language-model work only when ``images_in_lm`` (not for
+        cross-attention models, whose image positions never enter the decoder).  An empty step
+        costs 0.
         """
         if num_prefill_tokens < 0 or num_decode_tokens < 0 or kv_bytes_read < 0:
             raise ValueError("token counts and kv_bytes_read must be non-negative")
-        tokens = num_prefill_tokens + num_decode_tokens
-        if tokens == 0:
+        if not 0 <= num_image_tokens <= num_prefill_tokens:
+            raise ValueError(f"num_image_tokens ({num_image_tokens}) must be within the {num_prefill_tokens} "
+                             "prefill tokens")
+        if num_prefill_tokens + num_decode_tokens == 0:
             return 0.0
         m = self.model_info
+        tokens = num_prefill_tokens + num_decode_tokens - (0 if m.images_in_lm else num_image_tokens)
         if attention_flops is None:
             if context_lens is not None:
                 ctx = np.asarray(context_lens)
@@ -197,9 +204,9 @@ class CostModel:
                 attention_flops = 0.0
         if num_seqs is None:
             num_seqs = num_decode_tokens + (1 if num_prefill_tokens else 0)
-        flops = m.matmul_flops(tokens, min(tokens, num_seqs)) + attention_flops
+        flops = m.matmul_flops(tokens, min(tokens, num_seqs)) + attention_flops + m.image_flops(num_image_tokens)
         compute = flops / self.tp / (self.gpu.peak_flops(m.dtype) * self.mfu)
-        mem_bytes = (m.weight_bytes_read(tokens) + kv_bytes_read) / self.tp
+        mem_bytes = (m.weight_bytes_read(tokens, num_image_tokens) + kv_bytes_read) / self.tp
         memory = mem_bytes / (self.gpu.hbm_bytes_per_s * self.bandwidth_efficiency)
         return (max(compute, memory) + self.allreduce_time(tokens)
                 + self.step_overhead_s + self.per_seq_overhead_s * num_seqs)

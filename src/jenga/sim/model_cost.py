@@ -120,12 +120,19 @@ def _layer_plan(cfg: Mapping, n_layers: int, n_experts: int) -> list[tuple[str, 
     return [("attn", ffn[i]) for i in range(n_layers)]
 
 
-def _vision_params(vcfg: Mapping) -> int:
-    """ViT tower: (4 h^2 + 2 h * intermediate) per layer (non-gated MLP), global layers included."""
+#: ``MllamaVisionConfig.vision_output_dim`` default in HF transformers (the projector's input width).
+MLLAMA_VISION_OUTPUT_DIM = 7680
+
+
+def _vision_params(vcfg: Mapping, text_hidden: int) -> int:
+    """ViT tower: (4 h^2 + 2 h * intermediate) per layer (non-gated MLP), global layers included,
+    plus mllama's ``multi_modal_projector`` (``vision_output_dim x`` text hidden)."""
     h = int(_first(vcfg, "hidden_size", "width", default=0))
     layers = int(_first(vcfg, "num_hidden_layers", "depth", default=0)) + int(vcfg.get("num_global_layers", 0))
     inter = int(_first(vcfg, "intermediate_size", default=4 * h))
-    return layers * (4 * h * h + 2 * h * inter)
+    out = int(vcfg.get("vision_output_dim", MLLAMA_VISION_OUTPUT_DIM if vcfg.get("model_type") == "mllama_vision_model"
+                       else 0))
+    return layers * (4 * h * h + 2 * h * inter) + out * text_hidden
 
 
 @dataclass(frozen=True)
@@ -135,8 +142,11 @@ class ModelCost:
     ``body_params`` are the decoder layers (attention/mixer + FFN + norms), ``body_active_params``
     what one token touches (top-k routed experts + shared experts for MoE).  ``embedding_params``
     is the input table (a lookup, no FLOPs); ``lm_head_params`` the output projection, stored
-    separately unless ``tied``.  ``vision_params`` is the vision tower (weights only; its FLOPs
-    are not part of :meth:`matmul_flops`).  ``routed_expert_params`` is the total over layers of
+    separately unless ``tied``.  ``vision_params`` is the vision tower (+ projector); its FLOPs
+    are :meth:`image_flops`, not part of :meth:`matmul_flops`, and its weights are read only by
+    steps that encode images.  ``cross_kv_params`` are the K/V projections of cross-attention
+    layers (mllama): image tokens pass only through the tower and these, never through the
+    language model (``images_in_lm`` False).  ``routed_expert_params`` is the total over layers of
     all routed experts, used for MoE weight-read estimates.  ``assumed`` names the config fields
     that were missing and replaced by :data:`CONFIG_FALLBACKS` (empty for a complete config).
     """
@@ -148,6 +158,7 @@ class ModelCost:
     lm_head_params: int
     tied: bool = False
     vision_params: int = 0
+    cross_kv_params: int = 0
     routed_expert_params: int = 0
     num_experts: int = 0
     experts_per_tok: int = 0
@@ -176,18 +187,32 @@ class ModelCost:
     def weight_bytes(self) -> int:
         return int(self.params_total * _weight_bits(self.dtype) / 8)
 
-    def weight_bytes_read(self, num_tokens: int) -> float:
+    @property
+    def images_in_lm(self) -> bool:
+        """Whether image positions run through the language model (Llama 4, Gemma 3: yes;
+        cross-attention models such as mllama: no)."""
+        return not self.cross_kv_params
+
+    def weight_bytes_read(self, num_tokens: int, num_image_tokens: int = 0) -> float:
         """Weight bytes one forward pass over ``num_tokens`` tokens streams from HBM.
 
-        Dense models read everything.  MoE models read the non-expert weights plus the
-        expected fraction of routed experts hit by ``num_tokens`` independent top-k draws:
+        Dense models read every language-model weight; the vision tower only when the pass
+        encodes images (``num_image_tokens > 0``).  MoE models read the non-expert weights plus
+        the expected fraction of routed experts hit by ``num_tokens`` independent top-k draws:
         ``1 - (1 - k/E)^num_tokens``.
         """
         bpp = _weight_bits(self.dtype) / 8
-        if not self.routed_expert_params or self.num_experts <= 0:
-            return self.weight_bytes
-        frac = 1.0 - (1.0 - self.experts_per_tok / self.num_experts) ** max(0, num_tokens)
-        return bpp * (self.params_total - self.routed_expert_params * (1.0 - frac))
+        params = self.params_total - (0 if num_image_tokens > 0 else self.vision_params)
+        if self.routed_expert_params and self.num_experts > 0:
+            frac = 1.0 - (1.0 - self.experts_per_tok / self.num_experts) ** max(0, num_tokens)
+            params -= self.routed_expert_params * (1.0 - frac)
+        return bpp * params
+
+    def image_flops(self, num_image_tokens: int) -> float:
+        """Encoder FLOPs of ``num_image_tokens`` image positions: ``2 x (vision tower + cross-
+        attention K/V projections)`` each (one tower pass per position — exact for mllama's
+        1601 tokens per tile; towers that pool patches, e.g. Gemma 3's, are undercounted)."""
+        return 2.0 * (self.vision_params + self.cross_kv_params) * num_image_tokens
 
     def matmul_flops(self, num_tokens: int, num_logits: int | None = None) -> float:
         """``2 x params`` FLOPs: body active params for every token, lm_head for ``num_logits``
@@ -283,11 +308,14 @@ class ModelCost:
                 f = fa = 0
             body += m + f
             active += m + fa
-        vision = _vision_params(config["vision_config"]) if isinstance(config.get("vision_config"), Mapping) else 0
+        vcfg = config.get("vision_config")
+        vision = _vision_params(vcfg, h) if isinstance(vcfg, Mapping) else 0
+        cross = len(text.get("cross_attention_layers") or ()) * 2 * h * kv_heads * head_dim
         return cls(
             name=name or str(_first(config, "_name_or_path", "model_type", default="model")),
             body_params=body, body_active_params=active, embedding_params=vocab * h,
-            lm_head_params=vocab * h, tied=tied, vision_params=vision, routed_expert_params=routed,
+            lm_head_params=vocab * h, tied=tied, vision_params=vision, cross_kv_params=cross,
+            routed_expert_params=routed,
             num_experts=n_exp, experts_per_tok=top_k, num_layers=len(plan),
             num_attention_layers=sum("attn" in m for m, _ in plan), hidden_size=h,
             num_attention_heads=heads, head_dim=head_dim, dtype=dtype, assumed=tuple(assumed))

@@ -31,7 +31,7 @@ import numpy as np
 from jenga.engine.sampling_params import SamplingParams
 from jenga.engine.sequence import Sequence
 from jenga.errors import InvalidArgumentError
-from jenga.sim.batching import ManagerView, SimScheduler
+from jenga.sim.batching import SCHEDULERS, ManagerView
 from jenga.sim.costing import StepCoster
 from jenga.sim.gpu import CostModel, get_gpu, memory_budget
 from jenga.sim.model_cost import ModelCost
@@ -47,8 +47,9 @@ class SimulationStalledError(RuntimeError):
 class SimConfig:
     """Knobs of one simulation.  ``record_every``: record ``stats()`` every N steps (1 = all)."""
 
-    max_num_batched_tokens: int = 8192
+    max_num_batched_tokens: int | None = 8192  # None: the scheduler's default (v0: max(max_len, 2048))
     max_num_seqs: int = 256
+    scheduler: str = "chunked"  # a key of jenga.sim.batching.SCHEDULERS: chunked (vLLM v1) | v0
     tokens_per_page: int = 16
     enable_prefix_caching: bool = True
     seed: int = 0
@@ -229,7 +230,12 @@ class Simulator:
         c, st = self.cfg, self.setup
         mgr = self.make_manager(manager)
         view = ManagerView(mgr, k)
-        sched = SimScheduler(view, max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens)
+        try:
+            kind = SCHEDULERS[c.scheduler]
+        except KeyError:
+            raise InvalidArgumentError(f"unknown scheduler {c.scheduler!r}; choose one of {list(SCHEDULERS)}") from None
+        budget = {} if c.max_num_batched_tokens is None else {"max_num_batched_tokens": c.max_num_batched_tokens}
+        sched = kind(view, max_num_seqs=c.max_num_seqs, **budget)
         max_len = mgr.model.max_model_len
         arrivals = sorted(workload, key=lambda r: r.arrival_s)
         tracks: dict[object, _Track] = {}
@@ -320,20 +326,36 @@ class Simulator:
         img = np.fromiter((tracks[it.seq.request_id].img_tokens for it in items), np.int64, len(items))
         return end, q, img
 
+    @staticmethod
+    def _image_overlap(items, tracks, upto_start: bool) -> np.ndarray:
+        """Image positions per item in ``[0, start)`` (``upto_start``) or in the step's new tokens."""
+        out = np.zeros(len(items), np.int64)
+        for j, it in enumerate(items):
+            spans = tracks[it.seq.request_id].req.images
+            lo, hi = (0, it.start) if upto_start else (it.start, it.start + it.num_tokens)
+            out[j] = sum(max(0, min(hi, o + n) - max(lo, o)) for o, n, _ in spans)
+        return out
+
     def _step_time(self, plan, tracks, k: int) -> float:
         st = self.setup
         items = plan.scheduled
         end, q, img = self._arrays(items, tracks)
+        img_new = img_ctx = None
+        if img.any():
+            img_new = self._image_overlap(items, tracks, False)
+            img_ctx = self._image_overlap(items, tracks, True) + img_new
         decode = np.fromiter((it.sample and bool(it.seq.output_token_ids) and it.num_tokens <= 1 + k
                               for it in items), bool, len(items))
         if k:  # the target verifies 1 + k tokens per decoding request
             q = np.where(decode, 1 + k, q)
             end = np.where(decode, end + k, end)
-        kv, flops = st.coster.step(end, q, img)
+        kv, flops = st.coster.step(end, q, img, img_ctx, img_new)
         n_dec = int(decode.sum())
         dec_tok = int(q[decode].sum())
         pre_tok = int(q[~decode].sum())
-        t = st.cost.step_time(pre_tok, dec_tok, kv, attention_flops=flops, num_seqs=len(items))
+        n_img = 0 if img_new is None else int(img_new[~decode].sum())
+        t = st.cost.step_time(pre_tok, dec_tok, kv, attention_flops=flops, num_seqs=len(items),
+                              num_image_tokens=n_img)
         if k and st.draft_cost is not None:
             dkv, dfl = st.draft_coster.step(end, q, img)
             t += st.draft_cost.step_time(pre_tok, n_dec, dkv, attention_flops=dfl, num_seqs=len(items))

@@ -20,8 +20,11 @@ name                          prompt                                            
 ``mmmu-pro``                  1 + Poisson(42) text (mean 43) + one image of 1601 x    200
                               tiles tokens, tiles in {1,2,3,4} w.p. .01/.01/.08/.90
                               (mean 6,196 ~ paper 6,193)
-``arxiv-multiq``              ``num_articles`` arxiv-qa articles as shared prefixes   150
-                              + 20 + Poisson(10) question tokens; interleaved
+``arxiv-multiq``              the artifact's documents (groups of papers, capped at   150
+                              ``max_prompt_len``) as shared prefixes + 20 +
+                              Poisson(10) question tokens (:mod:`.artifact_workloads`)
+``mmlu-pro-5shot``            5-shot CoT prompts, 14 subjects sharing a few-shot      20
+                              prefix, mean ~1,270 (:mod:`.artifact_workloads`)
 ``ministral-static``          U(16384, 114688), mean 65,536                           150
 ``ministral-dynamic``         U(7/8 m, 9/8 m), m sweeping 16384 -> 114688 linearly    150
                               over arrival order (overall mean 65,536)
@@ -265,37 +268,6 @@ def mmmu_pro(num_requests: int = 200, rate: float = math.inf, seed: int = 0, max
                   seed, rate, max_len, dict(output_len=output_len), images=images)
 
 
-def arxiv_multiq(num_requests: int | None = None, rate: float = math.inf, seed: int = 0,
-                 max_len: int = 131072, num_articles: int = 8, questions_per_article: int = 4,
-                 output_len: int = 150, order: str = "interleaved") -> Workload:
-    """Several questions per article (paper Fig. 17): article ``a`` (arxiv-qa length, capped to
-    leave room for the question and output) is the shared prefix ``article-a``; each question
-    adds 20 + Poisson(10) unique tokens (mean 30).  ``num_requests`` defaults to
-    ``num_articles * questions_per_article``; request ``i`` asks about article
-    ``i % num_articles``.  ``order``: ``interleaved`` (round robin over articles), ``grouped``
-    (all questions of an article together) or ``shuffled``."""
-    n = num_articles * questions_per_article if num_requests is None else num_requests
-    _check_common(n, max_len)
-    if num_articles < 1:
-        raise ValueError(f"num_articles must be >= 1, got {num_articles}")
-    if order not in ("interleaved", "grouped", "shuffled"):
-        raise ValueError(f"order must be interleaved, grouped or shuffled, got {order!r}")
-    lens, arr, content = _streams(seed)
-    q_lens = 20 + lens.poisson(10, size=n)
-    q_cap = int(q_lens.max()) if n else 0
-    articles = _lognormal_arxiv(lens, num_articles, _prompt_cap(max_len, output_len + q_cap, 1))
-    which = np.arange(n) % num_articles
-    if order == "grouped":
-        which = np.sort(which, kind="stable")
-    elif order == "shuffled":
-        which = content.permutation(which)
-    prefix_lens = articles[which]
-    return _build("arxiv-multiq", prefix_lens + q_lens, np.full(n, output_len), _arrivals(arr, n, rate),
-                  seed, rate, max_len, dict(num_articles=num_articles, questions_per_article=questions_per_article,
-                                            output_len=output_len, order=order),
-                  prefix_ids=[f"article-{a}" for a in which], prefix_lens=prefix_lens)
-
-
 def ministral_static(num_requests: int = 200, rate: float = math.inf, seed: int = 0, max_len: int = 131072,
                      output_len: int = 150, length_range: tuple[int, int] = (16384, 114688)) -> Workload:
     """Fixed length distribution (paper Fig. 16, traces unpublished): prompts U(16384, 114688),
@@ -359,13 +331,21 @@ _GENERATORS: dict[str, Callable[..., Workload]] = {
     "mmlu-pro": mmlu_pro,
     "arxiv-qa": arxiv_qa,
     "mmmu-pro": mmmu_pro,
-    "arxiv-multiq": arxiv_multiq,
     "ministral-static": ministral_static,
     "ministral-dynamic": ministral_dynamic,
     "decode-batch-20": decode_batch_20,
     "spec-decode": spec_decode,
 }
-WORKLOAD_NAMES: tuple[str, ...] = tuple(_GENERATORS)
+#: Generators in :mod:`jenga.sim.artifact_workloads` (imported on first use: it imports this module).
+_ARTIFACT_NAMES = ("arxiv-multiq", "mmlu-pro-5shot")
+WORKLOAD_NAMES: tuple[str, ...] = tuple(_GENERATORS) + _ARTIFACT_NAMES
+
+
+def _generator(name: str) -> Callable[..., Workload]:
+    if name in _ARTIFACT_NAMES:
+        from jenga.sim.artifact_workloads import ARTIFACT_GENERATORS
+        return ARTIFACT_GENERATORS[name]
+    return _GENERATORS[name]
 
 
 def get_workload(name: str, **kw) -> Workload:
@@ -374,7 +354,7 @@ def get_workload(name: str, **kw) -> Workload:
     Raises ``UnknownWorkloadError`` listing :data:`WORKLOAD_NAMES`, or ``TypeError`` naming the
     generator's parameters when ``kw`` has one it does not take."""
     try:
-        gen = _GENERATORS[name]
+        gen = _generator(name)
     except (KeyError, TypeError):
         raise UnknownWorkloadError(f"unknown workload {name!r}; choose one of {list(WORKLOAD_NAMES)}") from None
     sig = inspect.signature(gen)
