@@ -218,16 +218,18 @@ def test_dtype_options():
         model_spec_from_hf_config("llama-3.1-8b", dtype="int3")
 
 
-def test_unsupported_architecture_lists_choices():
+def test_unknown_sources_name_the_missing_fact():
     with pytest.raises(UnsupportedModelError) as e:
-        model_spec_from_hf_config({"model_type": "bert", "num_hidden_layers": 2})
-    msg = str(e.value)
-    assert "'bert'" in msg and "nemotron_h" in msg and "jamba-1.5-mini" in msg
-    assert isinstance(e.value, ValueError)
-    with pytest.raises(UnsupportedModelError, match="catalog name"):
+        model_spec_from_hf_config({"model_type": "no_such_family", "num_hidden_layers": 2})
+    assert "'no_such_family'" in str(e.value) and isinstance(e.value, ValueError)
+    with pytest.raises(UnsupportedModelError, match="Catalog names: .*jamba-1.5-mini"):
         model_spec_from_hf_config("no-such-model-9000b")
     with pytest.raises(UnsupportedModelError, match="model_type"):
         model_spec_from_hf_config({"num_hidden_layers": 2})
+    with pytest.raises(UnsupportedModelError, match="'vit' has no causal-LM"):  # a vision encoder: no decoder
+        model_spec_from_hf_config({"model_type": "vit"})
+    with pytest.raises(UnsupportedModelError, match="'num_key_value_heads' must be a positive integer, got 0"):
+        model_spec_from_hf_config({**model_spec_from_hf_config("llama-3.2-1b").hf_config, "num_key_value_heads": 0})
     with pytest.raises(TypeError):
         model_spec_from_hf_config(42)
 
@@ -269,7 +271,7 @@ def test_dict_with_layer_types_is_authoritative():
 
 
 def test_group_names_get_suffixes_when_kinds_repeat():
-    from jenga.structure import _group
+    from jenga.structure.groups import group_entries as _group
 
     a = SlidingWindowSpec("t", window=1024)
     b = SlidingWindowSpec("t", window=4096)
@@ -284,3 +286,11 @@ def test_vision_group_optional_and_classmethod():
     via_cls = ModelSpec.from_hf_config("jamba-1.5-mini", tp=2)
     assert via_cls == model_spec_from_hf_config("jamba-1.5-mini", tp=2)
     assert isinstance(via_cls.group("mamba").spec, MambaSpec)
+
+
+@pytest.mark.parametrize("name", sorted(GROUPS))
+def test_stored_catalog_structure_is_what_transformers_derives(name):
+    """catalog/structure.json (what catalog names are planned from) equals a fresh derivation."""
+    from jenga.structure.catalog import catalog_facts, derive_catalog_facts
+
+    assert catalog_facts(name) == derive_catalog_facts(name)

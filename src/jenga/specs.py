@@ -81,6 +81,22 @@ class FullAttentionSpec(AttentionSpec):
 
 
 @dataclass(frozen=True)
+class LatentAttentionSpec(FullAttentionSpec):
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi): one compressed vector of ``latent_dim`` elements
+    per token (``kv_lora_rank + qk_rope_head_dim``), shared by all heads; no separate K and V."""
+
+    latent_dim: int = 576
+    num_kv_heads: int = 1
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "head_dim", self.latent_dim)
+        super().__post_init__()
+
+    def bytes_per_token(self) -> int:
+        return self.latent_dim * dtype_bytes(self.dtype)
+
+
+@dataclass(frozen=True)
 class SlidingWindowSpec(AttentionSpec):
     """Only the last ``window`` tokens are read (Mistral, Gemma-2/3, gpt-oss)."""
 

@@ -34,7 +34,9 @@ def paged_model(model: ModelSpec, block: int) -> ModelSpec:
     big = max((g.spec for g in attn), key=lambda s: s.bytes_per_token())
     layers = tuple(sorted({(g.spec.model, layer) for g in attn for layer in g.layers}))
     n = len(layers)
-    spec = FullAttentionSpec(big.model, big.dtype, big.num_kv_heads, big.head_dim)
+    # a full-attention spec (plain or MLA latent) is kept as is: every token of every layer at its own size
+    spec = big if isinstance(big, FullAttentionSpec) else FullAttentionSpec(big.model, big.dtype, big.num_kv_heads,
+                                                                           big.head_dim)
     per_token = n * spec.bytes_per_token()
     tpp = block
     state_bytes = max((g.useful_page_bytes for g in states), default=0)

@@ -1,0 +1,54 @@
+"""A transformers config -> :class:`~jenga.structure.facts.ModelFacts`: transformers first, family code last.
+
+1. per-layer cache kinds from ``DynamicCache(config=text_config)`` (:mod:`~jenga.structure.layer_kinds`),
+   plus the documented quirks of :mod:`~jenga.structure.quirks`;
+2. attention sizes from the config's own fields (:mod:`~jenga.structure.attention`);
+3. state sizes, only when some layer keeps a state, from the modules built on the meta device
+   (:mod:`~jenga.structure.probe`, the one torch-importing step, imported lazily).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jenga.structure.attention import attention_component, positive_field
+from jenga.structure.facts import Component, ModelFacts
+from jenga.structure.layer_kinds import cache_slots
+from jenga.structure.quirks import VISION_EMBEDDING_TYPES
+from jenga.structure.source import UnsupportedModelError
+
+__all__ = ["facts_from_config"]
+
+
+def _check_decoder(cfg: Any, tc: Any, where: str) -> None:
+    from transformers.models.auto import modeling_auto as ma
+
+    decoders = set(ma.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) | set(ma.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
+    if cfg.model_type not in decoders and tc.model_type not in decoders:
+        raise UnsupportedModelError(f"{where}: model_type {cfg.model_type!r} has no causal-LM or image-text-to-text "
+                                    "model in transformers (not a decoder)")
+
+
+def facts_from_config(cfg: Any, where: str) -> ModelFacts:
+    tc = cfg.get_text_config(decoder=True)
+    _check_decoder(cfg, tc, where)
+    slots = cache_slots(tc, where)
+    state_layers = [i for i, s in enumerate(slots) if any(kind == "state" for kind, _ in s)]
+    states = {}
+    if state_layers:
+        from jenga.structure.probe import probe_states
+
+        states = probe_states(tc, state_layers, where)
+    layers: list[tuple[Component, ...]] = []
+    for i, layer_slots in enumerate(slots):
+        comps: list[Component] = []
+        for kind, span in layer_slots:
+            comps.append(states[i] if kind == "state" else attention_component(tc, kind, span, f"{where}: layer {i}"))
+        layers.append(tuple(comps))
+    if not any(layers):
+        raise UnsupportedModelError(f"{where}: no layer keeps a cache")
+    max_len = positive_field(tc, "max_position_embeddings", where, required=False)
+    if max_len is None:
+        raise UnsupportedModelError(f"{where}: the text config has no 'max_position_embeddings' (longest request)")
+    vision = int(tc.hidden_size) if cfg.model_type in VISION_EMBEDDING_TYPES else 0
+    return ModelFacts(len(slots), max_len, tuple(layers), vision)

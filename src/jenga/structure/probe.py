@@ -1,0 +1,110 @@
+"""Recurrent-state sizes read from the model's own modules, built on the ``meta`` device (torch).
+
+Imported lazily, only when a layer keeps a state (config fields name state sizes differently in every
+family; the modules transformers builds from them do not).  ``with torch.device("meta")`` the text model is
+built from its config (``AutoModelForCausalLM``, else ``AutoModel``): parameters get shapes but no memory.
+The decoder stack is the ``ModuleList`` with one entry per layer; in each state layer the mixer is found by
+what it holds, not by its class name:
+
+* ``A_log`` of two dims ``(d_inner, d_state)`` + ``conv1d``: Mamba-1;
+* ``A_log`` of one dim ``(heads,)`` + ``conv1d`` + ``ssm_state_size`` / ``head_dim``: Mamba-2
+  (B/C groups from the conv width: ``(conv - heads * head_dim) / (2 d_state)``);
+* ``conv1d`` + ``head_k_dim`` / ``head_v_dim`` / ``num_k_heads`` / ``num_v_heads``: Gated DeltaNet.
+
+A state layer with none of these raises ``UnsupportedModelError`` naming the layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from jenga.structure.facts import State
+from jenga.structure.source import UnsupportedModelError, quiet_transformers
+
+__all__ = ["probe_states"]
+
+
+def _conv(m: Any) -> tuple[int, int] | None:
+    conv = getattr(m, "conv1d", None)
+    w = getattr(conv, "weight", None)
+    if w is None or w.dim() != 3:
+        return None
+    return int(w.shape[0]), int(w.shape[-1])  # channels, kernel
+
+
+def _int(m: Any, *names: str) -> int | None:
+    for n in names:
+        v = getattr(m, n, None)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+    return None
+
+
+def _gated_deltanet(m: Any) -> State | None:
+    conv = _conv(m)
+    dk, dv = _int(m, "head_k_dim"), _int(m, "head_v_dim")
+    hk, hv = _int(m, "num_k_heads"), _int(m, "num_v_heads")
+    if conv is None or None in (dk, dv, hk, hv) or conv[0] != 2 * hk * dk + hv * dv:  # type: ignore[operator]
+        return None
+    return State("gated_deltanet", (("d_conv", conv[1]), ("k_dim", dk), ("k_heads", hk), ("v_dim", dv),
+                                    ("v_heads", hv)))
+
+
+def _mamba(m: Any) -> State | None:
+    conv, a = _conv(m), getattr(m, "A_log", None)
+    if conv is None or a is None:
+        return None
+    if a.dim() == 2 and int(a.shape[0]) == conv[0]:
+        return State("mamba1", (("d_conv", conv[1]), ("d_inner", int(a.shape[0])), ("d_state", int(a.shape[1]))))
+    ds, hd = _int(m, "ssm_state_size"), _int(m, "head_dim")
+    if a.dim() != 1 or ds is None or hd is None:
+        return None
+    heads = int(a.shape[0])
+    groups, rest = divmod(conv[0] - heads * hd, 2 * ds)
+    if rest or groups <= 0:
+        return None
+    return State("mamba2", (("d_conv", conv[1]), ("d_state", ds), ("groups", groups), ("head_dim", hd),
+                            ("heads", heads)))
+
+
+_RECOGNISERS: tuple[Callable[[Any], State | None], ...] = (_gated_deltanet, _mamba)
+
+
+def _build(tc: Any) -> Any:
+    import torch
+    from transformers import AutoModel, AutoModelForCausalLM
+
+    with quiet_transformers(), torch.device("meta"):
+        try:
+            return AutoModelForCausalLM.from_config(tc)
+        except ValueError:  # the text config has no causal-LM class of its own
+            return AutoModel.from_config(tc)
+
+
+def _decoder_layers(model: Any, n: int) -> Any:
+    import torch
+
+    stacks = [m for _, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and len(m) == n]
+    if not stacks:
+        raise UnsupportedModelError(f"no module list of {n} decoder layers in {type(model).__name__}")
+    return stacks[0]
+
+
+def probe_states(tc: Any, layer_ids: list[int], where: str) -> dict[int, State]:
+    """The mixer state of each layer in ``layer_ids`` (layers transformers caches a linear-attention state for)."""
+    try:
+        model = _build(tc)
+    except Exception as e:  # noqa: BLE001 - any failure to build is a fact we cannot read
+        raise UnsupportedModelError(f"{where}: building the model on the meta device to read its state sizes "
+                                    f"failed: {type(e).__name__}: {e}") from e
+    stack = _decoder_layers(model, tc.num_hidden_layers)
+    out: dict[int, State] = {}
+    for i in layer_ids:
+        found = {s for _, sub in stack[i].named_modules() for rec in _RECOGNISERS if (s := rec(sub))}
+        if len(found) != 1:
+            what = "without a recognisable mixer" if not found else f"with {len(found)} different mixers"
+            raise UnsupportedModelError(f"{where}: layer {i}: state layer {what} "
+                                        f"({type(stack[i]).__name__})")
+        out[i] = found.pop()
+    return out

@@ -1,0 +1,107 @@
+"""Where a config comes from: a catalog name, a local directory, a json file or a dict (never the hub).
+
+:func:`read_source` only reads json (no transformers import); :func:`parse_config` hands the raw dict (or the
+directory) to transformers' own config classes (``AutoConfig.for_model`` / ``AutoConfig.from_pretrained`` with
+``local_files_only=True``), so defaults and derived fields (``layer_types``, Nemotron-H's
+``hybrid_override_pattern`` ...) are exactly what transformers reads.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from jenga.errors import JengaError
+
+__all__ = ["CATALOG_NAMES", "Source", "UnsupportedModelError", "catalog_dir", "list_catalog", "parse_config",
+           "read_source"]
+
+
+def catalog_dir():
+    return resources.files("jenga").joinpath("catalog")
+
+
+def list_catalog() -> list[str]:
+    """Sorted names of the bundled model configs (``jenga/catalog/<name>.json``)."""
+    return sorted(p.name[:-len(".json")] for p in catalog_dir().iterdir()
+                  if p.name.endswith(".json") and p.name != "structure.json")
+
+
+#: Names accepted by :func:`model_spec_from_hf_config` besides paths and dicts.
+CATALOG_NAMES: tuple[str, ...] = tuple(list_catalog())
+
+
+class UnsupportedModelError(JengaError, ValueError):
+    """The source is not a model jenga can map to cache groups; the message names the missing fact."""
+
+
+@dataclass(frozen=True)
+class Source:
+    raw: dict
+    name: str  # default model name
+    where: str  # for messages
+    directory: Path | None = None  # parse with from_pretrained (sub-config files, trust of local files)
+    catalog: str | None = None
+
+
+def read_source(source: str | os.PathLike | Mapping[str, Any]) -> Source:
+    if isinstance(source, Mapping):
+        raw = dict(source)
+        name = str(raw.get("_name_or_path") or raw.get("model_type") or "model").rstrip("/").split("/")[-1]
+        return Source(raw, name, "config dict")
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"expected a catalog name, path or dict, got {type(source).__name__}")
+    path = Path(source)
+    if path.is_dir():
+        cfg_file = path / "config.json"
+        if not cfg_file.is_file():
+            raise FileNotFoundError(f"{path} has no config.json")
+        return Source(json.loads(cfg_file.read_text()), path.resolve().name, str(cfg_file), directory=path)
+    if path.is_file():
+        name = path.resolve().parent.name if path.stem == "config" else path.stem
+        return Source(json.loads(path.read_text()), name, str(path))
+    if str(source) in CATALOG_NAMES:
+        raw = json.loads(catalog_dir().joinpath(f"{source}.json").read_text())
+        return Source(raw, str(source), f"catalog {source!r}", catalog=str(source))
+    raise UnsupportedModelError(f"{str(source)!r} is neither a catalog name nor an existing path. "
+                                f"Catalog names: {', '.join(CATALOG_NAMES)}.")
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' advisory warnings (e.g. Mistral + ``layer_types``) while parsing."""
+    log = logging.getLogger("transformers")
+    old = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(old)
+
+
+def parse_config(src: Source) -> Any:
+    """The transformers config object of ``src``; typed errors for what transformers cannot read."""
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    mt = src.raw.get("model_type")
+    if not mt:
+        raise UnsupportedModelError(f"{src.where}: config has no 'model_type'")
+    if mt not in CONFIG_MAPPING_NAMES:
+        raise UnsupportedModelError(f"{src.where}: model_type {mt!r} is not one transformers knows")
+    errors = (TypeError, ValueError, KeyError, AttributeError, StrictDataclassError)
+    try:
+        with quiet_transformers():
+            if src.directory is not None:
+                return AutoConfig.from_pretrained(str(src.directory), local_files_only=True)
+            return AutoConfig.for_model(mt, **{k: v for k, v in src.raw.items() if k != "model_type"})
+    except errors as e:
+        raise UnsupportedModelError(f"{src.where}: transformers rejected the {mt!r} config: {e}") from e
