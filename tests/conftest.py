@@ -155,3 +155,22 @@ def snapshot(mgr: KVCacheManager) -> dict:
         requests=reqs,
         hit_tokens=(mgr.prefix_hit_tokens, mgr.prefix_query_tokens),
     )
+
+
+def write_model_dir(path, llm, gen_cfg: dict | None = None, tokenizer=None):
+    """A local HF model directory with ``llm``'s config and weights (tied ``lm_head`` left out,
+    as HF saves it), a ``generation_config.json`` only when ``gen_cfg`` is given, and tokenizer
+    files only when a transformers ``tokenizer`` is given."""
+    import json
+
+    from safetensors.torch import save_file
+
+    llm.config.save_pretrained(path)
+    (path / "generation_config.json").unlink(missing_ok=True)
+    state = {k: v for k, v in llm.model.state_dict().items() if k != "lm_head.weight"}
+    save_file(state, str(path / "model.safetensors"))
+    if gen_cfg is not None:
+        (path / "generation_config.json").write_text(json.dumps(gen_cfg))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
+    return path

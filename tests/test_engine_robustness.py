@@ -4,11 +4,10 @@ request's output; generation_config.json defaults; no fabricated tokenizer; Page
 from __future__ import annotations
 
 import copy
-import json
 
 import pytest
 import torch
-from conftest import full, group, make_manager, mamba, model, sliding
+from conftest import full, group, make_manager, mamba, model, sliding, write_model_dir
 
 import jenga
 from jenga import SamplingParams
@@ -136,25 +135,12 @@ def test_cache_salt_separates_prefix_hits(llm):
 
 
 # ------------------------------------------------------------- model directories
-def write_dir(tmp_path, llm, gen_cfg=None):
-    """A model directory with ``llm``'s config and weights, no tokenizer files."""
-    from safetensors.torch import save_file
-
-    llm.config.save_pretrained(tmp_path)
-    (tmp_path / "generation_config.json").unlink(missing_ok=True)
-    state = {k: v for k, v in llm.model.state_dict().items() if k != "lm_head.weight"}  # tied to the embedding
-    save_file(state, str(tmp_path / "model.safetensors"))
-    if gen_cfg is not None:
-        (tmp_path / "generation_config.json").write_text(json.dumps(gen_cfg))
-    return tmp_path
-
-
 def test_generation_config_eos_list_and_defaults(tmp_path, llm):
     p = prompts(1)[0]
     free_run = llm.generate([p], SamplingParams(max_tokens=12, ignore_eos=True))[0].token_ids
     stop_id = free_run[4]
     first = free_run.index(stop_id)
-    path = write_dir(tmp_path, llm, {"eos_token_id": [2, stop_id], "max_new_tokens": 12, "do_sample": False,
+    path = write_model_dir(tmp_path, llm, {"eos_token_id": [2, stop_id], "max_new_tokens": 12, "do_sample": False,
                                      "temperature": 0.7})
     d = jenga.LLM(str(path), kv_memory="4MiB")
     assert d.default_sampling_params.max_tokens == 12 and d.default_sampling_params.greedy
@@ -164,13 +150,13 @@ def test_generation_config_eos_list_and_defaults(tmp_path, llm):
 
 
 def test_generation_config_sampling_defaults(tmp_path, llm):
-    path = write_dir(tmp_path, llm, {"do_sample": True, "temperature": 0.6, "top_p": 0.9})
+    path = write_model_dir(tmp_path, llm, {"do_sample": True, "temperature": 0.6, "top_p": 0.9})
     sp = jenga.LLM(str(path), kv_memory="4MiB").default_sampling_params
     assert (sp.temperature, sp.top_p, sp.top_k, sp.max_tokens) == (0.6, 0.9, 50, 16)
 
 
 def test_directory_without_tokenizer_files_takes_ids_only(tmp_path, llm):
-    path = write_dir(tmp_path, llm)
+    path = write_model_dir(tmp_path, llm)
     d = jenga.LLM(str(path), kv_memory="4MiB")
     assert d.tokenizer is None
     with pytest.raises(InvalidArgumentError, match="no tokenizer files"):

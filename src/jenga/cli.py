@@ -1,4 +1,4 @@
-"""``jenga`` command line: plan, bench, simulate, reproduce."""
+"""``jenga`` command line: plan, bench, simulate, reproduce, serve."""
 
 from __future__ import annotations
 
@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jenga", description="KV-cache memory management for heterogeneous LLMs")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_plan(sub)
-    for mod, fn in (("jenga.bench", "add_bench_parser"), ("jenga.sim.cli", "add_sim_parsers")):
+    for mod, fn in (("jenga.bench", "add_bench_parser"), ("jenga.sim.cli", "add_sim_parsers"),
+                    ("jenga.server.cli", "add_serve_parser")):
         try:
             module = __import__(mod, fromlist=[fn])
         except ModuleNotFoundError as e:

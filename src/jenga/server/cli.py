@@ -1,0 +1,54 @@
+"""``jenga serve MODEL``: the subcommand (fastapi / uvicorn imported only when it runs)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from jenga.errors import InvalidArgumentError
+
+
+def add_serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server on jenga's engine",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("model", help="local HF model directory, or a built-in tiny model (tiny-gemma3, tiny-llama, ...)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback unless you say otherwise)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--served-model-name", default=None, help="name clients put in 'model' (default: MODEL)")
+    p.add_argument("--kv-memory", default="256MiB", help="KV cache budget, e.g. 2GiB")
+    p.add_argument("--manager", default="jenga", help="KV-cache manager: jenga, paged, static, uniform")
+    p.add_argument("--tokens-per-page", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=64, help="most requests in the running batch")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")
+    p.add_argument("--max-waiting", type=int, default=256,
+                   help="most requests waiting for their first step; beyond it 429 with Retry-After")
+    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health (or set JENGA_API_KEY)")
+    p.add_argument("--random-weights", action="store_true", help="a directory's architecture with random weights")
+    p.add_argument("--dtype", default="fp32", help="fp32, bf16, fp16")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=run_serve)
+
+
+def build_app(args):
+    from jenga.engine.llm import LLM
+    from jenga.server.app import create_app
+
+    if args.max_waiting < 1:
+        raise InvalidArgumentError(f"--max-waiting must be >= 1, got {args.max_waiting}")
+    llm = LLM(args.model, manager=args.manager, kv_memory=args.kv_memory, tokens_per_page=args.tokens_per_page,
+              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+              random_weights=args.random_weights, dtype=args.dtype, device=args.device, seed=args.seed)
+    key = args.api_key or os.environ.get("JENGA_API_KEY") or None
+    return create_app(llm, model_name=args.served_model_name or args.model, api_key=key,
+                      max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes)
+
+
+def run_serve(args) -> int:
+    from jenga.server.launch import serve_forever
+
+    serve_forever(build_app(args), args.host, args.port, args.log_level)
+    return 0
