@@ -37,6 +37,7 @@ import torch
 
 from jenga.engine.generation_config import GenerationDefaults, load_generation_defaults
 from jenga.engine.model_runner import ModelRunner
+from jenga.engine.multimodal import attach_images
 from jenga.engine.outputs import RequestOutput
 from jenga.engine.sampler import make_generator, sample
 from jenga.engine.sampling_params import SamplingParams
@@ -44,6 +45,7 @@ from jenga.engine.scheduler import Scheduler
 from jenga.engine.sequence import Sequence as Seq
 from jenga.engine.tiny import init_random_weights, is_tiny, tiny_hf_config
 from jenga.engine.tokenizer import TextTokenizer, load_tokenizer, tiny_tokenizer
+from jenga.engine.vision_cache import VisionEmbeddings
 from jenga.errors import DuplicateRequestError, InvalidArgumentError
 from jenga.units import parse_bytes
 
@@ -65,6 +67,7 @@ class EngineMetrics:
     peak_needed_bytes: int = 0  # bytes live requests really read
     waste_frac_sum: float = 0.0
     kv_samples: int = 0
+    encoder_runs: int = 0  # images run through the vision encoder (VLMs)
 
     @property
     def overhead_s(self) -> float:
@@ -84,7 +87,8 @@ def _resolve_model(model: str | Path, random_weights: bool, seed: int, dtype: to
     if is_tiny(model):
         config = tiny_hf_config(str(model))
         net = init_random_weights(build_model(config, device=device, dtype=torch.float32), seed=seed)
-        return config, net.to(dtype), config.to_dict(), tiny_tokenizer(config.vocab_size), GenerationDefaults()
+        return (config, net.to(dtype), config.to_dict(), tiny_tokenizer(text_config(config).vocab_size),
+                GenerationDefaults())
     path = Path(model)
     if not (path / "config.json").is_file():
         from jenga.engine.tiny import TINY_MODELS
@@ -114,7 +118,9 @@ class LLM:
     ``track_kv_stats`` (sample ``manager.stats()`` every step into :attr:`metrics`),
     ``manager_kwargs`` (extra keyword arguments for the manager), ``state_checkpoint_interval``
     (tokens between the recurrent-state checkpoints of Mamba / Gated DeltaNet layers, a multiple of
-    ``tokens_per_page``; default the spec's 512).
+    ``tokens_per_page``; default the spec's 512).  ``mm_embedding_cache``
+    (VLMs: keep image embeddings in jenga's vision pages; False re-runs the encoder for every
+    chunk that touches an image).
     """
 
     def __init__(self, model: str | Path, *, manager: str = "jenga", kv_memory: str | int = "64MiB",
@@ -122,7 +128,7 @@ class LLM:
                  enable_prefix_caching: bool = True, random_weights: bool = False, seed: int = 0,
                  dtype: str = "fp32", device: str | torch.device = "cpu", track_kv_stats: bool = False,
                  manager_kwargs: dict | None = None, tokenizer: TextTokenizer | None = None,
-                 state_checkpoint_interval: int | None = None):
+                 state_checkpoint_interval: int | None = None, mm_embedding_cache: bool = True):
         from jenga.baselines import make_manager
         from jenga.specs import ModelSpec
 
@@ -136,14 +142,16 @@ class LLM:
         self.generation_defaults = gen
         self.tokenizer = tokenizer or tok
         ckpt = {} if state_checkpoint_interval is None else {"mamba_checkpoint_interval": state_checkpoint_interval}
-        spec = ModelSpec.from_hf_config(spec_source, dtype=dtype, tokens_per_page=tokens_per_page, vision=False,
-                                        **ckpt)
+        vlm = getattr(self.model, "multimodal", False)
+        spec = ModelSpec.from_hf_config(spec_source, dtype=dtype, tokens_per_page=tokens_per_page,
+                                        vision=vlm and mm_embedding_cache, **ckpt)
         self.spec = spec
         self.kv_memory = parse_bytes(kv_memory)
         self.manager = make_manager(manager, spec, self.kv_memory, tokens_per_page=tokens_per_page,
                                     enable_prefix_caching=enable_prefix_caching, device=str(self.device),
                                     **(manager_kwargs or {}))
-        self.runner = ModelRunner(self.model, self.manager, device=self.device)
+        vision = VisionEmbeddings(self.model, self.manager, cache=mm_embedding_cache, device=self.device) if vlm else None
+        self.runner = ModelRunner(self.model, self.manager, device=self.device, vision=vision)
         eos = self.tokenizer.eos_token_ids if self.tokenizer else ()
         cfg_eos = getattr(self.model.config, "eos_token_id", None)
         eos = tuple(eos) + ((cfg_eos,) if isinstance(cfg_eos, int) else tuple(cfg_eos or ())) + gen.eos_token_ids
@@ -152,6 +160,7 @@ class LLM:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.track_kv_stats = track_kv_stats
         self.metrics = EngineMetrics()
+        self._encoder_runs0 = 0
         self._ids = itertools.count()
         self._live: dict[object, Seq] = {}  # request id -> its sequence, until it finishes
 
@@ -203,6 +212,11 @@ class LLM:
             raise DuplicateRequestError(f"request id {rid!r} is already live")
         seq = Seq(rid, ids, params, prompt=text)
         seq.cache_salt = cache_salt
+        if isinstance(prompt, dict):
+            if prompt.get("cache_salt") is not None:
+                seq.cache_salt = prompt["cache_salt"]
+            if prompt.get("multi_modal_data"):
+                attach_images(seq, prompt["multi_modal_data"], self.model)
         seq.generator = make_generator(params, self.device)
         self.scheduler.add(seq)
         self._live[rid] = seq
@@ -279,6 +293,8 @@ class LLM:
         m.output_tokens += len(items)
         m.finished += len(finished)
         m.model_s += self.runner.last_forward_s
+        if self.runner.vision is not None:
+            m.encoder_runs = self.runner.vision.runs - self._encoder_runs0
         m.step_s += time.perf_counter() - t0
         return finished
 
@@ -346,3 +362,4 @@ class LLM:
 
         self.metrics = EngineMetrics()
         self.scheduler.stats = SchedulerStats()
+        self._encoder_runs0 = self.runner.vision.runs if self.runner.vision is not None else 0

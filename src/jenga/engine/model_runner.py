@@ -28,13 +28,16 @@ from jenga.engine.attention import AttentionMetadata, ForwardContext
 from jenga.engine.scheduler import ScheduledRequest, StepPlan
 from jenga.engine.split_attention import SplitAttentionBackend, SplitMetadata
 from jenga.engine.state import StateBindings
+from jenga.specs import AttentionSpec
 
 
 class ModelRunner:
     """Runs ``model`` (a ``PagedCausalLM``) over the KV buffer of ``manager`` on ``device``."""
 
-    def __init__(self, model, manager, *, device: torch.device | str = "cpu"):
+    def __init__(self, model, manager, *, device: torch.device | str = "cpu", model_name: str | None = None,
+                 vision=None):
         self.model = model
+        self.vision = vision  # VisionEmbeddings of a VLM (image-token embeddings), else None
         self.mgr = manager
         self.device = torch.device(device)
         layout = manager.layout
@@ -44,8 +47,9 @@ class ModelRunner:
         self.kv_views: list[Tensor | None] = [None] * n_layers
         self.group_layers: list[list[int]] = [[] for _ in self.groups]
         self.states = StateBindings(model, manager, n_layers)
+        own = model_name or self.groups[0].spec.model  # a draft + target pool holds both models' groups
         for gi, g in enumerate(self.groups):
-            if gi in self.states.groups:
+            if gi in self.states.groups or g.spec.model != own or not isinstance(g.spec, AttentionSpec):
                 continue
             for j, layer in enumerate(g.layers):
                 self._check_layer(layer, attn[layer], g)
@@ -58,6 +62,7 @@ class ModelRunner:
         self.chunks = [getattr(g.spec, "chunk", None) for g in self.groups]
         self.backend = SplitAttentionBackend()
         self.last_forward_s = 0.0  # wall time of the last model forward (without metadata)
+        self.item_first: dict[int, int] = {}  # plan item -> flattened row of its first token (last prepare)
 
     @staticmethod
     def _check_layer(layer: int, info, group) -> None:
@@ -173,6 +178,7 @@ class ModelRunner:
         if self.states.groups:
             its = [items[i] for i in order]
             ctx = self.states.context(ctx, its, [it.start for it in its], [it.num_tokens for it in its])
+        self.item_first = {i: end_of[i] - items[i].num_tokens + 1 for i in end_of}
         logits_idx = torch.tensor([end_of[i] for i, it in enumerate(items) if it.sample], dtype=torch.long)
         dev = self.device
         return (torch.tensor(ids, dtype=torch.long, device=dev), torch.cat(positions).to(dev), ctx,
@@ -183,10 +189,15 @@ class ModelRunner:
         """Write the step's K/V and return fp32 logits ``[S, vocab]``, one row per item with ``.sample``."""
         input_ids, positions, ctx, logits_idx = self.prepare(plan)
         t0 = time.perf_counter()
+        extra = {}
+        if self.vision is not None:  # image tokens: embeddings from the vision pages / encoder
+            embeds = self.vision.step_embeds(plan.scheduled, self.item_first)
+            if embeds is not None:
+                extra["embeds"] = embeds
         if logits_idx.numel() == 0:
-            self.model.model(input_ids, positions, ctx)  # non-final prefill chunks: K/V only
+            self.model.model(input_ids, positions, ctx, **extra)  # non-final prefill chunks: K/V only
             out = torch.empty(0, self.model.config.vocab_size)
         else:
-            out = self.model(input_ids, positions, ctx, logits_idx).float()
+            out = self.model(input_ids, positions, ctx, logits_idx, **extra).float()
         self.last_forward_s = time.perf_counter() - t0
         return out

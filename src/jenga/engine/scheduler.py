@@ -167,10 +167,7 @@ class Scheduler:
         """Add the waiting head to the manager and skip its cached prefix (``lookup``)."""
         self.touched.append(seq)
         if not seq.in_manager:
-            if seq.cache_salt is None:
-                self.mgr.add_request(seq.request_id, seq.tokens)
-            else:
-                self.mgr.add_request(seq.request_id, seq.tokens, cache_salt=seq.cache_salt)
+            self.mgr.add_request(seq.request_id, seq.tokens, **self._request_extras(seq))
             seq.in_manager = True
             seq.num_computed = self.mgr.lookup(seq.request_id)
             seq.prefix_hit_tokens += seq.num_computed
@@ -215,6 +212,16 @@ class Scheduler:
             st.decode_batch_sum += plan.num_decode
         if plan.empty and self.running:
             raise InsufficientMemoryError("no request could be scheduled; the KV budget is too small")
+
+    @staticmethod
+    def _request_extras(seq: Sequence) -> dict:
+        """``add_request`` keywords a sequence carries (images, cache salt); none for plain text."""
+        extras: dict = {}
+        if seq.images:
+            extras["images"] = seq.images
+        if seq.cache_salt is not None:
+            extras["cache_salt"] = seq.cache_salt
+        return extras
 
     def _take(self, plan: StepPlan, seq: Sequence, n: int, tables) -> None:
         sample = seq.num_computed + n == seq.num_tokens

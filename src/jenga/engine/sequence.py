@@ -47,6 +47,8 @@ class Sequence:
     num_preemptions: int = 0
     prefix_hit_tokens: int = 0
     cache_salt: str | None = None  # prefix-cache namespace (tenants with other salts never share)
+    images: tuple = ()  # jenga ImageRefs of the prompt's images (given to the manager)
+    mm: object = None  # engine-side multimodal data (pixel tensors), opaque here
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)

@@ -20,6 +20,9 @@ TINY_MODELS: dict[str, tuple[str, dict]] = {
     "tiny-gemma3": ("gemma3", dict(
         num_hidden_layers=6, sliding_window=64,
         layer_types=["sliding_attention"] * 5 + ["full_attention"])),
+    "tiny-gemma3-vision": ("gemma3_vision", dict(
+        num_hidden_layers=6, sliding_window=64,
+        layer_types=["sliding_attention"] * 5 + ["full_attention"])),
     "tiny-gemma2": ("gemma2", {}),
     "tiny-llama": ("llama", {}),
     "tiny-mistral": ("mistral", {}),
@@ -42,6 +45,9 @@ def tiny_hf_config(name: str, **overrides):
     family, extra = TINY_MODELS[name]
     config = tiny_config(family, **{**_SPECIAL, **extra, **overrides})
     config._attn_implementation = "eager"
+    for sub in ("text_config", "vision_config"):
+        if getattr(config, sub, None) is not None:
+            getattr(config, sub)._attn_implementation = "eager"
     return config
 
 
@@ -49,10 +55,13 @@ def tiny_hf_config(name: str, **overrides):
 def init_random_weights(model: torch.nn.Module, *, seed: int = 0, std: float = 0.05) -> torch.nn.Module:
     """``N(0, std)`` weights; RMSNorm weights around 1 (Gemma's ``1 + w`` norms: around 0)."""
     from jenga.engine.models.gemma import Gemma2ForCausalLM
+    from jenga.engine.models.gemma3_vision import Gemma3ForConditionalGeneration, init_vision_weights
     from jenga.engine.models.weights import randomize_
 
     randomize_(model, seed=seed, std=std)
-    if not isinstance(model, Gemma2ForCausalLM):
+    if isinstance(model, Gemma3ForConditionalGeneration):
+        init_vision_weights(model)
+    elif not isinstance(model, Gemma2ForCausalLM):
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.add_(1.0)

@@ -93,9 +93,15 @@ class GemmaModel(nn.Module):
             GemmaDecoderLayer(config, i, t, self.rotary[t], gemma3) for i, t in enumerate(types))
         self.norm = RMSNorm(config.hidden_size, cfg(config, "rms_norm_eps", 1e-6), offset=True)
 
-    def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
+    def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext,
+                embeds: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """``embeds = (rows, values)``: rows of the step whose (scaled) token embedding is
+        replaced by ``values`` (image features of a VLM)."""
         w = self.embed_tokens.weight
         x = self.embed_tokens(input_ids) * torch.tensor(self.embed_scale, dtype=w.dtype, device=w.device)
+        if embeds is not None:
+            rows, values = embeds
+            x = x.index_copy(0, rows, values.to(x.dtype))
         cos_sin = {t: rot.cos_sin(positions) for t, rot in self.rotary.items()}
         for layer in self.layers:
             x = layer(x, cos_sin[layer.layer_type], ctx)

@@ -1,7 +1,9 @@
 """Map HF ``model_type`` / ``architectures`` to the paged model classes.
 
 Multimodal wrappers (``gemma3``, ``llama4``) resolve to their text decoder: :func:`text_config`
-returns the ``text_config`` sub-config, which is what the model classes take.
+returns the ``text_config`` sub-config, which is what the model classes take.  The classes in
+:data:`VISION_CLASSES` (``Gemma3ForConditionalGeneration`` by its architecture name) run the
+vision tower as well and take the whole config.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import torch
 
 from jenga.engine.models.common import PagedCausalLM
 from jenga.engine.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
+from jenga.engine.models.gemma3_vision import Gemma3ForConditionalGeneration
 from jenga.engine.models.jamba import JambaForCausalLM
 from jenga.engine.models.llama import LlamaForCausalLM
 from jenga.engine.models.llama4 import Llama4ForCausalLM
@@ -32,7 +35,7 @@ ARCHITECTURES: dict[str, type[PagedCausalLM]] = {
     "MinistralForCausalLM": LlamaForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
-    "Gemma3ForConditionalGeneration": Gemma3ForCausalLM,
+    "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
     "Llama4ForCausalLM": Llama4ForCausalLM,
     "Llama4ForConditionalGeneration": Llama4ForCausalLM,
     "JambaForCausalLM": JambaForCausalLM,
@@ -40,6 +43,9 @@ ARCHITECTURES: dict[str, type[PagedCausalLM]] = {
 
 #: model types whose checkpoints wrap the text decoder (weights live under a prefix).
 MULTIMODAL_TYPES = frozenset({"gemma3", "llama4"})
+
+#: classes that run the vision tower too: they take the whole (multimodal) config.
+VISION_CLASSES: frozenset[type] = frozenset({Gemma3ForConditionalGeneration})
 
 
 def text_config(config):
@@ -65,5 +71,5 @@ def build_model(config, *, device: torch.device | str = "cpu", dtype: torch.dtyp
     """Instantiate the paged model for ``config`` (uninitialised weights) on ``device`` in ``dtype``."""
     cls = model_class(config)
     with torch.device(device):
-        model = cls(text_config(config))
+        model = cls(config if cls in VISION_CLASSES else text_config(config))
     return model.to(dtype=dtype).eval()

@@ -151,11 +151,32 @@ def tiny_config(family: str, **overrides):
             num_experts=4, num_experts_per_tok=2, expert_layer_period=2, expert_layer_offset=1,
             mamba_d_state=13, mamba_d_conv=4, mamba_expand=2)),  # state page 16 KiB: LCM = the full page
     }
+    if family == "gemma3_vision":
+        return tiny_gemma3_vision_config(**overrides)
     if family not in families:
         raise ValueError(f"unknown family {family!r}; choose one of {sorted(families)}")
     cls, extra = families[family]
     kwargs = {**_TINY_COMMON, **extra, **overrides}
     return cls(**kwargs)
+
+
+#: ids of the tiny Gemma-3 VLM's image placeholder tokens (inside the 512-token vocab)
+TINY_BOI, TINY_EOI, TINY_IMAGE = 509, 510, 511
+
+
+def tiny_gemma3_vision_config(*, image_size: int = 32, patch_size: int = 4, mm_tokens_per_image: int = 16,
+                              **text_overrides):
+    """A small ``Gemma3Config``: the tiny Gemma-3 text model + a 2-layer SigLIP (32x32 images,
+    8x8 patches pooled to ``mm_tokens_per_image`` tokens)."""
+    import transformers as tf
+
+    text = tiny_config("gemma3", **text_overrides)
+    vision = tf.SiglipVisionConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                                   image_size=image_size, patch_size=patch_size)
+    return tf.Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(),
+                           mm_tokens_per_image=mm_tokens_per_image, boi_token_index=TINY_BOI,
+                           eoi_token_index=TINY_EOI, image_token_index=TINY_IMAGE,
+                           architectures=["Gemma3ForConditionalGeneration"])
 
 
 def random_model(family: str, *, seed: int = 0, device: torch.device | str = "cpu",
