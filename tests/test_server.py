@@ -309,3 +309,24 @@ def test_serve_cli_help(capsys):
         main(["serve", "--help"])
     out = capsys.readouterr().out
     assert "--api-key" in out and "127.0.0.1" in out and "--max-waiting" in out
+
+
+def test_failing_step_is_a_500_and_the_server_goes_on(server, ref, monkeypatch):
+    llm = server.service.engine.llm
+    real = llm.runner.execute
+    calls = []
+
+    def execute(plan):  # the next forward fails, later ones run
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected forward failure")
+        return real(plan)
+
+    monkeypatch.setattr(llm.runner, "execute", execute)
+    with pytest.raises(openai.InternalServerError) as e:
+        client(server).completions.create(model="tiny", prompt=PROMPTS[0], **CASES[0])
+    assert "injected" in e.value.body["message"]
+    got = client(server).completions.create(model="tiny", prompt=PROMPTS[0], **CASES[0]).choices[0].text
+    assert got == offline(ref, ref.tokenizer.encode(PROMPTS[0]), CASES[0]).text
+    assert wait_idle(server)[("jenga_kv_used_bytes", ())] == 0
+    integrity(server)

@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from jenga.server.engine_loop import EngineLoop, Handle, QueueFull
+from jenga.server.engine_loop import EngineLoop, EngineStopped, Handle, QueueFull
 from jenga.server.errors import APIError, error_body, install_handlers
 from jenga.server.guard import Guard
 from jenga.server.metrics import ServerMetrics
@@ -114,6 +114,8 @@ class Service:
         except QueueFull as e:
             raise APIError(429, f"the server is busy: {e}; retry later", code="queue_full",
                            headers={"Retry-After": str(self.retry_after_s)}) from e
+        except EngineStopped as e:
+            raise APIError(503, str(e), code="engine_stopped") from e
         return handle, Shape(rid, self.model_name, chat)
 
     async def collect(self, request: Request, handle: Handle, shape: Shape) -> dict:

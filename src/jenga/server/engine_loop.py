@@ -37,6 +37,10 @@ class QueueFull(Exception):
     """More than ``max_waiting`` requests are waiting for their first step."""
 
 
+class EngineStopped(Exception):
+    """The engine thread has stopped (shutdown); no request is accepted."""
+
+
 @dataclass
 class Event:
     """New output of one request: ``token_ids`` produced since the previous event; at the
@@ -85,6 +89,7 @@ class EngineLoop:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="jenga-engine", daemon=True)
         self.peak_running = 0
+        self.dead = False
 
     # ------------------------------------------------------- any thread
     def start(self) -> None:
@@ -101,6 +106,8 @@ class EngineLoop:
 
     def submit(self, handle: Handle) -> None:
         with self._lock:
+            if self.dead:
+                raise EngineStopped("the engine loop is not running")
             if self._waiting >= self.max_waiting:
                 raise QueueFull(f"{self._waiting} requests are waiting (--max-waiting {self.max_waiting})")
             self._waiting += 1
@@ -119,20 +126,38 @@ class EngineLoop:
     # ----------------------------------------------------- engine thread
     def _run(self) -> None:
         llm = self.llm
-        while not self._stop.is_set():
-            self._drain(block=not llm.has_unfinished)
-            error = None
-            if llm.has_unfinished:
-                try:
-                    llm.step()
-                except Exception as e:  # noqa: BLE001 - the step aborted what it scheduled; serve on
-                    log.exception("engine step failed; its requests were aborted")
-                    error = e
-            self._publish(error)
-            self._observe()
-        for rid in list(self._handles):
-            llm.abort(rid)
-        self._publish(None)
+        try:
+            while not self._stop.is_set():
+                self._drain(block=not llm.has_unfinished)
+                error = None
+                if llm.has_unfinished:
+                    try:
+                        llm.step()
+                    except Exception as e:  # noqa: BLE001 - the step aborted what it scheduled; serve on
+                        log.exception("engine step failed; its requests were aborted")
+                        error = e
+                self._publish(error)
+                self._observe()
+        finally:  # stopping, or a bug in the loop itself: no handler may wait forever
+            self.dead = True
+            try:
+                for rid in list(self._handles):
+                    llm.abort(rid)
+                self._publish(RuntimeError("the engine loop stopped"))
+            except Exception:  # noqa: BLE001 - the engine itself is broken; still fail the queued ones
+                log.exception("could not abort the live requests")
+            self._fail_pending()
+
+    def _fail_pending(self) -> None:
+        while True:
+            try:
+                cmd = self._cmds.get_nowait()
+            except queue.Empty:
+                return
+            if cmd[0] == "add":
+                self._send(cmd[1], Event([], True, "abort", error="the engine loop stopped", status=503))
+            elif cmd[0] == "call":
+                cmd[2].set_exception(RuntimeError("the engine loop stopped"))
 
     def _drain(self, block: bool) -> None:
         try:
