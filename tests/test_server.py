@@ -161,7 +161,7 @@ def test_models_and_health(server):
 
 
 BAD = [(dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"), (dict(max_tokens=0), "max_tokens"),
-       (dict(n=2), "n"), (dict(logprobs=2), "logprobs"), (dict(stop=["a", "b", "c", "d", "e"]), "stop"),
+       (dict(n=2), "n"), (dict(logprobs=6), "logprobs"), (dict(stop=["a", "b", "c", "d", "e"]), "stop"),
        (dict(presence_penalty=0.5), "presence_penalty"), (dict(extra_body={"top_k": 0}), "top_k"),
        (dict(extra_body={"cache_salt": ""}), "cache_salt"), (dict(max_tokens=5000), "max_tokens"),
        (dict(prompt=[7, 10**6]), "prompt"), (dict(prompt=""), "prompt"), (dict(best_of=3), "best_of")]
@@ -330,3 +330,21 @@ def test_failing_step_is_a_500_and_the_server_goes_on(server, ref, monkeypatch):
     assert got == offline(ref, ref.tokenizer.encode(PROMPTS[0]), CASES[0]).text
     assert wait_idle(server)[("jenga_kv_used_bytes", ())] == 0
     integrity(server)
+
+
+def test_logprobs_equal_offline_logits(server, ref):
+    ids = ref.tokenizer.encode(PROMPTS[1])
+    want = ref.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=6, return_logits=True))[0]
+    lp = [torch.log_softmax(row, -1) for row in want.logits]
+    c = client(server)
+    got = c.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=6, temperature=0, logprobs=2).choices[0]
+    assert len(got.logprobs.token_logprobs) == len(want.token_ids)
+    for row, tok, value, top in zip(lp, want.token_ids, got.logprobs.token_logprobs, got.logprobs.top_logprobs,
+                                    strict=True):
+        assert value == pytest.approx(float(row[tok]), abs=1e-4) and len(top) <= 2
+        assert max(top.values()) == pytest.approx(float(row.max()), abs=1e-4)  # greedy: the top-1 is chosen
+    chunks = list(c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                            temperature=0, logprobs=True, top_logprobs=3, stream=True))
+    content = [e for ch in chunks if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+    assert len(content) == chunks[-1].usage.completion_tokens
+    assert all(len(e.top_logprobs) == 3 and e.logprob <= 0 for e in content)

@@ -23,6 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from jenga.server.engine_loop import EngineLoop, EngineStopped, Handle, QueueFull
 from jenga.server.errors import APIError, error_body, install_handlers
 from jenga.server.guard import Guard
+from jenga.server.logprobs import chat_logprobs, completion_logprobs
 from jenga.server.metrics import ServerMetrics
 from jenga.server.responses import Shape, TextStream, sse, usage
 from jenga.server.schemas import ChatCompletionRequest, CompletionRequest
@@ -108,7 +109,7 @@ class Service:
     def submit(self, ids: list[int], body, max_tokens: int, chat: bool) -> tuple[Handle, Shape]:
         params = body.sampling_params(self.defaults, max_tokens)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        handle = Handle(rid, ids, params, body.cache_salt, asyncio.get_running_loop())
+        handle = Handle(rid, ids, params, body.cache_salt, asyncio.get_running_loop(), logprobs=body.num_logprobs)
         try:
             self.engine.submit(handle)
         except QueueFull as e:
@@ -120,7 +121,7 @@ class Service:
 
     async def collect(self, request: Request, handle: Handle, shape: Shape) -> dict:
         """The whole result; ``{}`` when the client disconnected first (the request is aborted)."""
-        n, ev = 0, None
+        n, ev, lps = 0, None, []
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             while True:
@@ -131,6 +132,7 @@ class Service:
                     return {}
                 ev = get.result()
                 n += len(ev.token_ids)
+                lps += ev.logprobs
                 if ev.finished:
                     break
         finally:
@@ -139,13 +141,21 @@ class Service:
                 self.engine.abort(handle.request_id)
         if ev.error:
             raise APIError(ev.status, ev.error, code="engine_error")
-        return shape.full(ev.text, ev.finish_reason, usage(len(handle.prompt_token_ids), n))
+        return shape.full(ev.text, ev.finish_reason, usage(len(handle.prompt_token_ids), n),
+                          self.format_logprobs(handle, shape, lps, 0))
+
+    def format_logprobs(self, handle: Handle, shape: Shape, lps: list, text_offset: int) -> dict | None:
+        if handle.logprobs is None:
+            return None
+        if shape.chat:
+            return chat_logprobs(lps, self.tokenizer)
+        return completion_logprobs(lps, self.tokenizer, text_offset)
 
     async def stream(self, handle: Handle, shape: Shape, include_usage: bool):
         done = False
         try:
             text = TextStream(self.tokenizer, handle.params.stop)
-            n = 0
+            n = offset = 0
             if shape.chat:
                 yield shape.chunk("", first=True)
             while True:
@@ -155,19 +165,22 @@ class Service:
                     done = True
                     yield sse(error_body(ev.status, ev.error, None, "engine_error"))
                     break
+                lps = self.format_logprobs(handle, shape, ev.logprobs, offset)
+                if lps is not None and not shape.chat:
+                    offset += sum(len(t) for t in lps["tokens"])
                 if not ev.finished:
                     delta = text.feed(ev.token_ids)
-                    if delta:
-                        yield shape.chunk(delta)
+                    if delta or lps:
+                        yield shape.chunk(delta, logprobs=lps)
                     continue
                 done = True
                 delta = text.feed(ev.token_ids, ev.text)
                 use = usage(len(handle.prompt_token_ids), n)
                 if include_usage:
-                    yield shape.chunk(delta, ev.finish_reason)
+                    yield shape.chunk(delta, ev.finish_reason, logprobs=lps)
                     yield shape.chunk(None, use=use, no_choices=True)
                 else:
-                    yield shape.chunk(delta, ev.finish_reason, use=use)
+                    yield shape.chunk(delta, ev.finish_reason, use=use, logprobs=lps)
                 break
             yield "data: [DONE]\n\n"
         finally:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from jenga.engine.sampling_params import SamplingParams
 from jenga.engine.sequence import Status
 from jenga.errors import JengaError
+from jenga.server.logprobs import entries
 from jenga.server.metrics import ServerMetrics
 
 log = logging.getLogger("jenga.server")
@@ -53,6 +54,7 @@ class Event:
     text: str = ""
     error: str | None = None
     status: int = 500
+    logprobs: list = field(default_factory=list)  # jenga.server.logprobs entries of token_ids
 
 
 @dataclass(eq=False)
@@ -71,6 +73,7 @@ class Handle:
     sent: int = 0
     first_token_at: float | None = None
     waiting: bool = True  # counted against max_waiting
+    logprobs: int | None = None  # alternatives per token to report (params.return_logits is set)
 
 
 class EngineLoop:
@@ -221,15 +224,19 @@ class EngineLoop:
                 h.first_token_at = now
                 m.ttft.observe(now - h.arrival)
             h.sent = n
+            lps = []
+            if h.logprobs is not None and new:
+                lps = entries(seq.logits[-len(new):], new, h.logprobs)
+                seq.logits.clear()
             if not seq.finished:
                 if new:
-                    self._send(h, Event(new))
+                    self._send(h, Event(new, logprobs=lps))
                 continue
             done.append(rid)
             self._release_waiting(h)
             reason = seq.finish_reason
             m.finished.labels(reason=reason).inc()
-            ev = Event(new, True, reason, seq.text)
+            ev = Event(new, True, reason, seq.text, logprobs=lps)
             if reason == "abort":
                 m.aborted.inc()
                 if error is not None:

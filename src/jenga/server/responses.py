@@ -57,27 +57,27 @@ class Shape:
     def _base(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def full(self, text: str, finish_reason: str | None, use: dict) -> dict:
+    def full(self, text: str, finish_reason: str | None, use: dict, logprobs: dict | None = None) -> dict:
         reason = FINISH.get(finish_reason, finish_reason)
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                       "finish_reason": reason}
             return {**self._base("chat.completion"), "choices": [choice], "usage": use}
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        choice = {"index": 0, "text": text, "logprobs": logprobs, "finish_reason": reason}
         return {**self._base("text_completion"), "choices": [choice], "usage": use}
 
     def chunk(self, text: str | None, finish_reason: str | None = None, *, first: bool = False,
-              use: dict | None = None, no_choices: bool = False) -> str:
+              use: dict | None = None, no_choices: bool = False, logprobs: dict | None = None) -> str:
         """One server-sent event (``data: {...}``)."""
         reason = FINISH.get(finish_reason, finish_reason)
         if self.chat:
             body = self._base("chat.completion.chunk")
             delta = {"role": "assistant", "content": text or ""} if first else (
                 {"content": text} if text else {})
-            choices = [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]
+            choices = [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]
         else:
             body = self._base("text_completion")
-            choices = [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}]
+            choices = [{"index": 0, "text": text or "", "logprobs": logprobs, "finish_reason": reason}]
         body["choices"] = [] if no_choices else choices
         if use is not None:
             body["usage"] = use

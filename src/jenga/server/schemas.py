@@ -3,10 +3,11 @@
 Implemented fields: ``model``, ``prompt`` (a string, a token-id list, or a list of one of
 them) / ``messages``, ``max_tokens`` (chat also ``max_completion_tokens``), ``temperature``,
 ``top_p``, ``n`` (1 only), ``stop`` (string or list, at most 4), ``seed``, ``stream``,
-``stream_options.include_usage``, ``user`` (ignored) and jenga's extras ``top_k``,
+``stream_options.include_usage``, ``logprobs`` (completions: 0-5 alternatives; chat:
+``logprobs`` + ``top_logprobs`` 0-20), ``user`` (ignored) and jenga's extras ``top_k``,
 ``ignore_eos``, ``cache_salt``.  Refused with a 400 naming the field: ``n > 1``,
-``best_of > 1``, ``echo``, ``logprobs``, ``logit_bias``, non-zero presence / frequency
-penalties, ``suffix``, ``tools``.  A field the request leaves out takes the model's
+``best_of > 1``, ``echo``, ``logit_bias``, non-zero presence / frequency penalties,
+``suffix``, ``tools``, ``response_format``.  A field the request leaves out takes the model's
 ``generation_config.json`` value where it gives one, else OpenAI's default (temperature 1,
 top-p 1, 16 tokens for completions, the rest of the context for chat).
 """
@@ -77,10 +78,16 @@ class _Common(BaseModel):
         top_k = self.top_k if self.top_k is not None else defaults.get("top_k", -1)
         try:
             return SamplingParams(max_tokens=max_tokens, temperature=pick("temperature"), top_p=pick("top_p"),
-                                  top_k=top_k, seed=self.seed, stop=tuple(stop), ignore_eos=self.ignore_eos)
+                                  top_k=top_k, seed=self.seed, stop=tuple(stop), ignore_eos=self.ignore_eos,
+                                  return_logits=self.num_logprobs is not None)
         except InvalidArgumentError as e:
             param = next((f for f in ("max_tokens", "temperature", "top_p", "top_k") if str(e).startswith(f)), None)
             raise APIError(400, str(e), param=param, code="invalid_value") from e
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """Alternatives per token to report (None: no logprobs)."""
+        return None
 
     @property
     def include_usage(self) -> bool:
@@ -92,12 +99,15 @@ class CompletionRequest(_Common):
     max_tokens: int | None = Field(None, ge=1)
     best_of: int | None = None
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=5)
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return self.logprobs
 
     def _refuse_unsupported(self) -> None:
         super()._refuse_unsupported()
-        for param, bad in (("best_of", (self.best_of or 1) > 1), ("echo", self.echo),
-                           ("logprobs", self.logprobs is not None)):
+        for param, bad in (("best_of", (self.best_of or 1) > 1), ("echo", self.echo)):
             if bad:
                 raise APIError(400, f"{param} is not supported", param=param, code="unsupported")
 
@@ -137,11 +147,11 @@ class ChatCompletionRequest(_Common):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
 
-    def _refuse_unsupported(self) -> None:
-        super()._refuse_unsupported()
-        if self.logprobs:
-            raise APIError(400, "logprobs is not supported", param="logprobs", code="unsupported")
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def requested_max_tokens(self) -> int | None:
