@@ -212,6 +212,32 @@ class ManagerMachine(RuleBasedStateMachine):
     def lookup(self, data):
         self._lookup(data.draw(st.sampled_from(sorted(k for k, v in self.live.items() if v.phase != "running"))))
 
+    @precondition(lambda self: self.ready() and any(r.phase == "looked" for r in self.live.values()))
+    @rule(data=st.data())
+    def shrink_hit(self, data):
+        r = data.draw(st.sampled_from(sorted(k for k, v in self.live.items() if v.phase == "looked")))
+        live = self.live[r]
+        n = data.draw(st.integers(0, live.hit))
+        hit = self.mgr.shrink_hit(r, n)
+        assert 0 <= hit <= n and hit % TPP == 0 and self.mgr.requests[r].num_computed == hit
+        self.seen["shrunk"] += hit < live.hit
+        live.hit = hit
+
+    @precondition(lambda self: self.ready())
+    @rule(go=st.integers(0, 19))
+    def reset_prefix_cache(self, go):
+        """Refused while pages are held; done (rarely, so hits stay common) when none are."""
+        before = snapshot(self.mgr)
+        held = self.mgr.used_bytes > 0
+        if not held and go:
+            return
+        assert self.mgr.reset_prefix_cache() is not held
+        if held:
+            assert snapshot(self.mgr) == before, "a refused reset_prefix_cache changed the manager"
+        else:
+            assert self.mgr.stats().cached_bytes == 0 and not len(self.mgr.index)
+            self.seen["reset"] += 1
+
     @precondition(lambda self: self.ready() and any(r.step is None for r in self.live.values()))
     @rule(data=st.data())
     def allocate(self, data):
@@ -295,7 +321,10 @@ class ManagerMachine(RuleBasedStateMachine):
         if live.phase == "added":
             live.hit = 0
         before = snapshot(self.mgr)
+        fits = self.mgr.can_allocate(r, n, num_lookahead=la)
+        assert snapshot(self.mgr) == before, "can_allocate changed the manager"
         t = self.mgr.allocate(r, n, num_lookahead=la)
+        assert (t is not None) == fits, f"can_allocate said {fits}, allocate returned {t is not None}"
         if t is None:
             self.seen["none"] += 1
             assert snapshot(self.mgr) == before, "allocate returned None but changed the manager"
@@ -345,7 +374,7 @@ class ManagerMachine(RuleBasedStateMachine):
             self._free(r)
         self.mgr.check_integrity()
         st_ = self.mgr.stats()
-        assert st_.used_bytes == 0 and st_.num_requests == 0
+        assert st_.used_bytes == 0 == self.mgr.used_bytes and st_.num_requests == 0
         assert st_.cached_bytes + st_.free_bytes == st_.total_bytes
         if not self.caching:
             assert st_.cached_bytes == 0 and self.mgr.alloc.num_free_large == self.num_large

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from jenga.allocator import LargePageAllocator
+from jenga.cache_control import CacheControl
 from jenga.errors import (
     DuplicateRequestError,
     InsufficientMemoryError,
@@ -24,6 +25,7 @@ from jenga.errors import (
 from jenga.integrity import check_manager
 from jenga.ledger import PageLedger
 from jenga.prefix.evictor import PrefixEvictor
+from jenga.prefix.hash_memo import HashMemo
 from jenga.prefix.hashing import ImageRef, extend_block_hashes, root_hash
 from jenga.prefix.index import PrefixIndex
 from jenga.prefix.policies import (
@@ -40,7 +42,6 @@ from jenga.stats import CacheStats, collect_stats
 from jenga.tables import PageTables
 
 NEVER = 1 << 62
-HASH_MEMO_SIZE = 256  # freed requests whose block hashes are kept for a re-add
 
 
 def with_base_page(model: ModelSpec, tokens_per_page: int) -> ModelSpec:
@@ -51,7 +52,7 @@ def with_base_page(model: ModelSpec, tokens_per_page: int) -> ModelSpec:
     return ModelSpec(model.name, groups, model.max_model_len, model.num_layers, model.hf_config)
 
 
-class KVCacheManager(PageLedger):
+class KVCacheManager(PageLedger, CacheControl):
     """Jenga's KV-cache manager for one (possibly composite) model.
 
     ``memory_bytes`` is the KV budget; it is cut into ``floor(memory / S) - 1`` large
@@ -59,10 +60,9 @@ class KVCacheManager(PageLedger):
     hash block) size; groups may use multiples of it to keep the LCM bounded
     (``max_lcm_ratio`` x the largest small page).  Sliding groups keep ``window_slack``
     tokens below the window (so a prompt ending a little earlier still hits; vLLM v1 keeps
-    W + 192); the default is ``min(256, W // 8)``.  Pages that leave the window or chunk are stamped ``out_of_window_age`` clock
-    ticks older, so they are evicted first (0: their release time, the paper's text).
-    ``device`` is only used by
-    :attr:`layout` (the torch buffer), which is built on first use.
+    W + 192); the default is ``min(256, W // 8)``.  Pages that leave the window or chunk
+    are stamped ``out_of_window_age`` clock ticks older, so they are evicted first (0:
+    their release time, the paper's text).  ``device`` is only used by :attr:`layout`.
     """
 
     name = "jenga"
@@ -106,7 +106,7 @@ class KVCacheManager(PageLedger):
         self._released_key: dict[tuple[int, int], tuple[int, int]] = {}
         self.requests: dict[object, Request] = {}
         self._max_tokens = model.max_model_len + 1
-        self._hash_memo: dict[object, tuple] = {}  # freed request id -> its tokens and block hashes
+        self._hash_memo = HashMemo()  # freed requests' block hashes, for a re-add
         self._state_group = [not g.spec.per_token for g in model.groups]
         self._shared = list(self._state_group)  # per allocate: fill shared large pages first
         self.now = 0
@@ -178,32 +178,20 @@ class KVCacheManager(PageLedger):
         hashes: list[bytes] = []
         root = root_hash(cache_salt) if self.caching else b""
         if self.caching:
-            hashes = self._remembered_hashes(request_id, tokens, root, tuple(refs))
+            hashes = self._hash_memo.recall(request_id, tokens, root, self.block, tuple(refs))
             extend_block_hashes(hashes, tokens, self.block, root, refs)
         req = Request(request_id, tokens, len(tokens), tuple(refs), hashes,
                       [GroupState() for _ in self.model.groups])
         req.salt_root = root
         self.requests[request_id] = req
 
-    def _remembered_hashes(self, request_id: object, tokens: list[int], root: bytes,
-                           images: tuple[ImageRef, ...]) -> list[bytes]:
-        """Block hashes of a freed request re-added under the same id (a preempted request
-        coming back with its generated tokens): reused for the blocks whose tokens, salt
-        and images are unchanged, so a long prompt is not hashed again."""
-        memo = self._hash_memo.pop(request_id, None)
-        if memo is None:
-            return []
-        old_tokens, old_hashes, old_root, old_images = memo
-        n = min(len(old_hashes), len(tokens) // self.block)
-        if old_root != root or old_images != images or tokens[:n * self.block] != old_tokens[:n * self.block]:
-            return []
-        return old_hashes[:n]
-
-    def lookup(self, request_id: object) -> int:
-        """Tokens of the prompt already cached for every group (never the last token).
+    def lookup(self, request_id: object, *, max_tokens: int | None = None) -> int:
+        """Tokens of the prompt already cached for every group (never the last token,
+        never more than ``max_tokens``).
 
         Holds those pages for the next ``allocate``; a second lookup first lets go of the
-        first one's pages.  Raises once the request has been allocated.
+        first one's pages (``shrink_hit`` keeps part of it).  Raises once the request has
+        been allocated.
         """
         req = self._req(request_id)
         if req.tables is not None or req.num_scheduled:
@@ -212,6 +200,8 @@ class KVCacheManager(PageLedger):
         if not self.caching:
             return 0
         cand = min(len(req.tokens) - 1, len(req.hashes) * self.block)
+        if max_tokens is not None:
+            cand = max(0, min(cand, max_tokens))
         while True:
             start = cand
             for pol in self.policies:
@@ -234,31 +224,37 @@ class KVCacheManager(PageLedger):
         req.groups = [GroupState() for _ in self.model.groups]
         req.hit = req.num_computed = 0
 
-    def allocate(self, request_id: object, num_new_tokens: int, *, num_lookahead: int = 0) -> PageTables | None:
+    def allocate(self, request_id: object, num_new_tokens: int, *, num_lookahead: int = 0,
+                 num_placeholders: int = 0) -> PageTables | None:
         """Pages for tokens ``[computed, computed + num_new_tokens + num_lookahead)``.
 
+        ``num_placeholders``: how many of the last tokens up to ``computed +
+        num_new_tokens`` have ids not known yet (async scheduling computes a token
+        sampled by a step still running); they get pages like any token, and their pages
+        join the prefix index once ``append_tokens`` has brought the ids.
         Returns the request's page tables, or ``None`` when memory (free + evictable)
         cannot hold them; ``None`` changes nothing.  Raises on an unknown request, a
-        negative count, tokens not yet known, or a length past the model's maximum.
+        negative count, more unknown tokens than placeholders, or a length past the
+        model's maximum.
         """
         req = self.requests.get(request_id)
         if req is None:
             raise UnknownRequestError(f"unknown request id {request_id!r} (never added, or already freed)")
-        if num_new_tokens < 0 or num_lookahead < 0:
-            raise InvalidArgumentError(f"request {request_id!r}: negative token count "
-                                       f"({num_new_tokens}, lookahead {num_lookahead})")
+        if num_new_tokens < 0 or num_lookahead < 0 or num_placeholders < 0:
+            raise InvalidArgumentError(f"request {request_id!r}: negative token count ({num_new_tokens}, "
+                                       f"lookahead {num_lookahead}, placeholders {num_placeholders})")
         start = req.num_computed + req.num_scheduled
         end = start + num_new_tokens + num_lookahead
         self.now += 1
         if end < req.limit and req.tables is not None and num_lookahead == req.num_lookahead:
-            if start + num_new_tokens > len(req.tokens):
+            if start + num_new_tokens > len(req.tokens) + num_placeholders:
                 self._too_far(req, start, num_new_tokens)
             req.num_scheduled += num_new_tokens
             req.last_access = self.now
             t = req.tables
             t.num_computed, t.num_new = req.num_computed, req.num_scheduled
             return t
-        if start + num_new_tokens > len(req.tokens):
+        if start + num_new_tokens > len(req.tokens) + num_placeholders:
             self._too_far(req, start, num_new_tokens)
         if end > self.model.max_model_len:
             raise SequenceTooLongError(f"request {request_id!r}: {end} tokens exceed the model's max length "
@@ -267,28 +263,20 @@ class KVCacheManager(PageLedger):
 
     def _too_far(self, req: Request, start: int, n: int) -> None:
         raise InvalidArgumentError(f"request {req.request_id!r}: cannot compute tokens up to {start + n}; only "
-                                   f"{len(req.tokens)} token ids are known (append sampled tokens first)")
+                                   f"{len(req.tokens)} token ids are known (append sampled tokens first, "
+                                   "or count the unknown ones as placeholders)")
 
     def _allocate_slow(self, req: Request, n: int, lookahead: int, end: int) -> PageTables | None:
         old_lookahead, req.num_lookahead = req.num_lookahead, lookahead
-        pairs = req.pairs or list(zip(self.policies, req.groups, strict=True))
-        need = [0] * len(self.policies)
-        self._log = log = []
-        try:
-            for pol, gs in pairs:
-                need[pol.gi] = pol.plan(req, gs, end, self)
-        finally:
-            self._log = None
+        need, log = self._plan(req, end)
         quota = self._quota_for(need) if any(need) else need
         if quota is None:
-            self._unhold(log)
-            for gs in req.groups:
-                gs.pending.clear()
+            self._rollback(req, log)
             req.num_lookahead = old_lookahead
             return None
         self._tag, self._quota = req.request_id, quota
         self._shared = self._prefer_shared(req)
-        for pol, gs in pairs:
+        for pol, gs in req.pairs or zip(self.policies, req.groups, strict=True):
             pol.grow(req, gs, end, self)
         self._tag = None
         if not req.counted:
@@ -305,6 +293,23 @@ class KVCacheManager(PageLedger):
         t.num_computed, t.num_new, t.num_lookahead = req.num_computed, req.num_scheduled, lookahead
         req.limit = min(pol.limit(req, gs, self) for pol, gs in req.pairs)
         return t
+
+    def _plan(self, req: Request, end: int) -> tuple[list[int], list]:
+        """Pages each group needs to cover ``[0, end)``, and the log of cached pages held."""
+        need = [0] * len(self.policies)
+        self._log = log = []
+        try:
+            for pol, gs in req.pairs or zip(self.policies, req.groups, strict=True):
+                need[pol.gi] = pol.plan(req, gs, end, self)
+        finally:
+            self._log = None
+        return need, log
+
+    def _rollback(self, req: Request, log: list) -> None:
+        """Undo a ``_plan`` that will not be followed by growing."""
+        self._unhold(log)
+        for gs in req.groups:
+            gs.pending.clear()
 
     def _prefer_shared(self, req: Request) -> list[bool]:
         """Groups where this request should fill other requests' large pages before taking
@@ -327,20 +332,25 @@ class KVCacheManager(PageLedger):
             return least
         return None
 
-    def append_tokens(self, request_id: object, token_ids: Sequence[int]) -> None:
-        """The allocated tokens were computed; ``token_ids`` were sampled after them.
+    def append_tokens(self, request_id: object, token_ids: Sequence[int], *, num_rejected: int = 0) -> None:
+        """The allocated tokens were computed, except the last ``num_rejected`` (draft
+        tokens the verifier rejected: their pages stay, the next allocate covers them
+        again); ``token_ids`` were sampled after them (or are the ids of placeholders).
 
         Full pages become reusable; pages out of window or chunk are released.
         """
         req = self.requests.get(request_id)
         if req is None:
             raise UnknownRequestError(f"unknown request id {request_id!r} (never added, or already freed)")
+        if num_rejected and not 0 < num_rejected <= req.num_scheduled:
+            raise InvalidArgumentError(f"request {request_id!r}: {num_rejected} rejected of "
+                                       f"{req.num_scheduled} scheduled tokens")
         tokens = req.tokens
         if len(tokens) + len(token_ids) > self._max_tokens:
             raise SequenceTooLongError(f"request {request_id!r}: appending {len(token_ids)} tokens passes "
                                        f"the model's max length {self.model.max_model_len}")
         tokens.extend(token_ids)
-        computed = req.num_computed = req.num_computed + req.num_scheduled
+        computed = req.num_computed = req.num_computed + req.num_scheduled - num_rejected
         req.num_scheduled = 0
         if self.caching and len(tokens) >= (len(req.hashes) + 1) * self.block:
             extend_block_hashes(req.hashes, tokens, self.block, req.salt_root, req.images)
@@ -350,6 +360,8 @@ class KVCacheManager(PageLedger):
                 pol.commit(req, gs, self)
                 next_event = min(next_event, pol.next_event(req, gs, self))
             req.next_event = next_event
+            if self.index.events is not None:
+                self.index.events.flush(req)
         t = req.tables
         if t is not None:
             t.num_computed, t.num_new = computed, 0
@@ -371,10 +383,7 @@ class KVCacheManager(PageLedger):
                 pol.free(req, gs, self)
         del self.requests[request_id]
         if self.caching:
-            memo = self._hash_memo
-            memo[request_id] = (req.tokens, req.hashes, req.salt_root, req.images)
-            if len(memo) > HASH_MEMO_SIZE:
-                del memo[next(iter(memo))]  # the oldest
+            self._hash_memo.remember(request_id, req.tokens, req.hashes, req.salt_root, req.images)
 
     # ----------------------------------------------------------- reporting
     def stats(self) -> CacheStats:

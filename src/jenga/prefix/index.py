@@ -12,6 +12,7 @@ class PrefixIndex:
     def __init__(self, num_groups: int):
         self.table: list[dict[bytes, int]] = [{} for _ in range(num_groups)]
         self.key_of: list[dict[int, bytes]] = [{} for _ in range(num_groups)]
+        self.events = None  # a ``jenga.events.EventLog`` told of every change, when enabled
 
     def get(self, group: int, key: bytes) -> int | None:
         return self.table[group].get(key)
@@ -24,6 +25,8 @@ class PrefixIndex:
             return False
         table[key] = page
         self.key_of[group][page] = key
+        if self.events is not None:
+            self.events.stored(group, key)
         return True
 
     def is_registered(self, group: int, page: int) -> bool:
@@ -32,6 +35,8 @@ class PrefixIndex:
     def drop(self, group: int, page: int) -> None:
         key = self.key_of[group].pop(page)
         del self.table[group][key]
+        if self.events is not None:
+            self.events.removed(group, key)
 
     def __len__(self) -> int:
         return sum(len(t) for t in self.table)
