@@ -25,7 +25,7 @@ torch.set_num_threads(1)
 TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}<assistant>{% endif %}")
 PROMPTS = ["The quick brown fox", "Jenga is a memory manager for", "def generate(prompts):"]
-KEY = "sekret"
+KEY, KEY2 = "sekret", "other-tenant"
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +54,10 @@ def server(model_dir):
 
 @pytest.fixture(scope="module")
 def guarded():
-    """tiny-llama (no chat template) with an API key, a 4 KiB body limit, one running and two waiting requests."""
+    """tiny-llama (no chat template) with two API keys (tenants), a 4 KiB body limit, one running and two
+    waiting requests."""
     llm = jenga.LLM("tiny-llama", kv_memory="4MiB", max_num_seqs=1)
-    with BackgroundServer(create_app(llm, model_name="tiny-llama", api_key=KEY, max_waiting=2,
+    with BackgroundServer(create_app(llm, model_name="tiny-llama", api_key=[KEY, KEY2], max_waiting=2,
                                      max_body_bytes=4096)) as srv:
         yield srv
 
@@ -348,3 +349,15 @@ def test_logprobs_equal_offline_logits(server, ref):
     content = [e for ch in chunks if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
     assert len(content) == chunks[-1].usage.completion_tokens
     assert all(len(e.top_logprobs) == 3 and e.logprob <= 0 for e in content)
+
+
+def test_each_api_key_has_its_own_prefix_cache(guarded):
+    prompt = [5 + i % 300 for i in range(64)]
+
+    def hits(key):
+        before = scrape(guarded, KEY)[("jenga_prefix_hit_tokens_total", ())]
+        client(guarded, key=key).completions.create(model="tiny-llama", prompt=prompt, max_tokens=1)
+        return scrape(guarded, KEY)[("jenga_prefix_hit_tokens_total", ())] - before
+
+    hits(KEY)
+    assert hits(KEY2) == 0 and hits(KEY) > 0 and hits(KEY2) > 0

@@ -106,10 +106,11 @@ class Service:
         return asked if asked is not None else min(room, default or room)
 
     # ---------------------------------------------------------------- running
-    def submit(self, ids: list[int], body, max_tokens: int, chat: bool) -> tuple[Handle, Shape]:
+    def submit(self, ids: list[int], body, max_tokens: int, chat: bool, tenant: int | None) -> tuple[Handle, Shape]:
         params = body.sampling_params(self.defaults, max_tokens)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        handle = Handle(rid, ids, params, body.cache_salt, asyncio.get_running_loop(), logprobs=body.num_logprobs)
+        salt = body.cache_salt if tenant is None else f"tenant{tenant}\x00{body.cache_salt or ''}"
+        handle = Handle(rid, ids, params, salt, asyncio.get_running_loop(), logprobs=body.num_logprobs)
         try:
             self.engine.submit(handle)
         except QueueFull as e:
@@ -188,9 +189,13 @@ class Service:
                 self.engine.abort(handle.request_id)
 
 
-def create_app(llm, *, model_name: str, api_key: str | None = None, max_waiting: int = 256,
+def create_app(llm, *, model_name: str, api_key: str | list[str] | None = None, max_waiting: int = 256,
                max_body_bytes: int = 1 << 20, retry_after_s: int = 1) -> FastAPI:
-    """The app serving ``llm`` under ``model_name``; ``app.state.service`` holds the engine loop."""
+    """The app serving ``llm`` under ``model_name``; ``app.state.service`` holds the engine loop.
+
+    ``api_key``: one key, or several (one per tenant: each tenant's prefix cache is salted
+    apart from the others', on top of the request's own ``cache_salt``)."""
+    keys = tuple(k for k in ([api_key] if isinstance(api_key, str) else (api_key or ())) if k)
     svc = Service(llm, model_name=model_name, max_waiting=max_waiting, retry_after_s=retry_after_s)
 
     @asynccontextmanager
@@ -204,7 +209,7 @@ def create_app(llm, *, model_name: str, api_key: str | None = None, max_waiting:
     app = FastAPI(title="jenga", lifespan=lifespan)
     app.state.service = svc
     install_handlers(app)
-    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
+    app.add_middleware(Guard, api_keys=keys, max_body_bytes=max_body_bytes)
 
     @app.get("/health")
     async def health():
@@ -223,7 +228,7 @@ def create_app(llm, *, model_name: str, api_key: str | None = None, max_waiting:
 
     async def respond(request: Request, body, ids: list[int], asked: int | None, default: int | None, chat: bool):
         max_tokens = svc.max_tokens(len(ids), asked, default)
-        handle, shape = svc.submit(ids, body, max_tokens, chat)
+        handle, shape = svc.submit(ids, body, max_tokens, chat, getattr(request.state, "tenant", None))
         if body.stream:
             return StreamingResponse(svc.stream(handle, shape, body.include_usage), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})

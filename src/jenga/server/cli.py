@@ -24,7 +24,8 @@ def add_serve_parser(sub) -> None:
                    help="most requests waiting for their first step; beyond it 429 with Retry-After")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get 413")
     p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer KEY' on every endpoint but /health (or set JENGA_API_KEY)")
+                   help="require 'Authorization: Bearer KEY' on every endpoint but /health (or set JENGA_API_KEY); "
+                   "a comma-separated list gives one key per tenant, each with its own prefix cache")
     p.add_argument("--random-weights", action="store_true", help="a directory's architecture with random weights")
     p.add_argument("--dtype", default="fp32", help="fp32, bf16, fp16")
     p.add_argument("--device", default="cpu")
@@ -42,8 +43,8 @@ def build_app(args):
     llm = LLM(args.model, manager=args.manager, kv_memory=args.kv_memory, tokens_per_page=args.tokens_per_page,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               random_weights=args.random_weights, dtype=args.dtype, device=args.device, seed=args.seed)
-    key = args.api_key or os.environ.get("JENGA_API_KEY") or None
-    return create_app(llm, model_name=args.served_model_name or args.model, api_key=key,
+    keys = [k.strip() for k in (args.api_key or os.environ.get("JENGA_API_KEY") or "").split(",") if k.strip()]
+    return create_app(llm, model_name=args.served_model_name or args.model, api_key=keys,
                       max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes)
 
 

@@ -1,7 +1,9 @@
 """ASGI guard in front of the app: API key (401) and request body size (413).
 
-With an API key every path but ``/health`` needs ``Authorization: Bearer <key>``
-(compared in constant time).  A body whose ``Content-Length`` exceeds ``max_body_bytes``
+With API keys every path but ``/health`` needs ``Authorization: Bearer <key>`` for one
+of them (compared in constant time).  With several keys, each is a tenant: the index of the
+key a request used is put in ``scope["state"]["tenant"]`` (the app salts that tenant's
+prefix cache with it).  A body whose ``Content-Length`` exceeds ``max_body_bytes``
 is refused before it is read; a chunked body is buffered while it arrives and refused as
 soon as it passes the limit.
 """
@@ -25,19 +27,30 @@ async def _reply(send, status: int, message: str, code: str, headers: tuple = ()
 
 
 class Guard:
-    def __init__(self, app, *, api_key: str | None, max_body_bytes: int):
+    def __init__(self, app, *, api_keys: tuple[str, ...], max_body_bytes: int):
         self.app = app
-        self.key = f"Bearer {api_key}".encode() if api_key else None
+        self.keys = [f"Bearer {k}".encode() for k in api_keys]
         self.max_body = max_body_bytes
+
+    def tenant(self, auth: bytes) -> int | None:
+        """Index of the key ``auth`` carries (every key compared, in constant time each)."""
+        found = None
+        for i, key in enumerate(self.keys):
+            if hmac.compare_digest(auth, key):
+                found = i
+        return found
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or ())
-        if self.key is not None and scope["path"] not in OPEN_PATHS:
-            if not hmac.compare_digest(headers.get(b"authorization", b""), self.key):
+        if self.keys and scope["path"] not in OPEN_PATHS:
+            tenant = self.tenant(headers.get(b"authorization", b""))
+            if tenant is None:
                 return await _reply(send, 401, "missing or wrong API key (Authorization: Bearer <key>)",
                                     "invalid_api_key", ((b"www-authenticate", b"Bearer"),))
+            if len(self.keys) > 1:
+                scope.setdefault("state", {})["tenant"] = tenant
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body:
             return await _reply(send, 413, f"request body of {int(length)} bytes exceeds the limit of "
