@@ -20,8 +20,8 @@ def test_serve_load_small(capsys):
     mod = importlib.util.module_from_spec(spec)
     sys.modules["serve_load"] = mod  # its dataclasses look their module up
     spec.loader.exec_module(mod)
-    rc = mod.main(["--requests", "30", "--burst", "10", "--vanish", "2", "--max-waiting", "3",
-                   "--max-num-seqs", "4", "--concurrency", "8", "--max-tokens", "8", "--time-limit", "120"])
+    rc = mod.main(["--requests", "24", "--burst", "10", "--vanish", "2", "--max-waiting", "3",
+                   "--max-num-seqs", "4", "--concurrency", "6", "--max-tokens", "8", "--time-limit", "120"])
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "FAIL" not in out and out.rstrip().endswith("OK")

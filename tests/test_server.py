@@ -292,8 +292,8 @@ def test_queue_full_gets_429(guarded):
     async def burst():
         async with httpx.AsyncClient(base_url=guarded.url, headers={"Authorization": f"Bearer {KEY}"},
                                      timeout=60) as h:
-            body = dict(model="tiny-llama", prompt=[5, 6, 7], max_tokens=48, ignore_eos=True)
-            return await asyncio.gather(*(h.post("/v1/completions", json=body) for _ in range(8)))
+            body = dict(model="tiny-llama", prompt=[5, 6, 7], max_tokens=16, ignore_eos=True)
+            return await asyncio.gather(*(h.post("/v1/completions", json=body) for _ in range(6)))
 
     codes = [r.status_code for r in asyncio.run(burst())]
     rejected = [r for r in asyncio.run(burst()) if r.status_code == 429]
