@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -166,3 +167,34 @@ def test_vision_weights_are_read_only_by_steps_with_images():
     assert scout.weight_bytes_read(1, 16) - scout.weight_bytes_read(1) == pytest.approx(bpp * scout.vision_params)
     llama = build_setup("llama-3.1-8b").cost.model_info
     assert llama.weight_bytes_read(1) == llama.weight_bytes_read(1, 5) == llama.weight_bytes
+
+
+# ------------------------------------------------------------------- figure-14 settings, reserve
+
+def test_profile_reserve_grows_with_the_v0_token_budget():
+    from jenga.sim.activation import activation_bytes_per_token, profile_reserve_bytes
+    from jenga.sim.gpu import DEFAULT_ACTIVATION_RESERVE_BYTES
+
+    cfg = build_setup("ministral-8b", memory_bytes=1).target.hf_config
+    assert profile_reserve_bytes(cfg, 8192) == DEFAULT_ACTIVATION_RESERVE_BYTES
+    per_tok = activation_bytes_per_token(cfg)
+    assert per_tok == 2 * ((32 + 2 * 8) * 128 + 3 * 12288 + 2 * 4096)  # qkv + gate/up/act + residual
+    assert profile_reserve_bytes(cfg, 131072) == int(DEFAULT_ACTIVATION_RESERVE_BYTES + (131072 - 8192) * per_tok)
+    assert activation_bytes_per_token(cfg, tp=4) < per_tok / 2
+
+
+def test_figure14_cases_follow_the_artifact():
+    from jenga.sim.figure14 import CASES, paper_ratio
+
+    by = {c.label: c for c in CASES}
+    assert set(by) == {"mllama", "Gemma-3", "Ministral", "Llama 4", "Jamba", "Llama 3.1"}
+    assert [c.engine for c in CASES] == ["v0", "v1", "v0", "v1", "v0", "v1"]
+    assert by["mllama"].max_num_seqs == 52 and by["mllama"].budget == 131072
+    assert by["Jamba"].baseline == "static" and by["Jamba"].budget == 8192 and by["Jamba"].max_num_seqs == 1024
+    assert by["Jamba"].prefix_caching == (False, True) and by["Jamba"].tp == 4
+    assert all(c.budget == 8192 and c.max_num_seqs == 1024 for c in CASES if c.engine == "v1")
+    assert by["Llama 4"].tp == 8 and by["Llama 4"].workload_kw["num_articles"] == 40
+    assert by["Ministral"].workload_kw["max_prompt_len"] == 80000 and by["Gemma-3"].workload_kw["num_articles"] == 10
+    ratios = [paper_ratio(c, "h100-80gb") for c in CASES]
+    assert math.exp(sum(map(math.log, ratios)) / 6) == pytest.approx(1.43, abs=0.01)
+    assert paper_ratio(by["Ministral"], "l4-24gb") is None  # the paper's baseline OOMed

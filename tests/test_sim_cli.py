@@ -55,3 +55,9 @@ def test_reproduce_quick_json(capsys):
     assert by["Gemma-2 SWA waste"]["ours"] == "25%"
     ctx = {r["what"]: r["value"] for r in rows if r["section"] == "Llama-4 context"}
     assert ctx["Scout 8xH100 jenga"] > 3.5 * ctx["Scout 8xH100 paged"]
+    thr = [r for r in rows if r["section"] == "throughput H100"]
+    assert len(thr) == 7 and thr[-1]["what"].startswith("geometric mean")
+    assert all(r["paper"].endswith("x") and len(r["paper"]) == 6 and r["value"] > 0 for r in thr[:-1])
+    assert sum("[v0]" in r["what"] for r in thr) == 3 and sum("[v1]" in r["what"] for r in thr) == 3
+    assert all("vs vLLM v" in r["note"] for r in thr[:-1])
+    assert [r["paper"] for r in rows if r["section"] == "throughput L4"].count("OOM") == 1

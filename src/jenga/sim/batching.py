@@ -80,6 +80,7 @@ class SimScheduler(Scheduler):
         self.rejected: dict[object, str] = {}
         self._epoch = 0  # finished + preempted requests so far
         self._blocked: tuple[int, int] | None = None  # (epoch, step) of the last failed admission
+        self._head_failed = False  # this step's waiting head did not fit in memory
 
     def add_sim(self, seq: Sequence, images: tuple = ()) -> None:
         self.view.seqs[seq.request_id] = seq
@@ -118,6 +119,7 @@ class SimScheduler(Scheduler):
             skip = (self._blocked is not None and self.running and self._blocked[0] == self._epoch
                     and (self.stats.steps - self._blocked[1]) % RETRY_EVERY)
             saved = self.max_num_seqs
+            self._head_failed = False
             if skip:
                 self.max_num_seqs = 0  # the admission loop does not run this step
             try:
@@ -137,8 +139,7 @@ class SimScheduler(Scheduler):
             finally:
                 self.max_num_seqs = saved
             self._epoch += len(plan.preempted)
-            if (not skip and self.waiting and not plan.preempted and len(self.running) < self.max_num_seqs
-                    and plan.num_tokens < self.budget):
+            if not skip and self._head_failed and not plan.preempted:
                 if self._blocked is None or self._blocked[0] != self._epoch:
                     self._blocked = (self._epoch, self.stats.steps)  # the head was tried and did not fit
             elif not skip:
@@ -149,6 +150,10 @@ class SimScheduler(Scheduler):
                     self.reject(seq, f"grew to {seq.num_tokens} tokens, more than the KV cache holds with nothing "
                                      f"else running ({self._memory_note()})")
             return plan
+
+    def _leave(self, seq: Sequence) -> None:
+        self._head_failed = True
+        super()._leave(seq)
 
     def update(self, plan: StepPlan, sampled: Seq[Seq[int] | None]) -> list[Sequence]:
         """Commit the step: ``sampled[i]`` is the list of tokens accepted for

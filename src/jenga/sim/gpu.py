@@ -133,13 +133,22 @@ def memory_budget(gpu: GPUSpec, weight_bytes: int, tp: int = 1, utilization: flo
 class CostModel:
     """Roofline step time of one engine step on ``tp`` GPUs of kind ``gpu``.
 
-    Constants (defaults are rough, typical vLLM-on-Hopper figures; tune for calibration):
+    Constants (guesses unless a source is named; none is tuned to a paper result):
 
-    * ``mfu`` = 0.6 — fraction of dense peak FLOPs reached by large prefill GEMMs.
+    * ``mfu`` = 0.6 — fraction of dense peak FLOPs reached by prefill GEMMs (+ the elementwise
+      kernels around them).  Guess; bounded above by the measured "maximum achievable matmul
+      FLOPS" of H100 SXM bf16, ~80 % of peak (S. Bekman, *Machine Learning Engineering*, MAMF
+      finder table).
+    * ``attention_efficiency`` — fraction of peak reached by attention kernels; ``None`` = ``mfu``.
+      Public figures: FlashAttention-2 reaches ~35 % of H100 bf16 peak and FlashAttention-3 up
+      to 75 % (740 TFLOPS) (Shah et al., *FlashAttention-3*, 2024, abstract); FlashAttention-2
+      reaches 50-73 % of A100 peak (Dao, *FlashAttention-2*, 2023, abstract; used for Ada/L4,
+      which FlashAttention-3 does not support).  vLLM 0.6.x uses FlashAttention-2, vLLM v1 on
+      Hopper FlashAttention-3.
     * ``bandwidth_efficiency`` = 0.9 — fraction of datasheet HBM bandwidth reached by weight
-      and KV streaming (memcpy-class kernels reach ~90%).
-    * ``step_overhead_s`` = 2 ms — scheduler, input preparation, sampling, launch per step.
-    * ``per_seq_overhead_s`` = 20 us — per scheduled sequence (metadata, sampling, detokenize).
+      and KV streaming (guess: memcpy-class kernels).
+    * ``step_overhead_s`` = 2 ms — scheduler, input preparation, sampling, launch per step (guess).
+    * ``per_seq_overhead_s`` = 20 us — per scheduled sequence (metadata, sampling, detokenize; guess).
 
     With ``bandwidth_efficiency=1`` and zero overheads, a batch-1 decode of Llama-3.1-8B on an
     H100 costs 16.06 GB / 3.35 TB/s = 4.8 ms.
@@ -152,10 +161,13 @@ class CostModel:
     bandwidth_efficiency: float = 0.9
     step_overhead_s: float = 2e-3
     per_seq_overhead_s: float = 20e-6
+    attention_efficiency: float | None = None
 
     def __post_init__(self) -> None:
         if self.tp < 1:
             raise ValueError(f"tp must be >= 1, got {self.tp}")
+        if self.attention_efficiency is not None and not 0 < self.attention_efficiency <= 1:
+            raise ValueError(f"attention_efficiency must be in (0, 1], got {self.attention_efficiency}")
         if not (0 < self.mfu <= 1 and 0 < self.bandwidth_efficiency <= 1):
             raise ValueError(f"mfu and bandwidth_efficiency must be in (0, 1], got "
                              f"{self.mfu}, {self.bandwidth_efficiency}")
@@ -204,8 +216,10 @@ class CostModel:
                 attention_flops = 0.0
         if num_seqs is None:
             num_seqs = num_decode_tokens + (1 if num_prefill_tokens else 0)
-        flops = m.matmul_flops(tokens, min(tokens, num_seqs)) + attention_flops + m.image_flops(num_image_tokens)
-        compute = flops / self.tp / (self.gpu.peak_flops(m.dtype) * self.mfu)
+        flops = m.matmul_flops(tokens, min(tokens, num_seqs)) + m.image_flops(num_image_tokens)
+        attn_eff = self.mfu if self.attention_efficiency is None else self.attention_efficiency
+        peak = self.gpu.peak_flops(m.dtype) * self.tp
+        compute = flops / (peak * self.mfu) + attention_flops / (self.gpu.peak_flops_bf16 * self.tp * attn_eff)
         mem_bytes = (m.weight_bytes_read(tokens, num_image_tokens) + kv_bytes_read) / self.tp
         memory = mem_bytes / (self.gpu.hbm_bytes_per_s * self.bandwidth_efficiency)
         return (max(compute, memory) + self.allreduce_time(tokens)

@@ -153,9 +153,9 @@ class Setup:
     tp: int = 1
 
 
-def model_cost(spec: ModelSpec) -> ModelCost:
+def model_cost(spec: ModelSpec, weight_dtype: str = "bf16") -> ModelCost:
     """``ModelCost`` of a catalog model, read straight from its (complete) ``config.json``."""
-    return ModelCost.from_hf_config(spec.hf_config, name=spec.name)
+    return ModelCost.from_hf_config(spec.hf_config, name=spec.name, dtype=weight_dtype)
 
 
 def _coster(spec: ModelSpec, mc: ModelCost) -> StepCoster:
@@ -164,12 +164,15 @@ def _coster(spec: ModelSpec, mc: ModelCost) -> StepCoster:
 
 def build_setup(model: str, gpu: str = "h100-80gb", tp: int = 1, *, draft: str | None = None,
                 dtype: str = "bf16", tokens_per_page: int = 16, utilization: float = 0.9,
-                activation_reserve_bytes: int | None = None, memory_bytes: int | None = None) -> Setup:
+                activation_reserve_bytes: int | None = None, memory_bytes: int | None = None,
+                weight_dtype: str = "bf16", attention_efficiency: float | None = None) -> Setup:
     """Whole-model specs (``tp = 1`` shapes) and budget = ``memory_budget(gpu, weights) x tp``
-    (target + draft weights), unless ``memory_bytes`` is given."""
+    (target + draft weights), unless ``memory_bytes`` is given.  ``dtype`` is the KV cache's,
+    ``weight_dtype`` the target's weights' (e.g. ``fp8`` for vLLM ``--quantization fp8``);
+    ``attention_efficiency`` is :class:`CostModel`'s (the attention kernel's share of peak)."""
     g = get_gpu(gpu)
     target = ModelSpec.from_hf_config(model, dtype=dtype, tokens_per_page=tokens_per_page)
-    tcost = model_cost(target)
+    tcost = model_cost(target, weight_dtype)
     weights = tcost.weight_bytes
     d_spec = d_cost = None
     if draft:
@@ -180,8 +183,9 @@ def build_setup(model: str, gpu: str = "h100-80gb", tp: int = 1, *, draft: str |
         kw = {} if activation_reserve_bytes is None else {"activation_reserve_bytes": activation_reserve_bytes}
         memory_bytes = memory_budget(g, weights, tp=tp, utilization=utilization, **kw) * tp
     combined = target.combine(d_spec) if d_spec is not None else target
-    return Setup(combined, target, CostModel(g, tcost, tp=tp), _coster(target, tcost), memory_bytes, d_spec,
-                 CostModel(g, d_cost, tp=tp) if d_cost else None, _coster(d_spec, d_cost) if d_spec else None,
+    ae = {"attention_efficiency": attention_efficiency}
+    return Setup(combined, target, CostModel(g, tcost, tp=tp, **ae), _coster(target, tcost), memory_bytes, d_spec,
+                 CostModel(g, d_cost, tp=tp, **ae) if d_cost else None, _coster(d_spec, d_cost) if d_spec else None,
                  g.name, tp)
 
 
