@@ -68,6 +68,20 @@ class EngineMetrics:
     waste_frac_sum: float = 0.0
     kv_samples: int = 0
     encoder_runs: int = 0  # images run through the vision encoder (VLMs)
+    spec_proposed: int = 0  # speculative decoding: draft tokens proposed
+    spec_accepted: int = 0  # ... of which the target kept
+    spec_verifications: int = 0  # request verifications (one per sampling request per step)
+    spec_emitted: int = 0  # tokens they emitted (kept drafts + one each)
+    spec_target_forwards: int = 0  # target forwards (one per step)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.spec_accepted / self.spec_proposed if self.spec_proposed else 0.0
+
+    @property
+    def tokens_per_target_forward(self) -> float:
+        """Tokens a request gets from one target forward (1 without speculation)."""
+        return self.spec_emitted / self.spec_verifications if self.spec_verifications else 0.0
 
     @property
     def overhead_s(self) -> float:
@@ -107,6 +121,24 @@ def _resolve_model(model: str | Path, random_weights: bool, seed: int, dtype: to
     return config, net, str(path), load_tokenizer(path, eos_ids + list(gen.eos_token_ids)), gen
 
 
+def _resolve_draft(model, llm, random_weights: bool, seed: int, tokens_per_page: int, k: int):
+    """The draft model and its cache spec (named ``draft``) for speculative decoding."""
+    from jenga.engine.speculative import DRAFT_NAME
+    from jenga.specs import ModelSpec
+
+    if not isinstance(k, int) or k < 1:
+        raise InvalidArgumentError(f"num_speculative_tokens must be a positive int, got {k!r}")
+    if getattr(llm.model, "multimodal", False):
+        raise InvalidArgumentError("speculative decoding of a vision-language target is not supported")
+    _, net, source, _, _ = _resolve_model(model, random_weights, seed, TORCH_DTYPES[llm.dtype], llm.device)
+    if int(net.config.vocab_size) != llm.config_vocab:
+        raise InvalidArgumentError(f"draft vocabulary ({net.config.vocab_size}) differs from the target's "
+                                   f"({llm.config_vocab})")
+    spec = ModelSpec.from_hf_config(source, dtype=llm.dtype, tokens_per_page=tokens_per_page, vision=False,
+                                    name=DRAFT_NAME)
+    return net.eval(), spec
+
+
 class LLM:
     """An offline engine over one model and one KV-cache manager.
 
@@ -120,7 +152,10 @@ class LLM:
     (tokens between the recurrent-state checkpoints of Mamba / Gated DeltaNet layers, a multiple of
     ``tokens_per_page``; default the spec's 512).  ``mm_embedding_cache``
     (VLMs: keep image embeddings in jenga's vision pages; False re-runs the encoder for every
-    chunk that touches an image).
+    chunk that touches an image).  ``speculative_model`` (a draft: directory or tiny name, random
+    weights seeded ``speculative_seed``, default ``seed + 1``, when ``random_weights`` or tiny) with
+    ``num_speculative_tokens`` drafts per step, both caches in one jenga pool
+    (:mod:`jenga.engine.speculative`).
     """
 
     def __init__(self, model: str | Path, *, manager: str = "jenga", kv_memory: str | int = "64MiB",
@@ -128,7 +163,9 @@ class LLM:
                  enable_prefix_caching: bool = True, random_weights: bool = False, seed: int = 0,
                  dtype: str = "fp32", device: str | torch.device = "cpu", track_kv_stats: bool = False,
                  manager_kwargs: dict | None = None, tokenizer: TextTokenizer | None = None,
-                 state_checkpoint_interval: int | None = None, mm_embedding_cache: bool = True):
+                 state_checkpoint_interval: int | None = None, mm_embedding_cache: bool = True,
+                 speculative_model: str | Path | None = None, num_speculative_tokens: int = 3,
+                 speculative_seed: int | None = None):
         from jenga.baselines import make_manager
         from jenga.specs import ModelSpec
 
@@ -145,6 +182,12 @@ class LLM:
         vlm = getattr(self.model, "multimodal", False)
         spec = ModelSpec.from_hf_config(spec_source, dtype=dtype, tokens_per_page=tokens_per_page,
                                         vision=vlm and mm_embedding_cache, **ckpt)
+        draft = None
+        if speculative_model is not None:
+            draft, draft_spec = _resolve_draft(speculative_model, self, random_weights,
+                                               seed + 1 if speculative_seed is None else speculative_seed,
+                                               tokens_per_page, num_speculative_tokens)
+            spec = spec.combine(draft_spec)
         self.spec = spec
         self.kv_memory = parse_bytes(kv_memory)
         self.manager = make_manager(manager, spec, self.kv_memory, tokens_per_page=tokens_per_page,
@@ -155,8 +198,15 @@ class LLM:
         eos = self.tokenizer.eos_token_ids if self.tokenizer else ()
         cfg_eos = getattr(self.model.config, "eos_token_id", None)
         eos = tuple(eos) + ((cfg_eos,) if isinstance(cfg_eos, int) else tuple(cfg_eos or ())) + gen.eos_token_ids
-        self.scheduler = Scheduler(self.manager, max_num_seqs=max_num_seqs,
-                                   max_num_batched_tokens=max_num_batched_tokens, eos_token_ids=eos)
+        sched = dict(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, eos_token_ids=eos)
+        self.speculative = None
+        if draft is None:
+            self.scheduler = Scheduler(self.manager, **sched)
+        else:
+            from jenga.engine.speculative import SpecScheduler, SpeculativeDecoder
+
+            self.scheduler = SpecScheduler(self.manager, num_speculative_tokens=num_speculative_tokens, **sched)
+            self.speculative = SpeculativeDecoder(self.runner, draft, self.manager, self.scheduler, device=self.device)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.track_kv_stats = track_kv_stats
         self.metrics = EngineMetrics()
@@ -270,10 +320,13 @@ class LLM:
             m.steps += 1
             m.step_s += time.perf_counter() - t0
             return []
-        logits = self.runner.execute(plan)
         items = [it for it in plan.scheduled if it.sample]
-        sampled: list[int | None] = [None] * len(plan.scheduled)
-        if items:
+        if self.speculative is not None:  # drafts + one verifying target forward: lists of tokens
+            sampled = self.speculative.execute(plan, self.generator, m)
+        else:
+            logits = self.runner.execute(plan)
+            sampled = [None] * len(plan.scheduled)
+        if items and self.speculative is None:
             toks = sample(logits, [it.seq.params for it in items], [it.seq.generator for it in items],
                           self.generator).tolist()
             it_toks = iter(toks)
@@ -290,7 +343,7 @@ class LLM:
             self._live.pop(seq.request_id, None)
             self._finalize(seq)
         m.steps += 1
-        m.output_tokens += len(items)
+        m.output_tokens += sum(len(t) for t in sampled if t is not None) if self.speculative else len(items)
         m.finished += len(finished)
         m.model_s += self.runner.last_forward_s
         if self.runner.vision is not None:

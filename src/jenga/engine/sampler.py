@@ -37,6 +37,19 @@ def _filter_top_k_top_p(logits: Tensor, top_k: Tensor, top_p: Tensor) -> Tensor:
     return logits.masked_fill(mask, float("-inf"))
 
 
+def probabilities(logits: Tensor, params: Sequence[SamplingParams]) -> Tensor:
+    """``[N, V]`` fp32 sampling distribution of each row: logits / temperature, restricted to
+    the row's top-k and top-p sets (greedy rows use temperature 1; callers take their argmax)."""
+    dev = logits.device
+    temp = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=dev)
+    top_k = torch.tensor([p.top_k for p in params], device=dev)
+    top_p = torch.tensor([p.top_p for p in params], device=dev)
+    scaled = logits.float() / temp[:, None]
+    if bool((top_k > 0).any()) or bool((top_p < 1.0).any()):
+        scaled = _filter_top_k_top_p(scaled, top_k, top_p)
+    return scaled.softmax(dim=-1)
+
+
 def sample(logits: Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None],
            default_generator: torch.Generator | None = None) -> Tensor:
     """One token id per row of ``logits: [N, V]`` (returned as a ``[N]`` long tensor).
@@ -52,13 +65,7 @@ def sample(logits: Tensor, params: Sequence[SamplingParams], generators: Sequenc
     if bool(greedy.all()):
         return argmax
     dev = logits.device
-    temp = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params], device=dev)
-    top_k = torch.tensor([p.top_k for p in params], device=dev)
-    top_p = torch.tensor([p.top_p for p in params], device=dev)
-    scaled = logits / temp[:, None]
-    if bool((top_k > 0).any()) or bool((top_p < 1.0).any()):
-        scaled = _filter_top_k_top_p(scaled, top_k, top_p)
-    probs = scaled.softmax(dim=-1)
+    probs = probabilities(logits, params)
     noise = torch.empty_like(probs)
     shared = [i for i, g in enumerate(generators) if g is None]
     if shared:
