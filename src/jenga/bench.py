@@ -40,7 +40,9 @@ def make_workload(num: int, lo: int, hi: int, output_len: int, vocab: int, seed:
     import random
 
     if not 0 <= shared_prefix < lo <= hi:
-        raise ValueError(f"need 0 <= shared prefix ({shared_prefix}) < prompt min ({lo}) <= prompt max ({hi})")
+        from jenga.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(f"need 0 <= shared prefix ({shared_prefix}) < prompt min ({lo}) <= prompt max ({hi})")
     rng = random.Random(seed)
     system = [rng.randrange(3, vocab) for _ in range(shared_prefix)]
     prompts = [system + [rng.randrange(3, vocab) for _ in range(rng.randint(lo, hi) - shared_prefix)]
@@ -114,6 +116,23 @@ def run_engine(name: str, args, work: Workload, progress=None, *, track_kv_stats
     }
 
 
+def check_args(args) -> None:
+    """Counts and sizes of a bench run, checked before anything is built (``InvalidArgumentError``)."""
+    from jenga.baselines import MANAGER_NAMES
+    from jenga.errors import InvalidArgumentError
+    from jenga.units import parse_bytes
+    from jenga.validation import checked_int
+
+    for field in ("requests", "prompt_min", "prompt_max", "output_len", "max_num_batched_tokens", "threads"):
+        checked_int(getattr(args, field), "--" + field.replace("_", "-"))
+    checked_int(args.shared_prefix, "--shared-prefix", minimum=0)
+    parse_bytes(args.kv_memory)
+    names = [n.strip() for n in args.managers.split(",") if n.strip()]
+    bad = [n for n in names if n not in MANAGER_NAMES] or ([] if names else ["(none)"])
+    if bad:
+        raise InvalidArgumentError(f"unknown manager(s) {', '.join(bad)}; choose from {', '.join(MANAGER_NAMES)}")
+
+
 def bench_data(args, progress=None) -> dict:
     """Run every manager in ``args.managers`` on one workload; the ``--json`` object."""
     import torch
@@ -121,6 +140,7 @@ def bench_data(args, progress=None) -> dict:
     from jenga.engine.tiny import is_tiny, tiny_hf_config
     from jenga.units import parse_bytes
 
+    check_args(args)
     torch.set_num_threads(args.threads)
     if is_tiny(args.model):
         vocab = tiny_hf_config(args.model).vocab_size

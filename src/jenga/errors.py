@@ -26,3 +26,15 @@ class SequenceTooLongError(JengaError, ValueError):
 
 class InsufficientMemoryError(JengaError, ValueError):
     """The memory budget cannot hold even one large page."""
+
+
+class ConfigError(JengaError, ValueError):
+    """A model config with a missing, malformed or out-of-range field (named in the message)."""
+
+
+class MissingConfigError(ConfigError, FileNotFoundError):
+    """A model directory without ``config.json``."""
+
+
+class UnsupportedArchitectureError(JengaError, ValueError):
+    """The engine has no model class for this config's architecture (the message lists those it has)."""

@@ -40,6 +40,8 @@ from jenga.request import GroupState, Request
 from jenga.specs import LayerGroup, ModelSpec
 from jenga.stats import CacheStats, collect_stats
 from jenga.tables import PageTables
+from jenga.units import parse_bytes
+from jenga.validation import TOKEN_ID_LIMIT, checked_images, checked_int, checked_salt, checked_token_ids
 
 NEVER = 1 << 62
 
@@ -67,15 +69,13 @@ class KVCacheManager(PageLedger, CacheControl):
 
     name = "jenga"
 
-    def __init__(self, model: ModelSpec, memory_bytes: int, *, tokens_per_page: int = 16,
+    def __init__(self, model: ModelSpec, memory_bytes: int | str, *, tokens_per_page: int = 16,
                  enable_prefix_caching: bool = True, device: str = "cpu", max_lcm_ratio: float = 8.0,
                  fit_pages: bool = True, window_slack: int | None = None, out_of_window_age: int = OUT_OF_RANGE_AGE):
-        if tokens_per_page <= 0:
-            raise InvalidArgumentError(f"tokens_per_page must be positive, got {tokens_per_page}")
-        if memory_bytes <= 0:
-            raise InvalidArgumentError(f"memory_bytes must be positive, got {memory_bytes}")
-        if window_slack is not None and window_slack < 0:
-            raise InvalidArgumentError(f"window_slack must be >= 0, got {window_slack}")
+        tokens_per_page = checked_int(tokens_per_page, "tokens_per_page")
+        memory_bytes = parse_bytes(memory_bytes)  # an int, or "64GiB" like the CLI
+        if window_slack is not None:
+            window_slack = checked_int(window_slack, "window_slack", minimum=0)
         self.window_slack = window_slack
         self.out_of_range_age = out_of_window_age
         self.source_model = model
@@ -108,6 +108,8 @@ class KVCacheManager(PageLedger, CacheControl):
         self._max_tokens = model.max_model_len + 1
         self._hash_memo = HashMemo()  # freed requests' block hashes, for a re-add
         self._state_group = [not g.spec.per_token for g in model.groups]
+        # images are text spans (must lie inside the prompt) when some group embeds them in-sequence
+        self._in_sequence_images = any(g.kind == "vision" for g in self.source_model.groups)
         self._shared = list(self._state_group)  # per allocate: fill shared large pages first
         self.now = 0
         self.prefix_hit_tokens = 0
@@ -160,23 +162,22 @@ class KVCacheManager(PageLedger, CacheControl):
                     images: Sequence[tuple[int, int, str] | ImageRef] = (), cache_salt: str | None = None) -> None:
         """Register a request.  Raises on a duplicate id, an empty or too long prompt, or
         a bad image; changes nothing then."""
-        if request_id in self.requests:
+        try:
+            live = request_id in self.requests
+        except TypeError:
+            raise InvalidArgumentError(f"request id {request_id!r} is not hashable") from None
+        if live:
             raise DuplicateRequestError(f"request id {request_id!r} is already live")
-        tokens = list(prompt_token_ids)
+        tokens = list(checked_token_ids(prompt_token_ids, f"request {request_id!r} prompt"))
         if not tokens:
             raise InvalidArgumentError(f"request {request_id!r}: empty prompt")
         if len(tokens) > self.model.max_model_len:
             raise SequenceTooLongError(f"request {request_id!r}: prompt of {len(tokens)} tokens exceeds the "
                                        f"model's max length {self.model.max_model_len}")
-        refs = []
-        for img in images:
-            img = ImageRef(*img)
-            if img.offset < 0 or img.num_tokens <= 0 or img.offset > len(tokens):
-                raise InvalidArgumentError(f"request {request_id!r}: bad image {img} for a {len(tokens)}-token "
-                                           "prompt (offset in [0, len], num_tokens > 0)")
-            refs.append(img)
+        refs = [ImageRef(*img) for img in checked_images(images, len(tokens), self._in_sequence_images,
+                                                         f"request {request_id!r}")]
         hashes: list[bytes] = []
-        root = root_hash(cache_salt) if self.caching else b""
+        root = root_hash(checked_salt(cache_salt)) if self.caching else b""
         if self.caching:
             hashes = self._hash_memo.recall(request_id, tokens, root, self.block, tuple(refs))
             extend_block_hashes(hashes, tokens, self.block, root, refs)
@@ -346,6 +347,9 @@ class KVCacheManager(PageLedger, CacheControl):
             raise InvalidArgumentError(f"request {request_id!r}: {num_rejected} rejected of "
                                        f"{req.num_scheduled} scheduled tokens")
         tokens = req.tokens
+        if type(token_ids) is not list or len(token_ids) != 1 or type(token_ids[0]) is not int \
+                or not 0 <= token_ids[0] < TOKEN_ID_LIMIT:  # one sampled id: the decode step
+            token_ids = checked_token_ids(token_ids, f"request {request_id!r} append_tokens")
         if len(tokens) + len(token_ids) > self._max_tokens:
             raise SequenceTooLongError(f"request {request_id!r}: appending {len(token_ids)} tokens passes "
                                        f"the model's max length {self.model.max_model_len}")

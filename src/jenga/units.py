@@ -12,6 +12,8 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g"
 
 def parse_bytes(text: str | int) -> int:
     """``"64GiB"`` -> 68719476736; ints pass through.  Raises ``InvalidArgumentError``."""
+    if isinstance(text, bool):
+        raise InvalidArgumentError(f"byte size must be an int or a string such as 64GiB, got {text!r} (bool)")
     if isinstance(text, int):
         value = text
     else:

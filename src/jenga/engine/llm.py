@@ -48,6 +48,7 @@ from jenga.engine.tokenizer import TextTokenizer, load_tokenizer, tiny_tokenizer
 from jenga.engine.vision_cache import VisionEmbeddings
 from jenga.errors import DuplicateRequestError, InvalidArgumentError
 from jenga.units import parse_bytes
+from jenga.validation import checked_token_ids
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -216,10 +217,13 @@ class LLM:
 
     # ------------------------------------------------------------------ inputs
     def _prompt_ids(self, prompt) -> tuple[str | None, list[int]]:
+        text = None
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), [int(t) for t in prompt["prompt_token_ids"]]
-            prompt = prompt["prompt"]
+                text = prompt.get("prompt")
+                prompt = checked_token_ids(prompt["prompt_token_ids"], "prompt_token_ids")
+            else:
+                prompt = prompt.get("prompt")
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InvalidArgumentError("this model has no tokenizer files (tokenizer.json, tokenizer.model, "
@@ -228,12 +232,14 @@ class LLM:
             if not ids:
                 raise InvalidArgumentError(f"prompt {prompt!r} encodes to no tokens")
             return prompt, ids
-        ids = [int(t) for t in prompt]
+        if prompt is None:
+            raise InvalidArgumentError("prompt is None; pass text, token ids or {'prompt_token_ids': [...]}")
+        ids = list(checked_token_ids(prompt, "prompt"))
         if not ids:
             raise InvalidArgumentError("empty prompt")
         if max(ids) >= self.config_vocab or min(ids) < 0:
             raise InvalidArgumentError(f"token ids must be in [0, {self.config_vocab}), got {min(ids)}..{max(ids)}")
-        return None, ids
+        return text, ids
 
     @property
     def config_vocab(self) -> int:
@@ -376,6 +382,8 @@ class LLM:
         ``sampling_params``: one for all, or one per prompt.  Returns one
         :class:`RequestOutput` per prompt, in input order.
         """
+        if prompts is None or isinstance(prompts, (bytes, int)):
+            raise InvalidArgumentError(f"generate needs a prompt or a list of prompts, got {prompts!r}")
         if self._is_single(prompts):
             prompts = [prompts]
         prompts = list(prompts)

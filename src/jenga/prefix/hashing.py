@@ -1,8 +1,11 @@
 """Chained, collision-resistant block hashes over token ids.
 
-``h_i = blake3(h_{i-1} || tokens_i as little-endian int64 || extra keys of block i)``.
-The root ``h_{-1}`` folds in the cache salt, so tenants with different salts never
-share a page.  blake3 is a cryptographic hash: a crafted prompt cannot collide with
+``h_i = blake3(h_{i-1} || tokens_i as little-endian int64 || images of block i)``, each image
+overlapping block i framed as ``(offset - block start, num_tokens, len(hash))`` int64s then the
+hash's bytes, so an image at another offset or of another length never hits, and ``"ab","c"``
+never equals ``"a","bc"``.  The root ``h_{-1}`` folds in the cache salt (``None`` and ``""`` are
+distinct tenants), and so does every image page's key, so tenants with different salts never
+share a page, text or image.  blake3 is a cryptographic hash: a crafted prompt cannot collide with
 another tenant's prefix (vLLM moved from Python's ``hash`` to sha256 after such an
 advisory), and it runs at GB/s, so one call per page never dominates a step.
 """
@@ -28,13 +31,26 @@ class ImageRef(NamedTuple):
 
 
 def root_hash(cache_salt: str | None = None) -> bytes:
-    return blake3(b"jenga-root\x00" + (cache_salt or "").encode()).digest(DIGEST_BYTES)
+    """Root of a tenant's hash chains: no salt, and each salt string (``""`` included), differ."""
+    if cache_salt is None:
+        return blake3(b"jenga-root\x00").digest(DIGEST_BYTES)
+    return blake3(b"jenga-root\x01" + cache_salt.encode()).digest(DIGEST_BYTES)
 
 
-def image_key(image: ImageRef, page_index: int) -> bytes:
-    """Key of page ``page_index`` of an image's own pages (cross KV, vision embeddings)."""
-    return blake3(b"img\x00" + image.content_hash.encode() + page_index.to_bytes(8, "little")).digest(
-        DIGEST_BYTES)
+def image_key(root: bytes, image: ImageRef, page_index: int) -> bytes:
+    """Key of page ``page_index`` of an image's own pages (cross KV, vision embeddings) for the
+    tenant whose root hash is ``root``: same image (hash and size), same tenant -> same pages,
+    wherever the image sits in the prompt."""
+    digest = image.content_hash.encode()
+    head = np.array([image.num_tokens, len(digest)], dtype=np.int64).tobytes()
+    return blake3(b"img\x00" + root + head + digest + page_index.to_bytes(8, "little")).digest(DIGEST_BYTES)
+
+
+def _framed(image: ImageRef, block_start: int) -> bytes:
+    """``(offset - block_start, num_tokens, len(hash))`` as int64s, then the hash's bytes."""
+    digest = image.content_hash.encode()
+    return (np.array([image.offset - block_start, image.num_tokens, len(digest)], dtype=np.int64).tobytes()
+            + digest)
 
 
 def extend_block_hashes(hashes: list[bytes], tokens: Sequence[int], block: int, root: bytes,
@@ -62,6 +78,6 @@ def extend_block_hashes(hashes: list[bytes], tokens: Sequence[int], block: int, 
         lo, hi = i * block, (i + 1) * block
         for img in images:
             if img.offset < hi and img.offset + max(img.num_tokens, 1) > lo:
-                h.update(img.content_hash.encode())
+                h.update(_framed(img, lo))
         parent = h.digest(DIGEST_BYTES)
         hashes.append(parent)

@@ -32,7 +32,8 @@ class ImagePolicy(Policy):
         for j in self.wanted(req, gs, end):
             img = req.images[j]
             n = cdiv(img.num_tokens, self.tpp)
-            found = [ops.find(self.gi, image_key(img, i)) for i in range(n)] if ops.caching else [None]
+            found = ([ops.find(self.gi, image_key(req.salt_root, img, i)) for i in range(n)]
+                     if ops.caching else [None])
             if all(p is not None for p in found):
                 for p in found:
                     ops.hold(self.gi, p)
@@ -58,7 +59,7 @@ class ImagePolicy(Policy):
             img = req.images[j]
             if ops.caching:
                 for i, page in enumerate(gs.image_pages[j]):
-                    ops.register(self.gi, page, image_key(img, i))
+                    ops.register(self.gi, page, image_key(req.salt_root, img, i))
         gs.to_fill.clear()
 
     def free(self, req: Request, gs: GroupState, ops: PageOps) -> None:

@@ -18,7 +18,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from jenga.errors import JengaError
+from jenga.errors import JengaError, MissingConfigError
+from jenga.validation import check_config_sizes
 
 __all__ = ["CATALOG_NAMES", "Source", "UnsupportedModelError", "catalog_dir", "list_catalog", "parse_config",
            "read_source"]
@@ -62,7 +63,7 @@ def read_source(source: str | os.PathLike | Mapping[str, Any]) -> Source:
     if path.is_dir():
         cfg_file = path / "config.json"
         if not cfg_file.is_file():
-            raise FileNotFoundError(f"{path} has no config.json")
+            raise MissingConfigError(f"{path} has no config.json")
         return Source(json.loads(cfg_file.read_text()), path.resolve().name, str(cfg_file), directory=path)
     if path.is_file():
         name = path.resolve().parent.name if path.stem == "config" else path.stem
@@ -92,6 +93,7 @@ def parse_config(src: Source) -> Any:
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
+    check_config_sizes(src.raw, src.where, UnsupportedModelError)  # before transformers replaces a 0 / divides
     mt = src.raw.get("model_type")
     if not mt:
         raise UnsupportedModelError(f"{src.where}: config has no 'model_type'")

@@ -16,6 +16,7 @@ from jenga.engine.models.gemma3_vision import Gemma3ForConditionalGeneration
 from jenga.engine.models.jamba import JambaForCausalLM
 from jenga.engine.models.llama import LlamaForCausalLM
 from jenga.engine.models.llama4 import Llama4ForCausalLM
+from jenga.errors import UnsupportedArchitectureError
 
 MODEL_TYPES: dict[str, type[PagedCausalLM]] = {
     "llama": LlamaForCausalLM,
@@ -56,14 +57,15 @@ def text_config(config):
 
 
 def model_class(config) -> type[PagedCausalLM]:
-    """Class for a HF config: ``architectures[0]`` first, then ``model_type``; ``ValueError`` if unknown."""
+    """Class for a HF config: ``architectures[0]`` first, then ``model_type``;
+    ``UnsupportedArchitectureError`` (a ``ValueError``) if unknown."""
     for arch in getattr(config, "architectures", None) or ():
         if arch in ARCHITECTURES:
             return ARCHITECTURES[arch]
     model_type = getattr(config, "model_type", None)
     if model_type in MODEL_TYPES:
         return MODEL_TYPES[model_type]
-    raise ValueError(f"unsupported model {model_type!r} (architectures {getattr(config, 'architectures', None)}); "
+    raise UnsupportedArchitectureError(f"unsupported model {model_type!r} (architectures {getattr(config, 'architectures', None)}); "
                      f"supported model types: {sorted(MODEL_TYPES)}")
 
 

@@ -1,0 +1,128 @@
+"""Checks of caller input, run before any state changes (each raises a typed ``JengaError``).
+
+Token ids: ``checked_token_ids`` is on the decode hot path (``append_tokens`` once per request
+per step), so the common case -- a list of Python ints in range -- costs one ``type`` per id in
+C (``map``/``set``) plus ``min``/``max``; only a list that fails it is walked in Python, to
+convert numpy integers or to name the first bad id and its position.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Mapping
+from typing import Any
+
+from jenga.errors import ConfigError, InvalidArgumentError, JengaError
+
+TOKEN_ID_LIMIT = 1 << 32  # token ids are in [0, 2**32)
+_INTS = {int}
+
+
+def checked_token_ids(ids: Any, what: str) -> list[int]:
+    """``ids`` if it is a list of ints in ``[0, 2**32)``, else a new list of the same ids (from a
+    tuple, range, numpy array, numpy integers); raises ``InvalidArgumentError`` naming the first bad id, its
+    position and ``what`` (e.g. ``"request 'r1' prompt"``)."""
+    if type(ids) is not list:
+        if isinstance(ids, (str, bytes, Mapping)) or not hasattr(ids, "__iter__"):
+            raise InvalidArgumentError(f"{what}: token ids must be a sequence of ints, got {type(ids).__name__}")
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)  # numpy / torch: Python ints
+    if not ids or (set(map(type, ids)) == _INTS and min(ids) >= 0 and max(ids) < TOKEN_ID_LIMIT):
+        return ids
+    out = []
+    for pos, t in enumerate(ids):
+        try:
+            t = _index(t)
+        except TypeError:
+            raise InvalidArgumentError(f"{what}: token id {t!r} ({type(t).__name__}) at position {pos} "
+                                       "is not an int") from None
+        if not 0 <= t < TOKEN_ID_LIMIT:
+            raise InvalidArgumentError(f"{what}: token id {t} at position {pos} is outside [0, 2**32)")
+        out.append(t)
+    return out
+
+
+def checked_images(images: Any, prompt_len: int, in_sequence: bool, what: str) -> list[tuple[int, int, str]]:
+    """``(offset, num_tokens, content_hash)`` triples: offset an int in ``[0, prompt_len]``,
+    ``num_tokens`` a positive int, a non-empty str hash; ``in_sequence`` (the model embeds image
+    tokens in the text) also requires ``offset + num_tokens <= prompt_len``.  Cross-attention
+    images only need their image-token position inside the prompt: their tokens are the encoder's."""
+    out = []
+    for j, img in enumerate(images):
+        if isinstance(img, (str, bytes)) or not hasattr(img, "__len__") or len(img) != 3:
+            raise InvalidArgumentError(f"{what}: image {j} must be (offset, num_tokens, content_hash), got {img!r}")
+        off, n, h = img
+        try:
+            off, n = _index(off), _index(n)
+        except TypeError:
+            off = None
+        if off is None or not isinstance(h, str) or not h:
+            raise InvalidArgumentError(f"{what}: image {j} {tuple(img)!r} needs int offset, int num_tokens "
+                                       "and a non-empty str content_hash")
+        if off < 0 or n <= 0 or off > prompt_len:
+            raise InvalidArgumentError(f"{what}: bad image {j} {tuple(img)!r} for a {prompt_len}-token prompt "
+                                       "(offset in [0, len], num_tokens > 0)")
+        if in_sequence and off + n > prompt_len:
+            raise InvalidArgumentError(f"{what}: image {j} covers tokens [{off}, {off + n}), past the "
+                                       f"{prompt_len}-token prompt")
+        out.append((off, n, h))
+    return out
+
+
+def _index(x: Any) -> int:
+    """``x`` as an int: ints and integer types (numpy), never bools; ``TypeError`` otherwise."""
+    if type(x) is int:
+        return x
+    if isinstance(x, bool) or type(x).__name__ == "bool_":
+        raise TypeError("bool")
+    return operator.index(x)
+
+
+def checked_salt(salt: Any) -> str | None:
+    """A cache salt: ``None`` (no tenant) or a string (``""`` is its own tenant, distinct from ``None``)."""
+    if salt is not None and not isinstance(salt, str):
+        raise InvalidArgumentError(f"cache_salt must be a str or None, got {type(salt).__name__}")
+    return salt
+
+
+def checked_int(value: Any, name: str, *, minimum: int = 1) -> int:
+    """``value`` if it is an int (not a bool) ``>= minimum``; else ``InvalidArgumentError`` naming ``name``."""
+    try:
+        value = _index(value)
+    except TypeError:
+        raise InvalidArgumentError(f"{name} must be an int, got {value!r} ({type(value).__name__})") from None
+    if value < minimum:
+        raise InvalidArgumentError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+#: Config fields that are sizes wherever they appear (top level or a sub-config such as
+#: ``text_config``): null means "absent", anything but a positive integer is an error.
+SIZE_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "num_hidden_layers",
+               "vocab_size", "intermediate_size", "max_position_embeddings", "ssm_state_size", "conv_kernel",
+               "mamba_d_state", "mamba_d_conv", "mamba_n_heads", "mamba_d_head", "mamba_head_dim",
+               "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+               "linear_conv_kernel_dim", "kv_lora_rank", "qk_rope_head_dim")
+
+
+def check_config_sizes(raw: Mapping[str, Any], where: str = "config", error: type[JengaError] = ConfigError) -> None:
+    """Raise ``ConfigError`` naming the first :data:`SIZE_FIELDS` entry of ``raw`` (or of a nested
+    sub-config) that is not a positive integer (or ``error``, a subclass the caller prefers) -- before transformers fills in defaults for it
+    (``num_key_value_heads: 0`` would silently become ``num_attention_heads``) or divides by it."""
+    for field in SIZE_FIELDS:
+        config_size(raw, field, where=where, error=error)
+    for key, sub in raw.items():
+        if isinstance(sub, Mapping):
+            check_config_sizes(sub, f"{where}: {key}", error)
+
+
+def config_size(cfg: Any, field: str, default: Any = None, *, where: str = "config",
+                error: type[JengaError] = ConfigError) -> Any:
+    """A size field of a model config (object or dict): ``default`` when absent or null, else a
+    positive int -- ``0``, negatives, bools and non-integers raise ``ConfigError`` naming the field
+    (instead of being silently replaced by the default)."""
+    value = cfg.get(field) if isinstance(cfg, Mapping) else getattr(cfg, field, None)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value <= 0:
+        raise error(f"{where}: {field!r} must be a positive integer, got {value!r}")
+    return int(value)

@@ -1,0 +1,113 @@
+"""No partial mutation on bad input (issue 7, item 4): every bad input below raises a typed
+``JengaError`` naming the problem, and leaves the manager exactly as it was (``snapshot``,
+``stats()``, ``check_integrity()``), for jenga and every baseline behind the same API."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import full, group, mamba, model, serve, snapshot, vision
+
+from jenga.baselines import MANAGER_NAMES, make_manager
+from jenga.errors import ConfigError, InvalidArgumentError, JengaError, MissingConfigError
+from jenga.prefix.hashing import ImageRef
+from jenga.specs import ModelSpec
+from jenga.validation import checked_token_ids
+
+
+def _spec():
+    return model(group("full", full(), 1), group("vis", vision(64), 1, first_layer=1),
+                 group("m", mamba(4), 1, first_layer=2), max_len=64)
+
+
+BAD_IDS = [
+    ([1, True, 3], "True", 1),
+    ([1, 2, 2.0], "2.0", 2),
+    (["7"], "'7'", 0),
+    ([5, 1 << 32], str(1 << 32), 1),
+    ([1, -1], "-1", 1),
+    ([None], "None", 0),
+    ([1, np.float32(3)], "3.0", 1),
+    ([np.bool_(True)], "True", 0),
+]
+
+
+def _expect_unchanged(mgr, fn, *args, match=None, **kw):
+    before, stats = snapshot(mgr), mgr.stats()
+    with pytest.raises(JengaError, match=match):
+        fn(*args, **kw)
+    assert snapshot(mgr) == before
+    assert mgr.stats() == stats
+    mgr.check_integrity()
+
+
+@pytest.mark.parametrize("name", MANAGER_NAMES)
+def test_every_bad_manager_input_changes_nothing(name):
+    mgr = make_manager(name, _spec(), "1MiB", tokens_per_page=4)
+    serve(mgr, "done", list(range(10, 30)), [5, 6], images=[(2, 3, "cat")])  # something cached
+    mgr.add_request("live", list(range(10, 25)))
+    mgr.lookup("live")
+    assert mgr.allocate("live", 15 - mgr.requests["live"].num_computed) is not None
+    u = _expect_unchanged
+    for ids, shown, pos in BAD_IDS:
+        u(mgr, mgr.append_tokens, "live", ids, match=rf"{shown}.* at position {pos}")
+        u(mgr, mgr.add_request, "new", [4, 4] + ids, match=rf"{shown}.* at position {pos + 2}")
+    for prompt in (None, "abc", 12, {"a": 1}):
+        u(mgr, mgr.add_request, "new", prompt, match="token")
+    u(mgr, mgr.append_tokens, "live", "7", match="token")
+    u(mgr, mgr.add_request, ["unhashable"], [1, 2], match="hashable")
+    for img, why in (((3, 2, "cat"), "past"), ((0, 1), "offset, num_tokens"), ((1, 0, "x"), "num_tokens > 0"),
+                     ((True, 1, "x"), "int offset"), ((0, 1, ""), "non-empty"), ((0, 1.5, "x"), "int")):
+        u(mgr, mgr.add_request, "new", [1, 2, 3, 4], images=[img], match=why)
+    u(mgr, mgr.add_request, "new", [1, 2], cache_salt=b"tenant", match="cache_salt")
+    # the request hit by the bad append is still usable: nothing was appended or committed
+    mgr.append_tokens("live", [7])
+    assert mgr.requests["live"].num_computed == 15 and mgr.requests["live"].tokens[-1] == 7
+    mgr.add_request("ok", np.arange(3, 9), images=[ImageRef(np.int64(1), 2, "dog")])  # numpy ints are ints
+    assert mgr.requests["ok"].tokens == list(range(3, 9)) and type(mgr.requests["ok"].tokens[0]) is int
+    mgr.check_integrity()
+
+
+def test_checked_token_ids_fast_path_returns_the_list_itself():
+    ids = [1, 2, 3]
+    assert checked_token_ids(ids, "x") is ids
+    assert checked_token_ids((1, 2), "x") == [1, 2]
+    assert checked_token_ids(range(2), "x") == [0, 1]
+    assert checked_token_ids([(1 << 32) - 1, 0], "x") == [(1 << 32) - 1, 0]
+
+
+@pytest.mark.parametrize("name", MANAGER_NAMES)
+def test_memory_budget_with_units_and_bad_sizes(name):
+    spec = _spec()
+    assert make_manager(name, spec, "64MiB", tokens_per_page=4).memory_bytes == 64 << 20
+    assert make_manager(name, spec, " 1 GiB ", tokens_per_page=4).memory_bytes == 1 << 30
+    for bad, why in (("64 potatoes", "byte size"), ("-1GiB", "byte size"), (0, "positive"), (True, "bool"),
+                     (None, "byte size")):
+        with pytest.raises(InvalidArgumentError, match=why):
+            make_manager(name, spec, bad, tokens_per_page=4)
+    for kw, why in ((dict(tokens_per_page=0), "tokens_per_page"), (dict(tokens_per_page="16"), "tokens_per_page"),
+                    (dict(window_slack=-1), "window_slack")):
+        with pytest.raises(InvalidArgumentError, match=why):
+            make_manager(name, spec, "64MiB", **kw)
+
+
+LLAMA = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=256, num_attention_heads=4,
+             num_key_value_heads=2, num_hidden_layers=2, intermediate_size=512, vocab_size=1000,
+             max_position_embeddings=2048)
+
+
+@pytest.mark.parametrize("field,value", [("num_key_value_heads", 0), ("num_key_value_heads", -2),
+                                         ("num_attention_heads", 0), ("head_dim", 0), ("head_dim", 1.5)])
+def test_non_positive_config_sizes_name_the_field(field, value):
+    assert ModelSpec.from_hf_config(dict(LLAMA)).groups  # the valid config plans
+    with pytest.raises(ConfigError, match=field):
+        ModelSpec.from_hf_config({**LLAMA, field: value})
+
+
+def test_directory_without_config_json(tmp_path):
+    with pytest.raises(MissingConfigError, match="config.json"):
+        ModelSpec.from_hf_config(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
+    assert ModelSpec.from_hf_config(tmp_path).num_layers == 2
