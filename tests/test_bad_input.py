@@ -81,8 +81,8 @@ def test_checked_token_ids_fast_path_returns_the_list_itself():
 @pytest.mark.parametrize("name", MANAGER_NAMES)
 def test_memory_budget_with_units_and_bad_sizes(name):
     spec = _spec()
-    assert make_manager(name, spec, "64MiB", tokens_per_page=4).memory_bytes == 64 << 20
-    assert make_manager(name, spec, " 1 GiB ", tokens_per_page=4).memory_bytes == 1 << 30
+    assert make_manager(name, spec, "2MiB", tokens_per_page=4).memory_bytes == 2 << 20
+    assert make_manager(name, spec, " 0.5 MiB ", tokens_per_page=4).memory_bytes == 1 << 19
     for bad, why in (("64 potatoes", "byte size"), ("-1GiB", "byte size"), (0, "positive"), (True, "bool"),
                      (None, "byte size")):
         with pytest.raises(InvalidArgumentError, match=why):
@@ -90,7 +90,7 @@ def test_memory_budget_with_units_and_bad_sizes(name):
     for kw, why in ((dict(tokens_per_page=0), "tokens_per_page"), (dict(tokens_per_page="16"), "tokens_per_page"),
                     (dict(window_slack=-1), "window_slack")):
         with pytest.raises(InvalidArgumentError, match=why):
-            make_manager(name, spec, "64MiB", **kw)
+            make_manager(name, spec, "2MiB", **kw)
 
 
 LLAMA = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size=256, num_attention_heads=4,
@@ -100,14 +100,52 @@ LLAMA = dict(model_type="llama", architectures=["LlamaForCausalLM"], hidden_size
 
 @pytest.mark.parametrize("field,value", [("num_key_value_heads", 0), ("num_key_value_heads", -2),
                                          ("num_attention_heads", 0), ("head_dim", 0), ("head_dim", 1.5)])
-def test_non_positive_config_sizes_name_the_field(field, value):
-    assert ModelSpec.from_hf_config(dict(LLAMA)).groups  # the valid config plans
+def test_non_positive_config_sizes_name_the_field(field, value, tmp_path):
+    # checked before transformers sees the config (it would replace a 0 or divide by it)
     with pytest.raises(ConfigError, match=field):
         ModelSpec.from_hf_config({**LLAMA, field: value})
+    with pytest.raises(ConfigError, match=f"text_config: {field}"):
+        ModelSpec.from_hf_config({"model_type": "gemma3", "text_config": {**LLAMA, field: value}})
+    (tmp_path / "config.json").write_text(json.dumps({**LLAMA, field: value}))
+    with pytest.raises(ConfigError, match=field):
+        ModelSpec.from_hf_config(tmp_path)
 
 
 def test_directory_without_config_json(tmp_path):
     with pytest.raises(MissingConfigError, match="config.json"):
         ModelSpec.from_hf_config(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps(LLAMA))
-    assert ModelSpec.from_hf_config(tmp_path).num_layers == 2
+    with pytest.raises(FileNotFoundError):  # still one, for callers that caught it before
+        ModelSpec.from_hf_config(tmp_path)
+
+
+def test_engine_bad_prompts_queue_nothing():
+    import jenga
+    from jenga.engine.models.registry import model_class
+    from jenga.errors import UnsupportedArchitectureError
+
+    llm = jenga.LLM("tiny-llama", random_weights=True, kv_memory="4MiB")
+    stats = llm.manager.stats()
+    for prompts, why in ((None, "prompt"), ([[1, 2], [3, 1.5]], "1.5.* at position 1"), ([[1, 2], None], "None"),
+                         ([{"prompt_token_ids": "12"}], "token ids"), ([[1, 2], []], "empty")):
+        with pytest.raises(InvalidArgumentError, match=why):
+            llm.generate(prompts)
+        assert not llm.scheduler.has_unfinished and llm.manager.stats() == stats
+    llm.manager.check_integrity()
+    assert len(llm.generate([[1, 2, 3]], jenga.SamplingParams(max_tokens=2))[0].token_ids) == 2
+    with pytest.raises(UnsupportedArchitectureError, match="unsupported model 'bert'"):
+        model_class(type("Cfg", (), {"model_type": "bert", "architectures": ["BertModel"]})())
+
+
+@pytest.mark.parametrize("argv,why", [
+    (["bench", "--requests", "0"], "--requests must be >= 1"),
+    (["bench", "--kv-memory", "lots"], "byte size"),
+    (["bench", "--manager", "jenga,vllm"], "unknown manager"),
+    (["plan", "--model", "{tmp}"], "config.json"),
+    (["plan", "--model", "gemma-3-27b", "--memory", "0"], "positive"),
+])
+def test_cli_bad_arguments_are_one_clear_line(argv, why, tmp_path, capsys):
+    from jenga.cli import main
+
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert why in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -135,12 +135,12 @@ def check_args(args) -> None:
 
 def bench_data(args, progress=None) -> dict:
     """Run every manager in ``args.managers`` on one workload; the ``--json`` object."""
+    check_args(args)
     import torch
 
     from jenga.engine.tiny import is_tiny, tiny_hf_config
     from jenga.units import parse_bytes
 
-    check_args(args)
     torch.set_num_threads(args.threads)
     if is_tiny(args.model):
         vocab = tiny_hf_config(args.model).vocab_size
@@ -242,7 +242,8 @@ def add_bench_parser(subparsers) -> None:
     p.add_argument("--output-len", type=int, default=d["output_len"], help="generated tokens per request")
     p.add_argument("--max-num-batched-tokens", type=int, default=d["max_num_batched_tokens"],
                    help="per-step token budget (chunked prefill)")
-    p.add_argument("--managers", default=d["managers"], help="comma-separated managers")
+    p.add_argument("--manager", "--managers", dest="managers", default=d["managers"],
+                   help="comma-separated managers: jenga, paged, static, uniform")
     p.add_argument("--seed", type=int, default=d["seed"])
     p.add_argument("--threads", type=int, default=d["threads"], help="torch CPU threads")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of the table")

@@ -18,7 +18,8 @@ def _add_plan(sub) -> None:
     p.add_argument("--tokens-per-page", type=int, default=16)
     p.add_argument("--dtype", default="bf16", help="KV dtype: bf16, fp16, fp8, fp32")
     p.add_argument("--short-tokens", type=int, default=1024, help="length of the 'many short requests' case")
-    p.add_argument("--managers", default="jenga,paged", help="comma-separated managers to compare")
+    p.add_argument("--manager", "--managers", dest="managers", default="jenga,paged",
+                   help="comma-separated managers to compare: jenga, paged, static, uniform")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of tables")
     p.set_defaults(func=run_plan)
 
@@ -28,6 +29,7 @@ def plan_data(args) -> dict:
     from jenga.capacity import max_concurrent_requests, max_context_tokens
     from jenga.specs import ModelSpec
 
+    check_plan_args(args)
     model = ModelSpec.from_hf_config(args.model, dtype=args.dtype, tokens_per_page=args.tokens_per_page,
                                      tp=args.tp)
     memory, budget_note = _budget(args, model)
@@ -60,6 +62,22 @@ def plan_data(args) -> dict:
         "page_bytes": {n: sorted({g.page_bytes for g in m.model.groups}) for n, m in built.items()},
     }
     return data
+
+
+def check_plan_args(args) -> None:
+    """Sizes, counts and manager names of ``jenga plan``, checked before the model is read."""
+    from jenga.baselines import MANAGER_NAMES
+    from jenga.errors import InvalidArgumentError
+    from jenga.units import parse_bytes
+    from jenga.validation import checked_int
+
+    for field in ("tp", "tokens_per_page", "short_tokens"):
+        checked_int(getattr(args, field), "--" + field.replace("_", "-"))
+    if args.memory is not None:
+        parse_bytes(args.memory)
+    bad = [m for m in args.managers.split(",") if m.strip() and m.strip() not in MANAGER_NAMES]
+    if bad:
+        raise InvalidArgumentError(f"unknown manager(s) {', '.join(bad)}; choose from {', '.join(MANAGER_NAMES)}")
 
 
 def _budget(args, model) -> tuple[int, str]:
