@@ -69,7 +69,8 @@ def workload_kv_bytes(spec, work: Workload) -> int:
 def run_engine(name: str, args, work: Workload, progress=None, *, track_kv_stats: bool = True) -> dict:
     """Serve ``work`` with a fresh engine using manager ``name``; the per-manager result dict.
 
-    ``args`` needs ``model, kv_memory, seed, max_num_batched_tokens``.  ``model_s`` is time in
+    ``args`` needs ``model, kv_memory, seed, max_num_batched_tokens``; ``progress(n)`` is called
+    with the number of requests each step finished.  ``model_s`` is time in
     the model forward, ``overhead_s`` the rest of the engine steps (scheduler, manager, metadata,
     sampling).  ``track_kv_stats=False`` skips the per-step ``manager.stats()`` sample (peak
     and waste figures are then 0)."""
@@ -82,15 +83,13 @@ def run_engine(name: str, args, work: Workload, progress=None, *, track_kv_stats
     llm.generate([list(range(3, 40)), list(range(50, 70))], SamplingParams(max_tokens=4, ignore_eos=True))
     llm.reset_metrics()
     st0 = llm.manager.stats()
-    task = progress.add_task(f"{name:>6}", total=len(work.prompts)) if progress is not None else None
     t0 = time.perf_counter()
     for p in work.prompts:
         llm.add_request(p, params)
-    done = 0
     while llm.scheduler.has_unfinished:
-        done += len(llm.step())
-        if task is not None:
-            progress.update(task, completed=done)
+        finished = llm.step()
+        if progress is not None and finished:
+            progress(len(finished))
     wall = time.perf_counter() - t0
     m, s, st = llm.metrics, llm.scheduler.stats, llm.manager.stats()
     queries = st.prefix_query_tokens - st0.prefix_query_tokens
@@ -133,8 +132,9 @@ def check_args(args) -> None:
         raise InvalidArgumentError(f"unknown manager(s) {', '.join(bad)}; choose from {', '.join(MANAGER_NAMES)}")
 
 
-def bench_data(args, progress=None) -> dict:
-    """Run every manager in ``args.managers`` on one workload; the ``--json`` object."""
+def bench_data(args) -> dict:
+    """Run every manager in ``args.managers`` on one workload; the ``--json`` object.  Progress
+    goes to stderr (a bar on a terminal, else a plain line every few seconds)."""
     check_args(args)
     import torch
 
@@ -152,7 +152,12 @@ def bench_data(args, progress=None) -> dict:
     work = make_workload(args.requests, args.prompt_min, args.prompt_max, args.output_len, vocab, args.seed,
                          args.shared_prefix)
     names = [n.strip() for n in args.managers.split(",") if n.strip()]
-    results = {name: run_engine(name, args, work, progress) for name in names}
+    from jenga.progress import progress
+
+    results = {}
+    for name in names:
+        with progress(f"{name:>6}", len(work.prompts), prefix="jenga bench") as bar:
+            results[name] = run_engine(name, args, work, bar.update)
     first = next(iter(results.values()))
     data = {
         "model": args.model,
@@ -213,17 +218,11 @@ def _print_table(data: dict) -> None:
 
 def run_bench(args) -> int:
     """``jenga bench``: table (or ``--json``) of both managers on the same workload."""
+    data = bench_data(args)
     if args.json:
-        data = bench_data(args)
         print(json.dumps(data, indent=2))
-        return 0
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*cols, console=Console(stderr=True), transient=True) as progress:
-        data = bench_data(args, progress)
-    _print_table(data)
+    else:
+        _print_table(data)
     return 0
 
 
@@ -231,8 +230,8 @@ def add_bench_parser(subparsers) -> None:
     """Register ``bench`` on an argparse subparsers object."""
     d = DEFAULTS
     p = subparsers.add_parser("bench", help="real-engine throughput: jenga vs paged on one workload (CPU)")
-    p.add_argument("--model", default=d["model"], help="built-in tiny model name or local HF model directory "
-                   "(random weights either way)")
+    p.add_argument("--model", default=d["model"], help="built-in tiny model ({tiny}) or a local HF model "
+                   "directory (random weights either way)")
     p.add_argument("--kv-memory", default=d["kv_memory"], help="KV cache budget, e.g. 24MiB")
     p.add_argument("--requests", type=int, default=d["requests"], help="number of requests")
     p.add_argument("--prompt-min", type=int, default=d["prompt_min"], help="shortest prompt (tokens)")
@@ -242,9 +241,9 @@ def add_bench_parser(subparsers) -> None:
     p.add_argument("--output-len", type=int, default=d["output_len"], help="generated tokens per request")
     p.add_argument("--max-num-batched-tokens", type=int, default=d["max_num_batched_tokens"],
                    help="per-step token budget (chunked prefill)")
-    p.add_argument("--manager", "--managers", dest="managers", default=d["managers"],
-                   help="comma-separated managers: jenga, paged, static, uniform")
-    p.add_argument("--seed", type=int, default=d["seed"])
+    p.add_argument("--manager", "--managers", dest="managers", metavar="LIST", default=d["managers"],
+                   help="comma-separated managers: {managers}")
+    p.add_argument("--seed", type=int, default=d["seed"], help="workload and weights seed")
     p.add_argument("--threads", type=int, default=d["threads"], help="torch CPU threads")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of the table")
     p.set_defaults(func=run_bench)

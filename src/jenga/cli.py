@@ -11,15 +11,16 @@ from jenga.errors import JengaError
 
 def _add_plan(sub) -> None:
     p = sub.add_parser("plan", help="page sizes, LCM page and capacity of a model in a memory budget")
-    p.add_argument("--model", default="gemma-3-27b", help="catalog name or local HF model directory")
+    p.add_argument("--model", default="gemma-3-27b",
+                   help="catalog name ({catalog}) or a local HF model directory / config.json")
     p.add_argument("--memory", default=None, help="KV memory, e.g. 64GiB (default: from --gpu, else 64GiB)")
-    p.add_argument("--gpu", default=None, help="derive the KV budget from a GPU (h100-80gb, l4-24gb, h200-141gb)")
+    p.add_argument("--gpu", default=None, help="derive the KV budget from a GPU: {gpus}")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (with --gpu)")
-    p.add_argument("--tokens-per-page", type=int, default=16)
-    p.add_argument("--dtype", default="bf16", help="KV dtype: bf16, fp16, fp8, fp32")
+    p.add_argument("--tokens-per-page", type=int, default=16, help="base page (and prefix-hash block) size")
+    p.add_argument("--dtype", default="bf16", help="KV dtype: {dtypes}")
     p.add_argument("--short-tokens", type=int, default=1024, help="length of the 'many short requests' case")
-    p.add_argument("--manager", "--managers", dest="managers", default="jenga,paged",
-                   help="comma-separated managers to compare: jenga, paged, static, uniform")
+    p.add_argument("--manager", "--managers", dest="managers", metavar="LIST", default="jenga,paged",
+                   help="comma-separated managers to compare: {managers}")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of tables")
     p.set_defaults(func=run_plan)
 
@@ -133,7 +134,8 @@ def run_plan(args) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The ``jenga`` parser with every subcommand whose module is installed."""
     parser = argparse.ArgumentParser(prog="jenga", description="KV-cache memory management for heterogeneous LLMs")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_plan(sub)
@@ -146,6 +148,14 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             continue
         getattr(module, fn)(sub)
+    from jenga.helptext import use_for
+
+    use_for(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.func(args) or 0

@@ -11,12 +11,12 @@ from jenga.errors import InvalidArgumentError
 def add_serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server on jenga's engine",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("model", help="local HF model directory, or a built-in tiny model (tiny-gemma3, tiny-llama, ...)")
+    p.add_argument("model", help="local HF model directory, or a built-in tiny model ({tiny})")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback unless you say otherwise)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="name clients put in 'model' (default: MODEL)")
     p.add_argument("--kv-memory", default="256MiB", help="KV cache budget, e.g. 2GiB")
-    p.add_argument("--manager", default="jenga", help="KV-cache manager: jenga, paged, static, uniform")
+    p.add_argument("--manager", default="jenga", help="KV-cache manager: {managers}")
     p.add_argument("--tokens-per-page", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=64, help="most requests in the running batch")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per step")

@@ -11,20 +11,20 @@ DEFAULT_MANAGERS = "jenga,paged,uniform"
 
 def add_sim_parsers(sub) -> None:
     p = sub.add_parser("simulate", help="simulate continuous batching of a workload on several managers")
-    p.add_argument("--model", default="ministral-8b", help="catalog model name")
-    p.add_argument("--workload", default="decode-batch-20",
-                   help="workload name (jenga.sim.workloads) or a .jsonl trace path")
-    p.add_argument("--gpu", default="h100-80gb", help="h100-80gb, l4-24gb or h200-141gb")
+    p.add_argument("--model", default="ministral-8b", help="catalog model name: {catalog}")
+    p.add_argument("--workload", default="decode-batch-20", help="workload ({workloads}) or a .jsonl trace path")
+    p.add_argument("--gpu", default="h100-80gb", help="GPU: {gpus}")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
-    p.add_argument("--manager", "--managers", dest="managers", default=DEFAULT_MANAGERS,
-                   help="comma-separated: jenga, paged, static, uniform")
+    p.add_argument("--manager", "--managers", dest="managers", metavar="LIST", default=DEFAULT_MANAGERS,
+                   help="comma-separated managers: {managers}")
     p.add_argument("--requests", type=int, default=None, help="number of requests (default: workload's)")
     p.add_argument("--rate", type=float, default=math.inf, help="arrival rate req/s (default: all at t=0)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--draft", default=None, help="draft model for speculative decoding (spec-decode workload)")
+    p.add_argument("--seed", type=int, default=0, help="arrival and workload seed")
+    p.add_argument("--draft", default=None, help="catalog draft model for speculative decoding "
+                   "(default: llama-3.2-1b with the spec-decode workload, else none)")
     p.add_argument("--budget", type=int, default=8192, help="max tokens per step (chunked prefill)")
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="most running requests per step")
+    p.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
     p.add_argument("--record-every", type=int, default=1, help="record memory stats every N steps")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--plot", default=None, metavar="OUT.png", help="write a memory-timeline PNG")
@@ -33,9 +33,8 @@ def add_sim_parsers(sub) -> None:
     r = sub.add_parser("reproduce", help="the paper's headline numbers next to this reproduction's")
     r.add_argument("--quick", action="store_true", help="tiny request counts (seconds; for tests)")
     r.add_argument("--section", action="append", default=None,
-                   help="only this section (repeatable): closed form, Llama-4 context, Ministral waste, "
-                        "decode batch, throughput, prefix caching, spec decoding")
-    r.add_argument("--json", action="store_true")
+                   help="only this section (repeatable; default: all): {sections}")
+    r.add_argument("--json", action="store_true", help="print JSON instead of the table")
     r.set_defaults(func=run_reproduce)
 
 
@@ -68,7 +67,8 @@ def run_simulate(args) -> int:
     sim = Simulator(setup, cfg)
     unavailable: dict[str, str] = {}
     results = {}
-    quiet = args.json or not sys.stderr.isatty()
+    from jenga.progress import progress
+
     for name in managers:
         try:
             sim.make_manager(name)
@@ -76,10 +76,7 @@ def run_simulate(args) -> int:
             unavailable[name] = f"{type(e).__name__}: {e}"
             print(f"jenga simulate: manager {name!r} is not available yet ({e}); skipping it", file=sys.stderr)
             continue
-        from tqdm import tqdm
-
-        with tqdm(total=len(w), desc=f"{name:>8}", unit="req", disable=quiet or len(w) < 50,
-                  file=sys.stderr, leave=False) as bar:
+        with progress(f"{name:>8}", len(w), prefix="jenga simulate") as bar:
             results[name] = sim.run(w, name, progress=bar.update)
     if not results:
         print("jenga simulate: none of the requested managers is available", file=sys.stderr)
@@ -110,8 +107,18 @@ def run_reproduce(args) -> int:
         if bad:
             print(f"jenga reproduce: unknown section(s) {bad}; choose from {list(SECTIONS)}", file=sys.stderr)
             return 2
-    say = None if args.json else (lambda name: print(f"... {name}", file=sys.stderr, flush=True))
-    rows = reproduce(quick=args.quick, sections=args.section, progress=say)
+    from jenga.progress import ProgressLine
+
+    todo = [s for s in SECTIONS if not args.section or s in args.section]
+    with ProgressLine("sections", len(todo), unit="", prefix="jenga reproduce", enabled=not sys.stderr.isatty()) as line:
+        def say(name: str) -> None:
+            line.done = todo.index(name)
+            line.unit = f"(now: {name})"
+            if not args.json:
+                print(f"... {name}", file=sys.stderr, flush=True)
+
+        rows = reproduce(quick=args.quick, sections=args.section, progress=say)
+        line.done, line.unit = len(todo), ""
     if args.json:
         print(json.dumps({"quick": args.quick, "rows": [r.as_dict() for r in rows]}, indent=2))
     else:
