@@ -186,7 +186,7 @@ def test_every_manager_serves_the_scheduler_api(name):
     mgr.enable_kv_events()
     prompt = list(range(30))
     for rid in ("a", "b"):
-        mgr.add_request(rid, prompt + [rid == "b"])
+        mgr.add_request(rid, prompt + [int(rid == "b")])  # bools are not token ids
         hit = mgr.lookup(rid)
         if rid == "b":
             assert hit > 0 and mgr.shrink_hit(rid, hit - 1) < hit

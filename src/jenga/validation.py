@@ -95,13 +95,11 @@ def checked_int(value: Any, name: str, *, minimum: int = 1) -> int:
     return value
 
 
-#: Config fields that are sizes wherever they appear (top level or a sub-config such as
-#: ``text_config``): null means "absent", anything but a positive integer is an error.
-SIZE_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "num_hidden_layers",
-               "vocab_size", "intermediate_size", "max_position_embeddings", "ssm_state_size", "conv_kernel",
-               "mamba_d_state", "mamba_d_conv", "mamba_n_heads", "mamba_d_head", "mamba_head_dim",
-               "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-               "linear_conv_kernel_dim", "kv_lora_rank", "qk_rope_head_dim")
+#: Config fields checked before transformers parses a config (top level or a sub-config such as
+#: ``text_config``): transformers replaces ``num_key_value_heads: 0`` by the head count and divides by
+#: ``num_attention_heads``.  Other sizes (``head_dim: 0`` is some families' "derive it") are checked
+#: after parsing, by :mod:`jenga.structure`.  A list (per-layer sizes) or dict is checked item by item.
+SIZE_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers")
 
 
 def check_config_sizes(raw: Mapping[str, Any], where: str = "config", error: type[JengaError] = ConfigError) -> None:
@@ -123,6 +121,11 @@ def config_size(cfg: Any, field: str, default: Any = None, *, where: str = "conf
     value = cfg.get(field) if isinstance(cfg, Mapping) else getattr(cfg, field, None)
     if value is None:
         return default
+    if isinstance(value, (list, tuple, Mapping)):  # per-layer (or per-part) sizes
+        items = value.values() if isinstance(value, Mapping) else value
+        for v in items:
+            config_size({field: v}, field, where=where, error=error)
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value <= 0:
         raise error(f"{where}: {field!r} must be a positive integer, got {value!r}")
     return int(value)
