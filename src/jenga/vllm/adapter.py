@@ -1,0 +1,250 @@
+"""What vLLM's scheduler calls on its KV-cache manager, answered by a jenga manager.
+
+A translation layer only: vLLM's ``Request`` objects, block ids and keyword arguments
+become jenga's request ids, page ids and calls; every decision (pages, hits, eviction,
+what fits) is the jenga ``KVCacheManager``'s.
+
+Token bookkeeping: vLLM counts scheduled tokens as computed at schedule time and learns
+sampled ids later.  jenga is told at the next call that concerns the request
+(``allocate_slots``, ``cache_blocks``, ``free``): the ids vLLM now knows are appended
+and the tokens scheduled before count as computed, minus the draft tokens vLLM rolled
+back (``num_rejected``).  Tokens scheduled before their ids are known (async scheduling)
+are jenga placeholders.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from vllm.distributed import kv_events as ve
+from vllm.v1.metrics.stats import PrefixCacheStats
+
+from jenga.events import AllBlocksCleared, BlockRemoved, BlockStored
+from jenga.manager import KVCacheManager
+from jenga.tables import TokenTable
+from jenga.vllm.plan import VllmPlan
+
+NULL_BLOCK = 0
+
+
+class Blocks:
+    """The part of vLLM's ``KVCacheBlocks`` the scheduler reads: block ids per group."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self, ids: tuple[list[int], ...]):
+        self.ids = ids
+
+    def get_block_ids(self, allow_none: bool = False, *, group_ids=None):
+        ids = self.ids if group_ids is None else tuple(self.ids[g] for g in group_ids)
+        if allow_none and not any(ids):
+            return None
+        return ids
+
+
+class JengaKVCacheAdapter:
+    """Stands in for ``vllm.v1.core.kv_cache_manager.KVCacheManager`` in the scheduler."""
+
+    def __init__(self, plan: VllmPlan, kv_cache_config, *, max_model_len: int, enable_caching: bool,
+                 log_stats: bool, enable_kv_cache_events: bool):
+        self.plan = plan
+        # read-only facts vLLM's engine core reads off the manager's groups (block sizes, specs)
+        self.coordinator = SimpleNamespace(
+            single_type_managers=[SimpleNamespace(block_size=g.kv_cache_spec.block_size, kv_cache_spec=g.kv_cache_spec)
+                                  for g in kv_cache_config.kv_cache_groups],
+            enable_partial_hash_hits=False)
+        self.manager = KVCacheManager(plan.model, plan.memory_bytes, tokens_per_page=plan.tokens_per_page,
+                                      enable_prefix_caching=enable_caching, fit_pages=plan.fit_pages,
+                                      device="meta")
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.log_stats = log_stats
+        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
+        self.num_groups = len(self.manager.model.groups)
+        self.empty_kv_cache_blocks = Blocks(tuple([] for _ in range(self.num_groups)))
+        self._sent: dict[str, list[int]] = {}  # request id -> block ids already sent, per group
+        self.num_preempted_or_freed = 0
+        if enable_kv_cache_events:
+            self.manager.enable_kv_events()
+
+    # ------------------------------------------------------------ ids
+    def _exec_ids(self, table, start: int) -> list[int]:
+        scale, off = self.plan.exec_scale[table.group], self.plan.exec_offset
+        if isinstance(table, TokenTable):
+            return [NULL_BLOCK if p is None else p * scale + off for p in table.page_ids[start:]]
+        raise AssertionError(f"jenga.vllm: no vLLM block table for {type(table).__name__}")
+
+    def _blocks(self, request_id: str, *, only_new: bool) -> Blocks:
+        req = self.manager.requests.get(request_id)
+        if req is None:
+            return self.empty_kv_cache_blocks
+        tables = self._tables(req)
+        sent = self._sent.setdefault(request_id, [0] * self.num_groups)
+        out = []
+        for g, t in enumerate(tables):
+            n = len(t.page_ids)
+            out.append(self._exec_ids(t, sent[g] if only_new else 0))
+            if only_new:
+                sent[g] = n
+        return Blocks(tuple(out))
+
+    def _tables(self, req) -> list[TokenTable]:
+        if req.tables is not None:
+            return req.tables.groups
+        # after a lookup, before the first allocate: the hit's pages
+        return [TokenTable(i, g.tokens_per_page, gs.pages)
+                for i, (g, gs) in enumerate(zip(self.manager.model.groups, req.groups, strict=True))]
+
+    # ------------------------------------------------------------ sync
+    @staticmethod
+    def _salt(request) -> str | None:
+        lora = getattr(request, "lora_request", None)
+        salt = request.cache_salt
+        if lora is not None:
+            salt = f"{salt or ''}\x00lora:{lora.lora_name}"
+        return salt
+
+    def _ensure(self, request):
+        mgr = self.manager
+        req = mgr.requests.get(request.request_id)
+        if req is None:
+            mgr.add_request(request.request_id, request.all_token_ids, cache_salt=self._salt(request))
+            req = mgr.requests[request.request_id]
+        return req
+
+    def _sync(self, request) -> None:
+        """Tell jenga what vLLM learnt since the last call about ``request``."""
+        req = self.manager.requests.get(request.request_id)
+        if req is None or req.tables is None:
+            return
+        known = request.num_tokens
+        new_ids = request.all_token_ids[len(req.tokens):known] if known > len(req.tokens) else []
+        rejected = req.num_computed + req.num_scheduled - request.num_computed_tokens
+        assert rejected >= 0, (f"jenga.vllm: vLLM computed {request.num_computed_tokens} tokens of "
+                               f"{request.request_id}, jenga allocated {req.num_computed + req.num_scheduled}")
+        if req.num_scheduled or new_ids:
+            self.manager.append_tokens(request.request_id, new_ids, num_rejected=rejected)
+
+    # ------------------------------------------------------------ scheduler API
+    def new_step_starts(self) -> None:
+        pass
+
+    def get_computed_blocks(self, request):
+        req = self._ensure(request)
+        if req.tables is not None:
+            raise AssertionError(f"jenga.vllm: lookup of running request {request.request_id}")
+        if self.enable_caching and not request.skip_reading_prefix_cache:
+            hit = self.manager.lookup(request.request_id)
+        else:
+            hit = self.manager.lookup(request.request_id, max_tokens=0)
+        self._sent.pop(request.request_id, None)
+        return self._blocks(request.request_id, only_new=False), hit, 0
+
+    def allocate_slots(self, request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks=None, num_lookahead_tokens: int = 0,
+                       num_external_computed_tokens: int = 0, delay_cache_blocks: bool = False,
+                       num_encoder_tokens: int = 0, full_sequence_must_fit: bool = False,
+                       reserved_blocks: int = 0, has_scheduled_reqs: bool = True,
+                       skip_zeroing_group_ids: tuple[int, ...] = ()):
+        if num_external_computed_tokens or delay_cache_blocks or num_encoder_tokens:
+            raise AssertionError("jenga.vllm: KV connectors and encoder caches are refused at engine start")
+        mgr, rid = self.manager, request.request_id
+        req = self._ensure(request)
+        if req.tables is None:  # first allocation: the scheduler may keep less of the hit
+            if num_new_computed_tokens < req.hit:
+                mgr.shrink_hit(rid, num_new_computed_tokens)
+            if full_sequence_must_fit:
+                total = min(request.num_tokens, self.max_model_len)
+                if not mgr.can_allocate(rid, max(0, total - req.start)):
+                    return None
+        else:
+            self._sync(request)
+        start = req.start
+        assert start == request.num_computed_tokens + num_new_computed_tokens, (
+            f"jenga.vllm: {rid} starts at {start} in jenga, "
+            f"{request.num_computed_tokens + num_new_computed_tokens} in vLLM")
+        lookahead = max(0, min(num_lookahead_tokens, self.max_model_len - start - num_new_tokens))
+        unknown = max(0, start + num_new_tokens - len(req.tokens))
+        if mgr.allocate(rid, num_new_tokens, num_lookahead=lookahead, num_placeholders=unknown) is None:
+            return None
+        return self._blocks(rid, only_new=True)
+
+    def cache_blocks(self, request, num_computed_tokens: int) -> None:
+        self._sync(request)
+
+    def free(self, request) -> None:
+        rid = request.request_id
+        if rid in self.manager.requests:
+            self._sync(request)
+            self.manager.free(rid)
+            self.num_preempted_or_freed += 1
+        self._sent.pop(rid, None)
+
+    def remove_skipped_blocks(self, request_id, processed_computed_tokens, num_prompt_tokens=None) -> None:
+        pass  # jenga releases out-of-window pages when their tokens are committed
+
+    def get_blocks(self, request_id: str) -> Blocks:
+        return self._blocks(request_id, only_new=False)
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        return self.get_blocks(request_id).get_block_ids()
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return [0] * self.num_groups
+
+    def estimate_cached_tokens(self, request) -> int:
+        req = self.manager.requests.get(request.request_id)
+        return req.hit if req is not None else 0
+
+    def take_new_block_ids(self) -> list[int]:
+        return []
+
+    def take_kv_cache_block_copies(self):
+        return [], []
+
+    def take_boundary_state_offloads(self) -> dict:
+        return {}
+
+    @property
+    def usage(self) -> float:
+        return self.manager.usage
+
+    def prefix_cache_lookup_enabled(self, request) -> bool:
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def record_prefix_cache_stats(self, request, num_hits: int) -> None:
+        if self.log_stats and self.prefix_cache_lookup_enabled(request):
+            self.prefix_cache_stats.record(num_tokens=request.num_tokens, num_hits=num_hits,
+                                           preempted=request.num_preemptions > 0)
+
+    def make_prefix_cache_stats(self):
+        if not self.log_stats:
+            return None
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    def reset_prefix_cache(self) -> bool:
+        if not self.manager.reset_prefix_cache():
+            return False
+        if self.log_stats:
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def take_events(self) -> list:
+        out = []
+        for e in self.manager.take_events():
+            if isinstance(e, BlockStored):
+                out.append(ve.BlockStored(block_hashes=e.block_hashes, parent_block_hash=e.parent_block_hash,
+                                          token_ids=e.token_ids, block_size=e.block_size, lora_id=None,
+                                          medium=e.medium, lora_name=None, group_idx=e.group))
+            elif isinstance(e, BlockRemoved):
+                out.append(ve.BlockRemoved(block_hashes=e.block_hashes, medium=e.medium, group_idx=e.group))
+            elif isinstance(e, AllBlocksCleared):
+                out.append(ve.AllBlocksCleared())
+        return out
+
+    def __getattr__(self, name: str):
+        # anything else of vLLM's manager (connectors, offloading, P/D) is refused at engine
+        # start; reaching it here means a path jenga does not cover
+        raise AttributeError(f"jenga.vllm: vLLM called KVCacheManager.{name}, which jenga's adapter does not "
+                             "provide (KV connectors / offloading / disaggregated prefill are not supported)")

@@ -1,0 +1,46 @@
+"""The ``vllm.general_plugins`` entry point: installs jenga's KV-cache layout.
+
+vLLM runs ``register()`` in every process (engine core and workers).  It wraps
+``vllm.v1.engine.core.get_kv_cache_configs`` so that, when the engine's scheduler is
+jenga's, the configs sent to the workers (and the scheduler's own) carry jenga's
+page-layer layout and plan (see :mod:`jenga.vllm.plan`).  Engines with vLLM's own
+scheduler are left untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+
+_MARK = "_jenga_wrapped"
+
+
+def uses_jenga(vllm_config) -> bool:
+    cls = vllm_config.scheduler_config.scheduler_cls
+    if isinstance(cls, str):
+        return cls.startswith("jenga.vllm")
+    from jenga.vllm.scheduler import JengaScheduler
+
+    return isinstance(cls, type) and issubclass(cls, JengaScheduler)
+
+
+def register() -> None:
+    import vllm.v1.engine.core as core
+
+    original = core.get_kv_cache_configs
+    if getattr(original, _MARK, False):
+        return
+
+    @functools.wraps(original)
+    def get_kv_cache_configs(vllm_config, kv_cache_specs, available_memory):
+        configs = original(vllm_config, kv_cache_specs, available_memory)
+        if not uses_jenga(vllm_config):
+            return configs
+        from jenga.vllm.plan import rewrite_config
+        from jenga.vllm.scheduler import refuse_unsupported
+
+        refuse_unsupported(vllm_config)
+        max_len = vllm_config.model_config.max_model_len
+        return [rewrite_config(cfg, max_len) for cfg in configs]
+
+    setattr(get_kv_cache_configs, _MARK, True)
+    core.get_kv_cache_configs = get_kv_cache_configs

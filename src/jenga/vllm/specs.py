@@ -1,0 +1,80 @@
+"""vLLM's per-layer KV-cache specs in jenga's vocabulary (and back).
+
+``jenga_spec`` maps one ``vllm.v1.kv_cache_interface`` spec to a ``jenga.specs`` spec;
+a kind jenga cannot run inside vLLM raises :class:`UnsupportedInVllm` naming it, at
+engine start.  ``model_of_groups`` builds the jenga ``ModelSpec`` for a list of
+``(layer names, vLLM spec)`` groups.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.v1 import kv_cache_interface as kvi
+
+from jenga import specs as js
+from jenga.errors import JengaError
+
+TORCH_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "fp8",
+                torch.float8_e4m3fn: "fp8", torch.float8_e5m2: "fp8", torch.int8: "int8"}
+
+
+class UnsupportedInVllm(JengaError, NotImplementedError):
+    """A vLLM feature or layer kind that jenga's scheduler cannot serve (raised at engine start)."""
+
+
+def dtype_name(dtype) -> str:
+    try:
+        return TORCH_DTYPES[dtype]
+    except KeyError:
+        raise UnsupportedInVllm(f"jenga.vllm: KV-cache dtype {dtype} has no jenga equivalent") from None
+
+
+#: vLLM spec classes jenga refuses (subclasses of the ones it maps), with the reason
+REFUSED = {
+    "MLAAttentionSpec": "multi-head latent attention (DeepSeek MLA) pages",
+    "CrossAttentionSpec": "encoder-decoder cross-attention (vLLM's cross-attention path)",
+    "EncoderOnlyAttentionSpec": "encoder-only attention",
+    "SinkFullAttentionSpec": "sink-token full attention",
+    "RSWASpec": "restricted sliding window attention",
+    "CircularBufferSpec": "circular-buffer attention",
+    "SlidingWindowMLASpec": "sliding-window MLA",
+}
+
+
+def jenga_spec(spec, model: str, *, checkpoint_interval: int) -> js.CacheSpec:
+    """The jenga spec of one vLLM layer spec (``UnsupportedInVllm`` when there is none)."""
+    name = type(spec).__name__
+    if name in REFUSED:
+        raise UnsupportedInVllm(f"jenga.vllm does not support {REFUSED[name]} ({name}) yet")
+    if isinstance(spec, kvi.AttentionSpec):
+        if spec.head_size_v != spec.head_size or spec.num_head_slots is not None or spec.tokens_per_state != 1 \
+                or spec.state_content_bytes is not None:
+            raise UnsupportedInVllm(f"jenga.vllm: packed or asymmetric attention pages ({name}) are not supported")
+        kw = dict(model=model, dtype=dtype_name(spec.dtype), num_kv_heads=spec.num_kv_heads, head_dim=spec.head_size)
+        if isinstance(spec, kvi.SlidingWindowSpec):
+            if spec.extra_retained_tokens:
+                raise UnsupportedInVllm("jenga.vllm: sliding windows with extra retained tokens (multi-module "
+                                        "speculative decoding) are not supported")
+            return js.SlidingWindowSpec(window=spec.sliding_window, **kw)
+        if isinstance(spec, kvi.ChunkedLocalAttentionSpec):
+            return js.ChunkedLocalSpec(chunk=spec.attention_chunk_size, **kw)
+        if type(spec) is kvi.FullAttentionSpec:
+            return js.FullAttentionSpec(**kw)  # also vLLM's "sliding stored as full" when HMA is off
+    if isinstance(spec, kvi.MambaSpec):
+        raise UnsupportedInVllm(f"jenga.vllm does not serve state layers ({spec.mamba_type}) inside vLLM yet: "
+                                "their pages follow vLLM's Mamba block tables, which jenga's checkpoints "
+                                "do not map onto")
+    raise UnsupportedInVllm(f"jenga.vllm: no jenga cache kind for vLLM's {name}")
+
+
+def model_of_groups(groups: list[tuple[list[str], object]], *, name: str, max_model_len: int,
+                    checkpoint_interval: int = 512) -> js.ModelSpec:
+    """One jenga ``LayerGroup`` per ``(layer names, vLLM spec)``, numbered in order of layers;
+    ``tokens_per_page`` is the vLLM spec's block size."""
+    out, first = [], 0
+    for i, (layers, spec) in enumerate(groups):
+        jspec = jenga_spec(spec, name, checkpoint_interval=checkpoint_interval)
+        out.append(js.LayerGroup(f"g{i}.{jspec.kind}", jspec, tuple(range(first, first + len(layers))),
+                                 spec.block_size))
+        first += len(layers)
+    return js.ModelSpec(name, tuple(out), max_model_len=max_model_len, num_layers=first)

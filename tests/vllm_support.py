@@ -1,0 +1,159 @@
+"""Shared by the vLLM integration tests: tiny random-weight model folders, engines, workloads.
+
+Each test module builds one stock engine and one jenga engine (same model, same KV
+budget), runs the same workloads through both and compares greedy tokens.  Engines run
+in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the tests can read the jenga
+manager behind the scheduler.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+vllm = pytest.importorskip("vllm", reason="the vLLM tests need the jenga[vllm] extra (make test installs it)")
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+import torch  # noqa: E402
+import transformers as tf  # noqa: E402
+
+from jenga.engine.tokenizer import tiny_tokenizer  # noqa: E402
+
+JENGA = "jenga.vllm.JengaScheduler"
+BLOCK = 32  # vLLM's CPU kernels want multiples of 32 tokens per block
+_COMMON = dict(vocab_size=512, hidden_size=128, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
+               head_dim=64, max_position_embeddings=2048, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+
+
+def hf_config(family: str):
+    """A tiny HF config: head_dim 64, windows / chunks of 64 tokens (two blocks), page sizes
+    that differ between groups (more layers of one kind than of the other)."""
+    if family == "gemma3":
+        return tf.Gemma3TextConfig(**_COMMON, num_hidden_layers=6, sliding_window=64, query_pre_attn_scalar=64,
+                                   layer_types=["sliding_attention"] * 5 + ["full_attention"])
+    if family == "llama4":
+        return tf.Llama4TextConfig(**_COMMON, num_hidden_layers=4, intermediate_size_mlp=128, num_local_experts=2,
+                                   num_experts_per_tok=1, interleave_moe_layer_step=2, no_rope_layers=[1, 1, 1, 0],
+                                   attention_chunk_size=64, use_qk_norm=True)
+    if family == "gptoss":
+        return tf.GptOssConfig(**_COMMON, num_hidden_layers=3, num_local_experts=2, num_experts_per_tok=1,
+                               layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                               sliding_window=64)
+    if family == "llama":
+        return tf.LlamaConfig(**_COMMON, num_hidden_layers=2)
+    raise ValueError(family)
+
+
+def model_dir(family: str, root: Path) -> str:
+    """Write the tiny model (seeded random weights, byte-level BPE tokenizer) under ``root``."""
+    out = root / family
+    if (out / "config.json").exists():
+        return str(out)
+    cfg = hf_config(family)
+    cfg.dtype = "float32"
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0, 0.05)
+            if name.endswith("norm.weight") and family != "gemma3":
+                p.add_(1.0)
+    model.save_pretrained(out)
+    tok = tiny_tokenizer(512)
+    tf.PreTrainedTokenizerFast(tokenizer_object=tok.backend, bos_token="<bos>", eos_token="<eos>",
+                               pad_token="<pad>").save_pretrained(out)
+    return str(out)
+
+
+def engine(path: str, *, jenga: bool, num_blocks: int | None = None, **kw):
+    """A vLLM engine over ``path`` (fp32, eager, 32-token blocks); ``num_blocks`` sets the KV budget
+    to that many of vLLM's own blocks (the same bytes with and without jenga)."""
+    args = dict(model=path, dtype="float32", enforce_eager=True, max_model_len=512, block_size=BLOCK,
+                max_num_seqs=8, seed=0, kv_cache_memory_bytes=16 << 20, num_gpu_blocks_override=num_blocks)
+    if jenga:
+        args["scheduler_cls"] = JENGA
+    args.update(kw)
+    return vllm.LLM(**args)
+
+
+def close(llm) -> None:
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+
+
+def scheduler(llm):
+    return llm.llm_engine.engine_core.engine_core.scheduler
+
+
+def workloads(seed: int = 0) -> dict[str, list[list[int]]]:
+    """``shared``: a lone request, then six more sharing its 150-token prefix (hits, no
+    pressure).  ``pressure``: eight longer prompts over two shared documents, more than the
+    small budget holds at once (preemption and eviction)."""
+    rng = random.Random(seed)
+
+    def toks(n):
+        return [rng.randrange(3, 500) for _ in range(n)]
+
+    base = toks(150)
+    docs = [toks(200), toks(200)]
+    return {
+        "first": [base + toks(20)],
+        "shared": [base + toks(rng.randrange(5, 40)) for _ in range(6)],
+        "pressure": [docs[i % 2] + toks(rng.randrange(10, 50)) for i in range(8)],
+    }
+
+
+def greedy(llm, prompts, max_tokens: int = 32) -> list[list[int]]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def run_all(llm) -> dict[str, list[list[int]]]:
+    w = workloads()
+    return {name: greedy(llm, prompts) for name, prompts in w.items()}
+
+
+def compare(family: str, root: Path, *, tight_blocks: int, tight_kw: dict | None = None) -> dict:
+    """Stock vLLM (ample memory) gives the reference tokens of every workload; jenga runs
+    ``first`` + ``shared`` with ample memory and ``pressure`` with ``tight_blocks`` of budget."""
+    path = model_dir(family, root)
+    w = workloads()
+    stock = engine(path, jenga=False)
+    ref = run_all(stock)
+    close(stock)
+    ample = engine(path, jenga=True)
+    got = {k: greedy(ample, w[k]) for k in ("first", "shared")}
+    tight = engine(path, jenga=True, num_blocks=tight_blocks, max_model_len=320, **(tight_kw or {}))
+    got["pressure"] = greedy(tight, w["pressure"])
+    return dict(ref=ref, got=got, ample=scheduler(ample), tight=scheduler(tight), engines=(ample, tight))
+
+
+def check_ample(runs: dict, *, min_hit_tokens: int) -> None:
+    sched = runs["ample"]
+    assert runs["got"]["first"] == runs["ref"]["first"]
+    assert runs["got"]["shared"] == runs["ref"]["shared"]
+    assert sched.num_preemptions == 0
+    assert sched.jenga.stats().prefix_hit_tokens >= min_hit_tokens
+
+
+def check_tight(runs: dict) -> None:
+    sched = runs["tight"]
+    assert runs["got"]["pressure"] == runs["ref"]["pressure"]
+    st = sched.jenga.stats()
+    assert sched.num_preemptions > 0 and st.evicted_pages > 0 and st.prefix_hit_tokens > 0, (sched.num_preemptions, st)
+
+
+def check_reclaimed(runs: dict) -> None:
+    for sched in (runs["ample"], runs["tight"]):
+        mgr = sched.jenga
+        assert mgr.used_bytes == 0 and not mgr.requests
+        mgr.check_integrity()
