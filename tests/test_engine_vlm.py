@@ -150,3 +150,14 @@ def test_bad_image_inputs_raise_before_queueing():
     text = jenga.LLM("tiny-gemma3", kv_memory="8MiB")
     with pytest.raises(InvalidArgumentError, match="no vision tower"):
         text.add_request(p)
+
+
+def test_image_pages_are_kept_apart_by_cache_salt():
+    llm = jenga.LLM("tiny-gemma3-vision", kv_memory="8MiB", max_num_batched_tokens=64)
+    (img,) = images(1, seed=16)
+    a, b = prompt([6, 5], [img], seed=17), prompt([9, 3], [img], seed=18)
+    llm.generate({**a, "cache_salt": "tenant-1"}, P)
+    llm.generate({**b, "cache_salt": "tenant-2"}, P)
+    assert llm.metrics.encoder_runs == 2  # another salt never reads tenant-1's embedding pages
+    llm.generate({**b, "cache_salt": "tenant-1"}, P)
+    assert llm.metrics.encoder_runs == 2  # the same salt does
