@@ -198,3 +198,18 @@ def test_figure14_cases_follow_the_artifact():
     ratios = [paper_ratio(c, "h100-80gb") for c in CASES]
     assert math.exp(sum(map(math.log, ratios)) / 6) == pytest.approx(1.43, abs=0.01)
     assert paper_ratio(by["Ministral"], "l4-24gb") is None  # the paper's baseline OOMed
+
+
+def test_simulate_cli_takes_the_artifact_workload_options(capsys):
+    import json
+
+    from jenga.cli import main
+
+    args = ["simulate", "--model", "ministral-8b", "--workload", "arxiv-multiq", "--articles", "2",
+            "--questions-per-article", "2", "--order", "shuffled", "--max-prompt-len", "6000", "--seed", "55555",
+            "--scheduler", "v0", "--manager", "paged,jenga", "--json"]
+    assert main(args) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["requests"] == 4 and all(m["finished"] == 4 for m in data["managers"].values())
+    assert main(["simulate", "--workload", "mmlu-pro", "--articles", "2", "--json"]) == 2
+    assert "num_articles" in capsys.readouterr().err

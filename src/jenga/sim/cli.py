@@ -19,10 +19,21 @@ def add_sim_parsers(sub) -> None:
                    help="comma-separated managers: {managers}")
     p.add_argument("--requests", type=int, default=None, help="number of requests (default: workload's)")
     p.add_argument("--rate", type=float, default=math.inf, help="arrival rate req/s (default: all at t=0)")
-    p.add_argument("--seed", type=int, default=0, help="arrival and workload seed")
+    p.add_argument("--seed", type=int, default=0, help="arrival and workload seed (the artifact's runs: 55555)")
+    p.add_argument("--articles", type=int, default=None, help="arxiv-multiq: number of documents")
+    p.add_argument("--questions-per-article", type=int, default=None, help="arxiv-multiq: questions per document")
+    p.add_argument("--order", choices=("interleaved", "grouped", "shuffled"), default=None,
+                   help="arxiv-multiq: request order (shuffled = Python's random.Random(seed), as the artifact)")
+    p.add_argument("--max-prompt-len", type=int, default=None,
+                   help="arxiv-multiq: prompt + output cap (the artifact's --hf-max-len)")
+    p.add_argument("--output-len", type=int, default=None, help="output tokens per request (workload's default)")
     p.add_argument("--draft", default=None, help="catalog draft model for speculative decoding "
                    "(default: llama-3.2-1b with the spec-decode workload, else none)")
-    p.add_argument("--budget", type=int, default=8192, help="max tokens per step (chunked prefill)")
+    p.add_argument("--budget", type=int, default=None,
+                   help="max tokens per step (default: chunked 8192; v0 max(max_model_len, 2048))")
+    p.add_argument("--scheduler", choices=("chunked", "v0"), default="chunked",
+                   help="chunked: vLLM v1-like mixed chunked prefill; v0: chunked prefill off (whole prompts, "
+                        "prefill-only steps)")
     p.add_argument("--max-num-seqs", type=int, default=256, help="most running requests per step")
     p.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
     p.add_argument("--record-every", type=int, default=1, help="record memory stats every N steps")
@@ -48,6 +59,10 @@ def _workload(args, max_len: int):
     kw = dict(rate=args.rate, seed=args.seed, max_len=min(max_len, 131072))
     if args.requests is not None:
         kw["num_requests"] = args.requests
+    for flag, key in (("articles", "num_articles"), ("questions_per_article", "questions_per_article"),
+                      ("order", "order"), ("max_prompt_len", "max_prompt_len"), ("output_len", "output_len")):
+        if getattr(args, flag) is not None:
+            kw[key] = getattr(args, flag)
     return get_workload(args.workload, **kw)
 
 
@@ -61,8 +76,14 @@ def run_simulate(args) -> int:
     if args.workload == "spec-decode" and draft is None:
         draft = "llama-3.2-1b"
     setup = build_setup(args.model, args.gpu, args.tp, draft=draft)
-    w = _workload(args, setup.target.max_model_len)
-    cfg = SimConfig(max_num_batched_tokens=args.budget, max_num_seqs=args.max_num_seqs, seed=args.seed,
+    try:
+        w = _workload(args, setup.target.max_model_len)
+    except (TypeError, ValueError) as e:
+        print(f"jenga simulate: {e}", file=sys.stderr)
+        return 2
+    budget = args.budget if args.budget is not None or args.scheduler == "v0" else 8192
+    cfg = SimConfig(max_num_batched_tokens=budget, max_num_seqs=args.max_num_seqs, seed=args.seed,
+                    scheduler=args.scheduler,
                     enable_prefix_caching=not args.no_prefix_caching, record_every=max(1, args.record_every))
     sim = Simulator(setup, cfg)
     unavailable: dict[str, str] = {}

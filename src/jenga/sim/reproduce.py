@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from jenga.sim.figure14 import LLAMA4_RESERVE
+from jenga.sim.figure14 import LLAMA4_RESERVE, SEED
 from jenga.sim.simulator import SimConfig, Simulator, build_setup
 from jenga.sim.workloads import get_workload
 from jenga.specs import (
@@ -203,13 +203,14 @@ def throughput(quick: bool) -> list[Row]:
 def prefix_hits(quick: bool) -> list[Row]:
     arts = (4, 2) if quick else (12, 3)
     r = _sim("ministral-8b", "arxiv-multiq", arts[0] * arts[1], ("paged", "jenga"), record_every=4,
-             num_articles=arts[0], questions_per_article=arts[1], order="shuffled", rate=0.25)
+             num_articles=arts[0], questions_per_article=arts[1], order="shuffled", rate=0.25, seed=SEED)
     hp, hj = r["paged"]["prefix_hit_rate"], r["jenga"]["prefix_hit_rate"]
     ratio = hj / hp if hp else math.inf
     return [Row("prefix caching", f"arxiv-multiq hit rate jenga/paged (Ministral, {arts[0]} articles x {arts[1]}, "
                                   "shuffled, 0.25 req/s)",
                 "1.60x", f"{ratio:.2f}x",
-                f"hit rate {hj:.3f} vs {hp:.3f}; no common-prefix ('important') SWA pool in jenga.prefix, so "
+                f"hit rate {hj:.3f} vs {hp:.3f}; the artifact publishes no figure-17 commands (ours: its "
+                "arxiv documents, seed 55555 shuffle); no common-prefix ('important') SWA pool in jenga.prefix, so "
                 "plain LRU drops an old article's full-layer pages before newer out-of-window SWA pages",
                 value=ratio)]
 
@@ -221,7 +222,6 @@ def spec_decoding(quick: bool) -> list[Row]:
     output tokens, no prefix caching; ``vllm-max`` = the large model's page for both (paged)."""
     from jenga.engine.v0_scheduler import v0_token_budget
     from jenga.sim.activation import profile_reserve_bytes
-    from jenga.sim.figure14 import SEED
 
     n = 4 if quick else 32
     probe = build_setup("ministral-8b", memory_bytes=1)
