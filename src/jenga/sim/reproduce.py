@@ -174,7 +174,7 @@ def throughput_rows(gpu: str, quick: bool) -> list[Row]:
         p = paper_ratio(case, gpu)
         b, j = r[case.baseline], r["jenga"]
         wl = f"{case.workload} {r['requests']} req"
-        note = (f"{r['model']} TP{r['tp']}, {wl}, max_num_seqs {case.max_num_seqs}, {r['budget']} tokens/step, "
+        note = (f"{r['model']} TP{r['tp']}, {wl}, max_num_seqs {r['max_num_seqs']}, {r['budget']} tokens/step, "
                 f"reserve {r['reserve_bytes'] / 1e9:.1f} GB/GPU; vs {case.baseline_label()}; "
                 f"jenga {j['throughput_req_s']:.3f} vs {b['throughput_req_s']:.3f} req/s")
         if case.note:
