@@ -4,7 +4,8 @@
    plus the documented quirks of :mod:`~jenga.structure.quirks`;
 2. attention sizes from the config's own fields (:mod:`~jenga.structure.attention`);
 3. state sizes, only when some layer keeps a state, from the modules built on the meta device
-   (:mod:`~jenga.structure.probe`, the one torch-importing step, imported lazily).
+   (:mod:`~jenga.structure.probe`, the one torch-importing step, imported lazily); the attention sizes of
+   such a model are then read from its built modules too.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from jenga.structure.attention import attention_component, positive_field
-from jenga.structure.facts import Component, ModelFacts
+from jenga.structure.facts import Attention, Component, ModelFacts
 from jenga.structure.layer_kinds import cache_slots
 from jenga.structure.quirks import VISION_EMBEDDING_TYPES
 from jenga.structure.source import UnsupportedModelError
@@ -38,18 +39,25 @@ def facts_from_config(cfg: Any, where: str) -> ModelFacts:
     _check_decoder(cfg, tc, where)
     slots = cache_slots(tc, where)
     state_layers = [i for i, s in enumerate(slots) if any(kind == "state" for kind, _ in s)]
-    states = {}
+    states: dict = {}
+    dims: dict[int, tuple[int, int]] = {}
     if state_layers:
-        from jenga.structure.probe import probe_states
+        from jenga.structure.probe import probe_attention, probe_states
 
         states = probe_states(tc, state_layers, where)
+        dims = probe_attention(tc, [i for i, s in enumerate(slots) if any(k != "state" for k, _ in s)])
     per_layer = tc.per_layer_config  # transformers' per-layer view (heterogeneous configs: Gemma-4)
     layers: list[tuple[Component, ...]] = []
     for i, layer_slots in enumerate(slots):
         comps: list[Component] = []
         for kind, span in layer_slots:
-            comps.append(states[i] if kind == "state"
-                         else attention_component(per_layer[i], kind, span, f"{where}: layer {i}"))
+            if kind == "state":
+                comps.append(states[i])
+                continue
+            c = attention_component(per_layer[i], kind, span, f"{where}: layer {i}")
+            if isinstance(c, Attention) and i in dims:  # the built module's own sizes win
+                c = Attention(c.kind, *dims[i], c.span)
+            comps.append(c)
         layers.append(tuple(comps))
     if not any(layers):
         raise UnsupportedModelError(f"{where}: no layer keeps a cache")

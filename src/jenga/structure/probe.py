@@ -15,9 +15,15 @@ what it holds, not by its class name:
   Kimi delta attention (KDA; GLM-5-Next's linear attention is the same shape);
 * ``qkv_proj`` + ``block_size`` + ``num_attention_heads`` / ``head_dim``, no conv: lightning attention (MiniMax);
 * a depthwise ``conv`` + ``conv_kernel_size`` and nothing recurrent: a short convolution (LFM2);
-* ``conv_1d`` + an ``rg_lru`` with ``recurrent_param (width,)``: RG-LRU (RecurrentGemma).
+* ``conv_1d`` + an ``rg_lru`` with ``recurrent_param (width,)``: RG-LRU (RecurrentGemma);
+* failing all of these, a layer whose convolutions are all depthwise ``Conv1d`` of one kernel (Inkling's
+  K/V and residual short convolutions): their conv states, summed.
 
 A state layer with none of these raises ``UnsupportedModelError`` naming the layer.
+
+Since the model is built anyway, attention sizes of its layers are read from the modules too (config fields
+can hide per-layer sizes: Inkling's sliding layers use ``swa_num_key_value_heads``): a submodule with an
+integer ``head_dim`` and a ``k_proj`` (or ``num_key_value_heads``) gives ``(K/V heads, head_dim)``.
 """
 
 from __future__ import annotations
@@ -130,10 +136,52 @@ def _decoder_layers(model: Any, n: int) -> Any:
     return stacks[0]
 
 
+def _depthwise_convs(layer: Any) -> State | None:
+    import torch
+
+    convs = [m for m in layer.modules() if isinstance(m, torch.nn.Conv1d)]
+    kernels = {int(m.kernel_size[0]) for m in convs}
+    if not convs or len(kernels) != 1 or any(not m.groups == m.in_channels == m.out_channels for m in convs):
+        return None  # a grouped (not depthwise) conv keeps a state this rule cannot size
+    return State("short_conv", (("channels", sum(int(m.in_channels) for m in convs)), ("d_conv", kernels.pop())))
+
+
+def _attention_dims(layer: Any) -> tuple[int, int] | None:
+    for m in layer.modules():
+        hd = _int(m, "head_dim")
+        if hd is None:
+            continue
+        kv = _int(m, "num_key_value_heads")
+        k_proj = getattr(m, "k_proj", None)
+        if kv is None and getattr(k_proj, "out_features", 0) and k_proj.out_features % hd == 0:
+            kv = k_proj.out_features // hd
+        if kv:
+            return kv, hd
+    return None
+
+
+def probe_attention(tc: Any, layer_ids: list[int]) -> dict[int, tuple[int, int]]:
+    """(K/V heads, head_dim) of the attention module of each layer in ``layer_ids`` where one is found."""
+    stack = _decoder_layers(_built(tc), tc.num_hidden_layers)
+    return {i: dims for i in layer_ids if (dims := _attention_dims(stack[i])) is not None}
+
+
+_CACHE: dict[int, Any] = {}
+
+
+def _built(tc: Any) -> Any:
+    """The meta-device model of ``tc``, built once per config object (states and attention share it)."""
+    key = id(tc)
+    if key not in _CACHE:
+        _CACHE.clear()
+        _CACHE[key] = (tc, _build(tc))  # keep tc alive so its id is not reused
+    return _CACHE[key][1]
+
+
 def probe_states(tc: Any, layer_ids: list[int], where: str) -> dict[int, State]:
     """The mixer state of each layer in ``layer_ids`` (layers transformers caches a linear-attention state for)."""
     try:
-        model = _build(tc)
+        model = _built(tc)
     except Exception as e:  # noqa: BLE001 - any failure to build is a fact we cannot read
         raise UnsupportedModelError(f"{where}: building the model on the meta device to read its state sizes "
                                     f"failed: {type(e).__name__}: {e}") from e
@@ -141,6 +189,8 @@ def probe_states(tc: Any, layer_ids: list[int], where: str) -> dict[int, State]:
     out: dict[int, State] = {}
     for i in layer_ids:
         found = {s for _, sub in stack[i].named_modules() for rec in _RECOGNISERS if (s := rec(sub))}
+        if not found and (convs := _depthwise_convs(stack[i])) is not None:
+            found = {convs}
         if len(found) != 1:
             what = "without a recognisable mixer" if not found else f"with {len(found)} different mixers"
             raise UnsupportedModelError(f"{where}: layer {i}: state layer {what} "
