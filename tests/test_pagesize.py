@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jenga.pagesize import PADDABLE_KINDS, PagePlan, PageSizeError, fit_page_sizes
+from jenga.pagesize import PADDABLE_KINDS, WIDE_PAD_FRAC, PagePlan, PageSizeError, fit_page_sizes
 from jenga.specs import FullAttentionSpec, LayerGroup, MambaSpec, ModelSpec, SlidingWindowSpec
 from jenga.structure import CATALOG_NAMES, model_spec_from_hf_config
 
@@ -165,3 +165,53 @@ def test_plan_invariants(attn, states, base, frac, max_ratio):
             assert new.layer_page_bytes % 16 == old.layer_page_bytes % 16
     assert p.pad_bytes_per_large_page == max(S // g.page_bytes * g.pad_bytes for g in p.model.groups)
     assert math.isclose(p.pad_frac, p.pad_bytes_per_large_page / S)
+
+
+@pytest.mark.parametrize("tokens_per_page", [16, 32, 64, 128])
+def test_every_catalog_model_works_at_every_page_size(tokens_per_page):
+    """What a user may pick: each catalog model gets a manager, within the 8x bound, by the widened search
+    where the default levers fail (Jamba-1.5-Mini at 64 and 128, Qwen3-Next at 128)."""
+    from jenga.manager import KVCacheManager
+
+    for name in CATALOG_NAMES:
+        model = model_spec_from_hf_config(name, tokens_per_page=tokens_per_page)
+        mgr = KVCacheManager(model, 8 << 30, tokens_per_page=tokens_per_page)
+        fitted, S = mgr.page_plan.model, mgr.page_plan.lcm_page_bytes
+        assert S <= 8 * fitted.max_small_page_bytes, name
+        for g in fitted.groups:
+            assert S % g.page_bytes == 0 and g.tokens_per_page % tokens_per_page == 0, (name, g)
+            limit = 0.25 if g.kind == "vision" else WIDE_PAD_FRAC
+            assert g.pad_bytes <= limit * g.useful_page_bytes, (name, g)
+
+
+def test_jamba_at_64_tokens_widens_the_state_pad():
+    m = model_spec_from_hf_config("jamba-1.5-mini", tokens_per_page=64)
+    with pytest.raises(PageSizeError):  # default levers: raw ratio 16, a 1% pad cannot remove the factor 7 * 19
+        fit_page_sizes(m)
+    p = fit_page_sizes(m, widen=True)
+    mamba = p.model.group("mamba")
+    assert mamba.useful_page_bytes == 133 * 2**16 and mamba.pad_bytes == 458_752  # 5.26%: 28 layers x 16 KiB
+    assert mamba.page_bytes == 140 * 2**16 and p.lcm_page_bytes == 4 * mamba.page_bytes == 35 * MiB
+    assert p.ratio == 4.0 and p.model.group("full").tokens_per_page == 64
+
+
+def test_non_power_of_two_token_pages_when_pads_are_forbidden():
+    # 3 full layers of 4 KiB per token at 16 tokens (192 KiB pages) + a 5 * 2^16 B state; no pad allowed
+    full = LayerGroup("full", FullAttentionSpec("t", num_kv_heads=8, head_dim=128), (0, 1, 2))
+    state = LayerGroup("mamba", MambaSpec("t", shapes=((5 * 2**15,),), dtypes=("bf16",)), (3,))
+    m = ModelSpec("t", (full, state))
+    with pytest.raises(PageSizeError):  # lcm(3 * 2^16, 5 * 2^16) = 15 * 2^16: ratio 5 > 2
+        fit_page_sizes(m, max_ratio=2, max_pad_frac=0)
+    p = fit_page_sizes(m, max_ratio=2, max_pad_frac=0, widen=True)
+    assert p.model.group("full").tokens_per_page == 80  # 5 x 16: full pages of 15 * 2^16 = the large page
+    assert p.lcm_page_bytes == 15 * 2**16 and p.ratio == 1.0 and p.pad_bytes_per_large_page == 0
+
+
+def test_refusal_names_the_page_sizes_that_would_fit():
+    # at 64 tokens: lcm(2^18, 5 * 2^14) = 5 * 2^18, ratio 5 > 4; at 16 tokens: 5 * 2^16 / 81,920 = 4
+    full = LayerGroup("full", FullAttentionSpec("t", num_kv_heads=8, head_dim=128), (0,), 64)
+    state = LayerGroup("mamba", MambaSpec("t", shapes=((5 * 2**13,),), dtypes=("bf16",)), (1,), 64)
+    m = ModelSpec("t", (full, state))
+    with pytest.raises(PageSizeError, match="tokens_per_page 16 would fit") as e:
+        fit_page_sizes(m, max_ratio=4, max_pad_frac=0, max_tokens_per_page=64, widen=True)
+    assert "Widened too" in str(e.value)

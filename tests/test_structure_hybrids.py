@@ -120,3 +120,19 @@ def test_state_layer_without_a_mixer_is_named():
     tc = AutoConfig.for_model("llama", num_hidden_layers=2, **ATTN)
     with pytest.raises(UnsupportedModelError, match="layer 1: state layer without a recognisable mixer"):
         probe_states(tc, [1], "toy")
+
+
+def test_inkling_per_layer_kv_heads_come_from_the_built_modules():
+    """Inkling's sliding layers use ``swa_num_key_value_heads`` (a field the generic reader does not know);
+    since the model is built for its short-convolution states, the attention modules' own sizes are used."""
+    cfg = dict(model_type="inkling_text", num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+               num_key_value_heads=1, head_dim=16, swa_num_attention_heads=4, swa_num_key_value_heads=2,
+               swa_head_dim=16, sliding_window_size=32, rel_extent=32, local_layer_ids=[0], conv_kernel_size=4,
+               intermediate_size=128, moe_intermediate_size=32, n_routed_experts=2, num_experts_per_tok=1,
+               n_shared_experts=1, vocab_size=128, max_position_embeddings=4096)
+    g = groups(cfg)
+    assert g["sliding"][:2] == ("sliding", (0,)) and g["sliding"][2] == (2, 16)
+    assert g["full"][:2] == ("full", (1,)) and g["full"][2] == (1, 16)
+    # states: the depthwise K, V and residual short convs of each layer, (channels, kernel - 1)
+    states = {name: v for name, v in g.items() if v[0] == "mamba"}
+    assert sorted(v[2] for v in states.values()) == [((16 + 16 + 64 + 64, 3),), ((2 * 16 + 2 * 16 + 64 + 64, 3),)]

@@ -124,14 +124,8 @@ class KVCacheManager(PageLedger, CacheControl):
         model = with_base_page(model, tokens_per_page)
         if max_ratio is None:
             return model
-        from jenga.pagesize import PageSizeError, fit_page_sizes
-        try:
-            self.page_plan = fit_page_sizes(model, max_ratio=max_ratio)
-        except PageSizeError:
-            if not any(g.kind == "vision" for g in model.groups):
-                raise
-            # vision-embedding pages live only while an image is prefilled: pad them more
-            self.page_plan = fit_page_sizes(model, max_ratio=max_ratio, max_pad_frac=0.25)
+        from jenga.pagesize import manager_page_plan
+        self.page_plan = manager_page_plan(model, max_ratio)
         return self.page_plan.model
 
     def _policy(self, gi: int, group: LayerGroup) -> Policy:

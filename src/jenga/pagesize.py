@@ -21,6 +21,15 @@ the raw LCM already meets the bound (Nemotron-H: a 0.19% pad of the Mamba page m
 to a ratio of 128; beyond that only the unmodified plan is considered.  When no plan meets the bound,
 :class:`PageSizeError` says the ratio reached and what to change.
 
+**Widening** (``widen=True``, what :class:`~jenga.manager.KVCacheManager` asks for when the defaults fail):
+before refusing, the search is retried with (1) larger state pads, ``max_pad_frac`` raised step by step to
+at most :data:`WIDE_PAD_FRAC` (only when padding is allowed at all, ``max_pad_frac > 0``) -- a state page
+is held once per request, so its pad is cheap; then (2) token groups at any multiple ``m`` of their base
+``tokens_per_page`` (3, 5, 6, 7, ... up to ``max_tokens_per_page``), not only powers of two, with the widest
+pad.  The first step that fits wins, smallest large page within it.  Jamba-1.5-Mini at 64 tokens per page:
+raw ratio 16, a 5.3% pad of the Mamba page gives 35 MiB at ratio 4.  When even the widened search fails,
+:class:`PageSizeError` also lists the base page sizes (16 ... 256 tokens) that would fit.
+
 Worked results (bf16, 16 tokens, defaults): Nemotron-H-8B 395.25 MiB -> 49.5 MiB (ratio 1, pad 0.19%);
 Falcon-H1-7B ratio 16 -> 1 (pad 0.70%); Jamba-1.5-Mini 33.25 MiB, ratio 4, unchanged; Qwen3-Next
 75.375 MiB, ratio 2, unchanged; Gemma-3-27B with its vision group raises (the 168 KiB vision page has a
@@ -39,7 +48,8 @@ from functools import reduce
 from jenga.errors import JengaError
 from jenga.specs import LayerGroup, ModelSpec
 
-__all__ = ["PADDABLE_KINDS", "SCALABLE_KINDS", "PagePlan", "PageSizeError", "fit_page_sizes"]
+__all__ = ["PADDABLE_KINDS", "SCALABLE_KINDS", "WIDE_PAD_FRAC", "PagePlan", "PageSizeError", "fit_page_sizes",
+           "manager_page_plan"]
 
 #: Kinds whose ``tokens_per_page`` may be scaled by powers of two.
 SCALABLE_KINDS = frozenset({"full", "sliding", "chunked", "cross"})
@@ -48,6 +58,10 @@ PADDABLE_KINDS = frozenset({"mamba", "vision"})
 
 _MAX_SCALINGS = 4096  # beyond this many tokens_per_page combinations, only uniform scalings are tried
 _MAX_R = 128  # largest S / (anchor page) enumerated; beyond it only the unmodified (raw) plan is considered
+#: The widest state pad the widened search may use (fraction of a state page's useful bytes).
+WIDE_PAD_FRAC = 0.10
+_WIDE_PAD_STEPS = (0.02, 0.05, WIDE_PAD_FRAC)
+_ADVICE_TOKENS = (16, 32, 64, 128, 256)
 
 
 class PageSizeError(JengaError, ValueError):
@@ -204,8 +218,45 @@ def _search(groups: tuple[LayerGroup, ...], max_ratio: float, frac: float, cap: 
     return best
 
 
+def _multiplied(groups: tuple[LayerGroup, ...], m: int) -> tuple[LayerGroup, ...]:
+    return tuple(dataclasses.replace(g, tokens_per_page=g.tokens_per_page * m)
+                 if g.kind in SCALABLE_KINDS and g.spec.per_token else g for g in groups)
+
+
+def _widened(groups: tuple[LayerGroup, ...], max_ratio: float, frac: float, cap: int,
+             align: int) -> _Candidate | None:
+    """Larger state pads first, then non-power-of-two multiples of the token groups' base page."""
+    pads = [f for f in _WIDE_PAD_STEPS if f > frac] if frac > 0 else []
+    for f in pads:
+        if (c := _search(groups, max_ratio, f, cap, align)) is not None:
+            return c
+    wide = max(pads, default=frac)
+    base = max((g.tokens_per_page for g in groups if g.kind in SCALABLE_KINDS and g.spec.per_token), default=0)
+    for m in range(3, cap // base + 1 if base else 0):
+        if m & (m - 1) == 0:
+            continue  # powers of two were tried by the default search
+        if (c := _search(_multiplied(groups, m), max_ratio, wide, cap, align)) is not None:
+            return c
+    return None
+
+
+def _fitting_bases(groups: tuple[LayerGroup, ...], max_ratio: float, frac: float, cap: int, align: int,
+                   widen: bool) -> list[int]:
+    """Base tokens per page (``_ADVICE_TOKENS``) at which the same search would fit."""
+    base = max((g.tokens_per_page for g in groups if g.kind in SCALABLE_KINDS and g.spec.per_token), default=0)
+    out = []
+    for t in _ADVICE_TOKENS:
+        if not base or t == base or t > cap:
+            continue
+        gs = tuple(dataclasses.replace(g, tokens_per_page=t) if g.kind in SCALABLE_KINDS and g.spec.per_token
+                   else g for g in groups)
+        if _search(gs, max_ratio, frac, cap, align) or (widen and _widened(gs, max_ratio, frac, cap, align)):
+            out.append(t)
+    return out
+
+
 def _advice(model: ModelSpec, groups: tuple[LayerGroup, ...], max_ratio: float, frac: float, cap: int,
-            align: int) -> str:
+            align: int, widen: bool = False) -> str:
     raw = [_useful(g, g.tokens_per_page) for g in groups]
     raw_ratio = reduce(math.lcm, raw) / max(raw)
     # best ratio reachable by padding alone; bounded effort (the r loop is capped), scaling left out
@@ -226,12 +277,21 @@ def _advice(model: ModelSpec, groups: tuple[LayerGroup, ...], max_ratio: float, 
         worst = min(range(len(groups)), key=without)
         parts.append(f"Without group {groups[worst].name!r} the raw ratio would be {without(worst):.4g}x.")
     parts.append(f"Or raise max_ratio to >= {math.ceil(reached)}.")
+    if widen:
+        parts.insert(1, f"Widened too: state pads up to {WIDE_PAD_FRAC:g} and token pages at any multiple of "
+                        "their base size.")
+        bases = _fitting_bases(groups, max_ratio, frac, cap, align, widen)
+        parts.append(f"tokens_per_page {', '.join(map(str, bases))} would fit." if bases else
+                     f"No tokens_per_page in {', '.join(map(str, _ADVICE_TOKENS))} would fit.")
     return " ".join(parts)
 
 
 def fit_page_sizes(model: ModelSpec, *, max_ratio: float = 8.0, max_pad_frac: float = 0.01,
-                   max_tokens_per_page: int = 1024, align_bytes: int = 16) -> PagePlan:
+                   max_tokens_per_page: int = 1024, align_bytes: int = 16, widen: bool = False) -> PagePlan:
     """Adjust ``model``'s groups so ``lcm <= max_ratio x`` the largest small page (see module docstring).
+
+    ``widen``: when the levers above cannot meet the bound, retry with larger state pads and non-power-of-two
+    token pages before refusing (module docstring).
 
     Existing ``pad_bytes`` of the input are discarded (the search starts from unpadded pages).
     Raises ``ValueError`` for out-of-range arguments and :class:`PageSizeError` when no plan fits.
@@ -246,8 +306,11 @@ def fit_page_sizes(model: ModelSpec, *, max_ratio: float = 8.0, max_pad_frac: fl
     raw = [_useful(g, g.tokens_per_page) for g in groups]
     raw_lcm = reduce(math.lcm, raw)
     best = _search(groups, max_ratio, max_pad_frac, max_tokens_per_page, align_bytes)
+    if best is None and widen:
+        best = _widened(groups, max_ratio, max_pad_frac, max_tokens_per_page, align_bytes)
     if best is None:
-        raise PageSizeError(_advice(model, groups, max_ratio, max_pad_frac, max_tokens_per_page, align_bytes))
+        raise PageSizeError(_advice(model, groups, max_ratio, max_pad_frac, max_tokens_per_page, align_bytes,
+                                    widen))
     new_groups = tuple(dataclasses.replace(g, tokens_per_page=t, pad_bytes=p)
                        for g, t, p in zip(groups, best.tokens, best.pads, strict=True))
     fitted = dataclasses.replace(model, groups=new_groups)
@@ -257,3 +320,13 @@ def fit_page_sizes(model: ModelSpec, *, max_ratio: float = 8.0, max_pad_frac: fl
     return PagePlan(model=fitted, lcm_page_bytes=S, max_small_page_bytes=fitted.max_small_page_bytes,
                     ratio=S / fitted.max_small_page_bytes, pad_bytes_per_large_page=pad_large,
                     pad_frac=pad_large / S, raw_lcm_page_bytes=raw_lcm, raw_ratio=raw_lcm / max(raw))
+
+
+def manager_page_plan(model: ModelSpec, max_ratio: float = 8.0) -> PagePlan:
+    """The plan :class:`~jenga.manager.KVCacheManager` uses: the defaults; failing that, vision-embedding pages
+    (alive only while an image is prefilled) may pad up to 25%, and the search is widened."""
+    try:
+        return fit_page_sizes(model, max_ratio=max_ratio)
+    except PageSizeError:
+        vision = any(g.kind == "vision" for g in model.groups)
+        return fit_page_sizes(model, max_ratio=max_ratio, max_pad_frac=0.25 if vision else 0.01, widen=True)

@@ -238,7 +238,7 @@ class ModelSpec:
 
     @classmethod
     def from_hf_config(cls, source, **kwargs) -> ModelSpec:
-        """Groups of a Hugging Face config (catalog name, directory, json path or dict).
+        """Groups of a Hugging Face config (catalog name, directory, json path, dict or transformers config).
 
         Thin wrapper over :func:`jenga.structure.model_spec_from_hf_config` (same keyword arguments).
         """

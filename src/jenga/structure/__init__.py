@@ -3,7 +3,8 @@
 Contract of :func:`model_spec_from_hf_config`:
 
 * The source is a catalog name (``jenga/catalog/<name>.json``, see :data:`CATALOG_NAMES`), a local
-  directory holding ``config.json``, a path to a json file, or a dict; nothing touches the hub.
+  directory holding ``config.json``, a path to a json file, a dict, or a transformers config object;
+  nothing touches the hub.
 * Any decoder or VLM config transformers can load works: per-layer cache kinds come from transformers'
   own ``DynamicCache(config=...)``, attention sizes from the config's fields, recurrent-state sizes from the
   model's modules built on the ``meta`` device (see :mod:`~jenga.structure.derive`).  Family code only where
@@ -76,7 +77,7 @@ def model_spec_from_hf_config(source: str | os.PathLike | Mapping[str, Any], *, 
                               split_mamba_state: bool = False, vision: bool = True) -> ModelSpec:
     """Build the layer-group :class:`ModelSpec` of a Hugging Face model config (see module docstring).
 
-    ``source``: catalog name, directory with ``config.json``, json file path, or config dict.
+    ``source``: catalog name, directory with ``config.json``, json file path, config dict or transformers config.
     ``dtype``: KV / embedding / conv-state dtype (``bf16``, ``fp16``, ``fp32``, ``fp8``, or torch names).
     ``mamba_ssm_dtype``: SSM-state dtype (default ``dtype``).  ``split_mamba_state``: conv and SSM states
     as separate groups (the paper's Jamba 84x example).  ``vision``: add Gemma-3's vision-embedding group.

@@ -77,8 +77,41 @@ class GatedDeltaNet(Mixer):
         return [("conv", (2 * hk * dk + hv * dv, p["d_conv"] - 1)), ("ssm", (hv, dk, dv))]
 
 
+class Lightning(Mixer):
+    """Lightning attention (MiniMax): a ``head_dim x head_dim`` state per head, no convolution."""
+
+    params = ("heads", "head_dim")
+
+    def shapes(self, p, tp):
+        return [("ssm", (div(p["heads"], tp, "lightning heads"), p["head_dim"], p["head_dim"]))]
+
+
+class ShortConv(Mixer):
+    """Gated short convolution (LFM2): only a conv state ``channels x (d_conv-1)``."""
+
+    params = ("channels", "d_conv")
+
+    def shapes(self, p, tp):
+        return [("conv", (div(p["channels"], tp, "short-conv channels"), p["d_conv"] - 1))]
+
+
+class RgLru(Mixer):
+    """RG-LRU (RecurrentGemma): conv ``width x (d_conv-1)`` and a ``width`` recurrent state."""
+
+    params = ("width", "d_conv")
+
+    def shapes(self, p, tp):
+        w = div(p["width"], tp, "lru_width")
+        return [("conv", (w, p["d_conv"] - 1)), ("ssm", (w,))]
+
+
 MIXERS: dict[str, Mixer] = {
     "mamba1": Mamba1(),
     "mamba2": Mamba2(),
     "gated_deltanet": GatedDeltaNet(),
+    # Kimi delta attention: the Gated DeltaNet shapes with H_k = H_v and d_k = d_v (q, k, v convs fused)
+    "kimi_delta": GatedDeltaNet(),
+    "lightning": Lightning(),
+    "short_conv": ShortConv(),
+    "rg_lru": RgLru(),
 }

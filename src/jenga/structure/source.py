@@ -50,9 +50,14 @@ class Source:
     where: str  # for messages
     directory: Path | None = None  # parse with from_pretrained (sub-config files, trust of local files)
     catalog: str | None = None
+    config: Any = None  # a transformers config object passed in as the source
 
 
-def read_source(source: str | os.PathLike | Mapping[str, Any]) -> Source:
+def read_source(source: Any) -> Source:
+    if hasattr(source, "to_dict") and hasattr(source, "get_text_config"):  # a transformers config object
+        raw = source.to_dict()
+        return Source(raw, str(raw.get("_name_or_path") or source.model_type).rstrip("/").split("/")[-1],
+                      f"{type(source).__name__}", config=source)
     if isinstance(source, Mapping):
         raw = dict(source)
         name = str(raw.get("_name_or_path") or raw.get("model_type") or "model").rstrip("/").split("/")[-1]
@@ -89,6 +94,8 @@ def quiet_transformers() -> Iterator[None]:
 
 def parse_config(src: Source) -> Any:
     """The transformers config object of ``src``; typed errors for what transformers cannot read."""
+    if src.config is not None:
+        return src.config
     from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
