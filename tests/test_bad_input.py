@@ -88,7 +88,7 @@ def test_memory_budget_with_units_and_bad_sizes(name):
         with pytest.raises(InvalidArgumentError, match=why):
             make_manager(name, spec, bad, tokens_per_page=4)
     for kw, why in ((dict(tokens_per_page=0), "tokens_per_page"), (dict(tokens_per_page="16"), "tokens_per_page"),
-                    (dict(window_slack=-1), "window_slack")):
+                    (dict(window_slack=-1), "window_slack"), (dict(tokens_per_page=16), "checkpoint interval 4")):
         with pytest.raises(InvalidArgumentError, match=why):
             make_manager(name, spec, "2MiB", **kw)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from jenga.errors import InvalidArgumentError
 from jenga.prefix.policy import NEVER, PageOps, Policy
 from jenga.request import GroupState, Request
 from jenga.specs import LayerGroup
@@ -16,7 +17,9 @@ class MambaPolicy(Policy):
     def __init__(self, gi: int, group: LayerGroup, block: int):
         super().__init__(gi, group, block)
         self.every = group.spec.checkpoint_interval
-        assert self.every % block == 0, f"checkpoint interval {self.every} not a multiple of block {block}"
+        if self.every % block:
+            raise InvalidArgumentError(f"group {group.name!r}: state checkpoint interval {self.every} is not a "
+                                       f"multiple of tokens_per_page {block}; use a tokens_per_page dividing it")
         self.token_bytes = 0
 
     def key(self, req: Request, pos: int) -> bytes:
