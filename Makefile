@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-vllm-slow lint bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -17,7 +17,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
-	$(PY) -m pytest -n 2 --dist loadgroup tests
+	$(PY) -m pytest -n 2 --dist loadgroup -m 'not slow' tests
+
+test-vllm-slow: $(STAMP)
+	$(PY) -m pytest -n 2 --dist loadgroup -m slow tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/manager_overhead.py
