@@ -204,6 +204,31 @@ def run_row(row: str, a) -> dict:
     return out
 
 
+def micro(name: str, a) -> list[str]:
+    """add (hash + lookup) of a 128k-token prompt and free of a 100k-token request, ms, both sides."""
+    from jenga.specs import ModelSpec
+    model = ModelSpec.from_hf_config(name, vision=False)
+    memory, _ = budget_of(name, a.memory_gib)
+    out = [name]
+    for side in [JengaSide(model, memory)] + ([] if a.no_vllm else [VllmSide(model, memory, a.budget)]):
+        t0 = time.perf_counter()
+        side.add("h", list(range(1, 128_001)))
+        t_add = time.perf_counter() - t0
+        side.cancel("h")
+        side.add("f", list(range(7, 100_007)))
+        done, first = 0, True
+        while done < 100_000:
+            n = side.clip("f", min(a.budget, 100_000 - done), 0)
+            assert side.allocate("f", n, first), "memory too small for one 100k request"
+            done += n
+            first = False
+            side.commit("f", n, 1 if done == 100_000 else None)
+        t0 = time.perf_counter()
+        side.free("f")
+        out += [f"{1e3 * t_add:.2f}", f"{1e3 * (time.perf_counter() - t0):.2f}"]
+    return out
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f} %"
 
@@ -246,21 +271,29 @@ def main(argv=None) -> int:
                    "sliding/Mamba keep only prompt-end and shared-prefix checkpoints), N tokens, or 'dense'")
     p.add_argument("--no-vllm", action="store_true", help="jenga's side only (no vLLM needed)")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    p.add_argument("--micro", action="store_true", help="only time add (128k-token prompt) and free "
+                   "(100k-token request) per model")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     if not a.no_vllm:
         _need_vllm()
+    if a.micro:
+        print("model  jenga add 128k ms  jenga free 100k ms  vLLM add 128k ms  vLLM free 100k ms")
+        for name in MODELS:
+            gc.collect()
+            print("  ".join(micro(name, a)), flush=True)
+        return 0
     rows = {"main": MAIN_ROWS, "extra": EXTRA_ROWS, "all": MAIN_ROWS + EXTRA_ROWS}.get(a.rows) or a.rows.split(",")
     table = []
+    if a.markdown:  # row by row, as each finishes
+        print("| " + " | ".join(HEADER) + " |\n|" + "---|" * len(HEADER), flush=True)
     for row in rows:
         res = run_row(row, a)
         table.append(fmt(res))
         print(f"{row}: {res['n']} requests, KV {res['memory'] / 2**30:.1f} GiB ({res['where']})", file=sys.stderr)
-    if a.markdown:
-        print("| " + " | ".join(HEADER) + " |\n|" + "---|" * len(HEADER))
-        for r in table:
-            print("| " + " | ".join(r) + " |")
-    else:
+        if a.markdown:
+            print("| " + " | ".join(table[-1]) + " |", flush=True)
+    if not a.markdown:
         widths = [max(len(x[i]) for x in table + [HEADER]) for i in range(len(HEADER))]
         for r in [HEADER] + table:
             print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
