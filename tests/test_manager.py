@@ -128,9 +128,10 @@ def test_mamba_keeps_one_work_page_and_caches_checkpoints():
     t = mgr.allocate("a", 10)
     st = t.groups[1]
     assert isinstance(st, StateTable)
-    assert (st.work_page, st.read_page, st.checkpoints) == (10, None, {4: 11, 8: 12})
+    # every 4 tokens, and at the prompt's end (10): a later turn resumes there
+    assert (st.work_page, st.read_page, st.checkpoints) == (10, None, {4: 11, 8: 12, 10: 13})
     mgr.append_tokens("a", [10])
-    assert st.checkpoints == {} and cached_keys(mgr, 1) == {11: (1, -4), 12: (1, -8)}
+    assert st.checkpoints == {} and cached_keys(mgr, 1) == {11: (1, -4), 12: (1, -8), 13: (1, -10)}
     # token 10, lookahead 2: the state after 12 tokens is not computed by this step
     t = mgr.allocate("a", 1, num_lookahead=2)
     assert st.checkpoints == {}
@@ -158,7 +159,8 @@ def test_mamba_checkpoint_at_the_decode_step_that_reaches_it():
     assert list(t.groups[1].checkpoints) == [4]
     page = t.groups[1].checkpoints[4]
     mgr.append_tokens("a", [4])
-    assert cached_keys(mgr, 1) == {page: (2, -4)}
+    # the prompt-end checkpoint (after token 3) was cached by the first step
+    assert cached_keys(mgr, 1) == {4: (1, -3), page: (2, -4)}
 
 
 # ----------------------------------------------------------------- hits
@@ -260,17 +262,20 @@ def test_mamba_hits_only_at_checkpoints():
     mgr = make_manager(spec, 64)
     serve(mgr, "a", list(range(10)), [10])
     ckpt = cached_keys(mgr, 1)
-    assert sorted(v[1] for v in ckpt.values()) == [-8, -4]
+    assert sorted(v[1] for v in ckpt.values()) == [-10, -8, -4]  # every 4, and the prompt end
     at = {-k[1]: p for p, k in ckpt.items()}
+    mgr.add_request("e", list(range(9)) + [50])
+    assert mgr.lookup("e") == 8  # full could hit 9; the state exists only after 4, 8 and 10
+    mgr.free("e")
     mgr.add_request("b", list(range(10)) + [50])
-    assert mgr.lookup("b") == 8  # full could hit 10; the state exists only after 4 and 8
-    t = mgr.allocate("b", 3)
+    assert mgr.lookup("b") == 10  # a's prompt end
+    t = mgr.allocate("b", 1)
     st = t.groups[1]
-    assert st.read_page == at[8] and st.work_page not in ckpt
-    assert t.groups[0].page_ids[:8] == list(range(8))
+    assert st.read_page == at[10] and st.work_page not in ckpt
+    assert t.groups[0].page_ids[:10] == list(range(10))
     mgr.append_tokens("b", [1])
     assert st.read_page is None  # copied during the step; dropped back to the cache
-    assert at[8] in cached_keys(mgr, 1)
+    assert at[10] in cached_keys(mgr, 1)
     mgr.add_request("c", list(range(7)) + [77])
     assert mgr.lookup("c") == 4
     mgr.add_request("d", list(range(3)) + [77])
@@ -329,7 +334,8 @@ def test_model_level_hit_is_the_longest_prefix_every_group_accepts():
     serve(mgr, "a", list(range(10)), [10])
     swa = {-k[1] - 1: p for p, k in cached_keys(mgr, 1).items()}  # token position -> page
     ckpt = {-k[1]: p for p, k in cached_keys(mgr, 2).items()}
-    assert sorted(swa) == list(range(10)) and sorted(ckpt) == [4, 8]
+    assert sorted(swa) == list(range(10)) and sorted(ckpt) == [4, 8, 10]
+    evict_page(mgr, 2, ckpt[10])  # without a's prompt-end state, Mamba hits only at 4 and 8
     prompt = list(range(10)) + [50]
     mgr.add_request("b", prompt)
     assert mgr.lookup("b") == 8  # full and sliding accept 10, Mamba only 8

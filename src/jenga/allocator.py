@@ -150,18 +150,22 @@ class LargePageAllocator:
         """``allocate`` ``n`` times; returns the pages and how many large pages were carved.
 
         Steps 2-3 stop once ``quota`` large pages were carved.  Slots of the request's own
-        large pages are taken in bulk.
+        large pages are taken in bulk.  Once at most a quarter of a large page's worth of
+        pages is left to take, free slots of other large pages come before a fresh one
+        (step 4 before 2): a fresh large page would strand most of its slots (a decode
+        step's one page in a 133-slot large page).
         """
         out: list[int] = []
         carved = 0
         tagged_of = self._tag_larges[group]
+        quarter = self.k[group] // 4
         while len(out) < n:
             tagged = tagged_of.get(tag)
             if tagged:
                 self._take_many(group, min(tagged), n - len(out), out)
                 continue
             before = self.num_carved
-            out.append(self.allocate(group, tag, carved < quota, prefer_shared))
+            out.append(self.allocate(group, tag, carved < quota, prefer_shared or n - len(out) <= quarter))
             carved += self.num_carved - before
         return out, carved
 

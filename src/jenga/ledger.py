@@ -26,6 +26,10 @@ class PageLedger(PageOps):
     def hold_run(self, group: int, pages: list[int]) -> None:
         """``hold`` each page (a hit on a run of cached pages)."""
         ref, touch, log = self.ref[group], self.evictor.touch, self._log
+        if self.index.uses is not None:
+            count = self.index.count_use
+            for page in pages:
+                count(group, page)
         for page in pages:
             key = touch(group, page) if ref[page] == 0 else None
             ref[page] += 1
@@ -34,6 +38,8 @@ class PageLedger(PageOps):
 
     def hold(self, group: int, page: int) -> None:
         ref = self.ref[group]
+        if self.index.uses is not None:
+            self.index.count_use(group, page)
         key = self.evictor.touch(group, page) if ref[page] == 0 else None
         ref[page] += 1
         if self._log is not None:

@@ -30,12 +30,15 @@ from jenga.prefix.hashing import ImageRef, extend_block_hashes, root_hash
 from jenga.prefix.index import PrefixIndex
 from jenga.prefix.policies import (
     OUT_OF_RANGE_AGE,
+    FullPolicy,
     ImagePolicy,
+    MambaPolicy,
     Policy,
     SlidingPolicy,
     cdiv,
     policy_for,
 )
+from jenga.prefix.reuse_evictor import ReuseEvictor
 from jenga.request import GroupState, Request
 from jenga.specs import LayerGroup, ModelSpec
 from jenga.stats import CacheStats, collect_stats
@@ -44,6 +47,9 @@ from jenga.units import parse_bytes
 from jenga.validation import TOKEN_ID_LIMIT, checked_images, checked_int, checked_salt, checked_token_ids
 
 NEVER = 1 << 62
+#: eviction orders: plain LRU by (release time, -prefix length), or use-count classes
+EVICTORS = {"lru": PrefixEvictor, "reuse": ReuseEvictor}
+REPEAT_MEMO_SIZE = 256  # freed ids remembered as having run (a re-add is a repeat lookup)
 
 
 def with_base_page(model: ModelSpec, tokens_per_page: int) -> ModelSpec:
@@ -64,18 +70,27 @@ class KVCacheManager(PageLedger, CacheControl):
     tokens below the window (so a prompt ending a little earlier still hits; vLLM v1 keeps
     W + 192); the default is ``min(256, W // 8)``.  Pages that leave the window or chunk
     are stamped ``out_of_window_age`` clock ticks older, so they are evicted first (0:
-    their release time, the paper's text).  ``device`` is only used by :attr:`layout`.
+    their release time, the paper's text).  ``eviction``: ``"reuse"`` (jenga's default;
+    pages reused at least twice outlive one-off pages and a stable subset of them survives
+    a cyclic working set larger than the pool, see :mod:`jenga.prefix.reuse_evictor`) or
+    ``"lru"`` (the paper's order; the baselines' default).  ``device`` is only used by
+    :attr:`layout`.
     """
 
     name = "jenga"
+    default_eviction = "reuse"
 
     def __init__(self, model: ModelSpec, memory_bytes: int | str, *, tokens_per_page: int = 16,
                  enable_prefix_caching: bool = True, device: str = "cpu", max_lcm_ratio: float = 8.0,
-                 fit_pages: bool = True, window_slack: int | None = None, out_of_window_age: int = OUT_OF_RANGE_AGE):
+                 fit_pages: bool = True, window_slack: int | None = None, out_of_window_age: int = OUT_OF_RANGE_AGE,
+                 eviction: str | None = None):
         tokens_per_page = checked_int(tokens_per_page, "tokens_per_page")
         memory_bytes = parse_bytes(memory_bytes)  # an int, or "64GiB" like the CLI
         if window_slack is not None:
             window_slack = checked_int(window_slack, "window_slack", minimum=0)
+        eviction = eviction or self.default_eviction
+        if eviction not in EVICTORS:
+            raise InvalidArgumentError(f"unknown eviction policy {eviction!r}; choose one of {sorted(EVICTORS)}")
         self.window_slack = window_slack
         self.out_of_range_age = out_of_window_age
         self.source_model = model
@@ -94,7 +109,7 @@ class KVCacheManager(PageLedger, CacheControl):
         self.memory_bytes = memory_bytes
         self.alloc = LargePageAllocator([g.page_bytes for g in model.groups], num_large)
         self.index = PrefixIndex(len(model.groups))
-        self.evictor = PrefixEvictor(self.alloc, self.index)
+        self.evictor = EVICTORS[eviction](self.alloc, self.index)
         self.policies: list[Policy] = [self._policy(i, g) for i, g in enumerate(model.groups)]
         for pol in self.policies:
             if isinstance(pol, SlidingPolicy):
@@ -107,13 +122,21 @@ class KVCacheManager(PageLedger, CacheControl):
         self.requests: dict[object, Request] = {}
         self._max_tokens = model.max_model_len + 1
         self._hash_memo = HashMemo()  # freed requests' block hashes, for a re-add
+        self._ran: dict[object, bool] = {}  # freed request ids that had run (their re-add is a repeat)
         self._state_group = [not g.spec.per_token for g in model.groups]
         # images are text spans (must lie inside the prompt) when some group embeds them in-sequence
         self._in_sequence_images = any(g.kind == "vision" for g in self.source_model.groups)
+        # full-attention policies, when a state or sliding group needs the junction (where the
+        # cached full-attention prefix ends) for its checkpoints or window retention
+        full = [p for p in self.policies if type(p) is FullPolicy]
+        partial = any(isinstance(p, (SlidingPolicy, MambaPolicy)) for p in self.policies)
+        self._junction_policies = full if full and partial else None
         self._shared = list(self._state_group)  # per allocate: fill shared large pages first
         self.now = 0
         self.prefix_hit_tokens = 0
         self.prefix_query_tokens = 0
+        self.first_hit_tokens = 0  # the same, first lookups only (not re-adds after a preemption)
+        self.first_query_tokens = 0
         self._tag: object = None
         self._quota: list[int] = []
         self._log: list[tuple[int, int, tuple[int, int] | None]] | None = None
@@ -145,6 +168,24 @@ class KVCacheManager(PageLedger, CacheControl):
             padding += (n - k) * (grp.page_bytes - grp.useful_page_bytes)
         return held, needed, stale, padding
 
+    def sharing_accounting(self) -> tuple[int, int]:
+        """(bytes of pages counted more than once by per-request accounting: each extra
+        reference of a shared page; bytes of held prefix pages whose content another held
+        page has: duplicate copies).  O(pool pages + held pages)."""
+        shared = 0
+        for g, ref in enumerate(self.ref):
+            extra = sum(ref) - self.alloc.used_small[g]
+            shared += extra * self.model.groups[g].page_bytes
+        return shared, self._duplicate_bytes()
+
+    def _duplicate_bytes(self) -> int:
+        dup = 0
+        for req in self.requests.values():
+            for pol, gs in zip(self.policies, req.groups, strict=True):
+                if isinstance(pol, FullPolicy) and gs.pages:
+                    dup += pol.duplicate_pages(req, gs, self) * pol.group.page_bytes
+        return dup
+
     # ----------------------------------------------------------------- API
     def _req(self, request_id: object) -> Request:
         req = self.requests.get(request_id)
@@ -172,12 +213,13 @@ class KVCacheManager(PageLedger, CacheControl):
                                                          f"request {request_id!r}")]
         hashes: list[bytes] = []
         root = root_hash(checked_salt(cache_salt)) if self.caching else b""
+        repeat = self._ran.pop(request_id, False)
         if self.caching:
             hashes = self._hash_memo.recall(request_id, tokens, root, self.block, tuple(refs))
             extend_block_hashes(hashes, tokens, self.block, root, refs)
         req = Request(request_id, tokens, len(tokens), tuple(refs), hashes,
                       [GroupState() for _ in self.model.groups])
-        req.salt_root = root
+        req.salt_root, req.repeat = root, repeat
         self.requests[request_id] = req
 
     def lookup(self, request_id: object, *, max_tokens: int | None = None) -> int:
@@ -194,15 +236,13 @@ class KVCacheManager(PageLedger, CacheControl):
         self._release_hit(req)
         if not self.caching:
             return 0
-        cand = min(len(req.tokens) - 1, len(req.hashes) * self.block)
+        top = min(len(req.tokens) - 1, len(req.hashes) * self.block)
         if max_tokens is not None:
-            cand = max(0, min(cand, max_tokens))
-        while True:
-            start = cand
-            for pol in self.policies:
-                cand = pol.longest_prefix(req, cand, self)
-            if cand == start:
-                break
+            top = max(0, min(top, max_tokens))
+        cand = self._fixed_point(req, top, self.policies)
+        if self._junction_policies is not None:
+            junction = self._fixed_point(req, top, self._junction_policies)
+            req.junction = junction // self.block * self.block if junction > cand else 0
         self._log = []
         try:
             for pol, gs in zip(self.policies, req.groups, strict=True):
@@ -211,6 +251,15 @@ class KVCacheManager(PageLedger, CacheControl):
             req.pins, self._log = self._log, None
         req.hit = req.num_computed = cand
         return cand
+
+    def _fixed_point(self, req: Request, cand: int, policies: list[Policy]) -> int:
+        """The longest prefix no longer than ``cand`` that every one of ``policies`` accepts."""
+        while True:
+            start = cand
+            for pol in policies:
+                cand = pol.longest_prefix(req, cand, self)
+            if cand == start:
+                return cand
 
     def _release_hit(self, req: Request) -> None:
         if req.pins:
@@ -278,6 +327,9 @@ class KVCacheManager(PageLedger, CacheControl):
             req.counted = True
             self.prefix_query_tokens += req.prompt_len
             self.prefix_hit_tokens += req.hit
+            if not req.repeat:
+                self.first_query_tokens += req.prompt_len
+                self.first_hit_tokens += req.hit
         req.pins = []
         req.num_scheduled += n
         req.last_access = self.now
@@ -382,6 +434,11 @@ class KVCacheManager(PageLedger, CacheControl):
         del self.requests[request_id]
         if self.caching:
             self._hash_memo.remember(request_id, req.tokens, req.hashes, req.salt_root, req.images)
+        if req.counted or req.repeat:
+            ran = self._ran
+            ran[request_id] = True
+            if len(ran) > REPEAT_MEMO_SIZE:
+                del ran[next(iter(ran))]  # the oldest
 
     # ----------------------------------------------------------- reporting
     def stats(self) -> CacheStats:

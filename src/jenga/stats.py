@@ -2,9 +2,14 @@
 
 *Needed* bytes are what live requests really read in their next step (full layers: every
 computed token; sliding: the last window; chunked: the current chunk; Mamba: one state;
-images: the image tokens held).  *Allocated* bytes are pages held by live requests plus
-free slots inside large pages already cut for a group.  Waste = allocated - needed,
-broken down by cause.
+images: the image tokens held), a page shared by live requests once, and a second copy of
+a prefix page another live request holds not at all (it is *duplicate* waste).  *Allocated*
+bytes are pages held by live requests plus *stranded* free slots inside large pages already
+cut for a group.  Waste = allocated - needed, broken down by cause.
+
+Prefix hits are counted at a request's first allocate; ``first_*`` are requests looked up
+for the first time, ``repeat_*`` requests re-added after they were freed while running (a
+preempted request recomputed), whose hits say little about the cache policy.
 """
 
 from __future__ import annotations
@@ -28,6 +33,22 @@ class CacheStats:
     num_requests: int
     evicted_pages: int
     group_used_bytes: tuple[int, ...] = ()  # used_bytes split by cache group (manager.model.groups order)
+    waste_duplicate_bytes: int = 0  # held copies of prefix pages another held page has
+    first_hit_tokens: int = 0
+    first_query_tokens: int = 0
+
+    @property
+    def stranded_bytes(self) -> int:
+        """Free slots inside carved large pages that hold used pages (unusable by other groups)."""
+        return self.waste_large_page_bytes
+
+    @property
+    def repeat_hit_tokens(self) -> int:
+        return self.prefix_hit_tokens - self.first_hit_tokens
+
+    @property
+    def repeat_query_tokens(self) -> int:
+        return self.prefix_query_tokens - self.first_query_tokens
 
     @property
     def allocated_bytes(self) -> int:
@@ -36,7 +57,7 @@ class CacheStats:
     @property
     def waste_bytes(self) -> int:
         return (self.waste_large_page_bytes + self.waste_partial_page_bytes + self.waste_out_of_window_bytes
-                + self.waste_padding_bytes)
+                + self.waste_padding_bytes + self.waste_duplicate_bytes)
 
     @property
     def waste_frac(self) -> float:
@@ -48,15 +69,34 @@ class CacheStats:
         q = self.prefix_query_tokens
         return self.prefix_hit_tokens / q if q else 0.0
 
+    @property
+    def first_hit_rate(self) -> float:
+        """Hit rate of first lookups only (what the cache policy earned)."""
+        q = self.first_query_tokens
+        return self.first_hit_tokens / q if q else 0.0
+
+    @property
+    def repeat_hit_rate(self) -> float:
+        """Hit rate of lookups after a preemption."""
+        q = self.repeat_query_tokens
+        return self.repeat_hit_tokens / q if q else 0.0
+
+    @property
+    def stranded_frac(self) -> float:
+        """Stranded free slots as a fraction of the pool."""
+        return self.stranded_bytes / self.total_bytes if self.total_bytes else 0.0
+
     def as_dict(self) -> dict:
         d = asdict(self)
         d.update(allocated_bytes=self.allocated_bytes, waste_bytes=self.waste_bytes, waste_frac=self.waste_frac,
-                 prefix_hit_rate=self.prefix_hit_rate)
+                 prefix_hit_rate=self.prefix_hit_rate, stranded_bytes=self.stranded_bytes,
+                 stranded_frac=self.stranded_frac, first_hit_rate=self.first_hit_rate,
+                 repeat_hit_rate=self.repeat_hit_rate)
         return d
 
 
 def collect_stats(mgr) -> CacheStats:
-    """Stats of a ``KVCacheManager`` (or a baseline built on it).  O(requests x groups)."""
+    """Stats of a ``KVCacheManager`` (or a baseline built on it).  O(requests x groups + held pages)."""
     alloc = mgr.alloc
     groups = mgr.model.groups
     pb = alloc.page_bytes
@@ -75,6 +115,9 @@ def collect_stats(mgr) -> CacheStats:
         stale_bytes += stale
         padding += pad
         partial += max(0, held - need - stale - pad)
+    shared, duplicate = mgr.sharing_accounting()
+    needed = max(0, needed - shared - duplicate)
     return CacheStats(total, used, cached, total - used - cached, needed, carved_free, partial, stale_bytes,
                       padding, mgr.prefix_hit_tokens, mgr.prefix_query_tokens, len(mgr.requests),
-                      mgr.evictor.num_evicted_pages, group_used)
+                      mgr.evictor.num_evicted_pages, group_used, duplicate, mgr.first_hit_tokens,
+                      mgr.first_query_tokens)

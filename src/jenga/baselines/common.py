@@ -11,6 +11,7 @@ from jenga.specs import CrossAttentionSpec, MambaSpec, ModelSpec, VisionEmbeddin
 class TrueNeedsMixin(KVCacheManager):
     """Waste of a baseline = bytes it holds - bytes the *real* model needs (every
     baseline keeps more, or pads more, than the model reads)."""
+    default_eviction = "lru"  # the systems these baselines stand for evict LRU
 
     def _remember_true_model(self, model: ModelSpec, tokens_per_page: int) -> None:
         self.true_model = with_base_page(model, tokens_per_page)

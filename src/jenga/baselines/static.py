@@ -17,6 +17,7 @@ class StaticManager(KVCacheManager):
     """Static partition: per-group caps on large pages, decided at start-up."""
 
     name = "static"
+    default_eviction = "lru"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

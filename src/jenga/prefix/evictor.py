@@ -41,22 +41,46 @@ class PrefixEvictor(EvictionSource):
         """``add`` for many (page, prefix length) pairs with one access time."""
         keys, heap = self.keys[group], self._heaps[group]
         push = heapq.heappush
-        for page, plen in pages:
-            keys[page] = (last_access, -plen)
-            push(heap, (last_access, -plen, page))
+        if self._plain:
+            for page, plen in pages:
+                keys[page] = (last_access, -plen)
+                push(heap, (last_access, -plen, page))
+        else:
+            priority = self.priority
+            for page, plen in pages:
+                t = priority(group, page, last_access)
+                keys[page] = (t, -plen)
+                push(heap, (t, -plen, page))
         self.alloc.to_cached_many(group, (page for page, _ in pages))
         if len(heap) > 2 * len(keys) + 1024:  # drop stale entries now and then
             heap[:] = [(t, n, p) for t, n, p in heap if keys.get(p) == (t, n)]
             heapq.heapify(heap)
 
+    # ------------------------------------------------ eviction order hooks
+    #: True when ``priority`` is the release time itself (plain LRU: the fast path)
+    _plain = True
+
+    def priority(self, group: int, page: int, last_access: int) -> int:
+        """The first part of a page's key (smaller goes first): here its release time."""
+        return last_access
+
+    def release_time(self, group: int, page: int, key: Key) -> int:
+        """The release time behind a key (``touch`` hands it back for an undo)."""
+        return key[0]
+
+    def forget(self, group: int, page: int) -> None:
+        """The page left the cache (hit or evicted)."""
+
     def touch(self, group: int, page: int) -> Key:
-        """A CACHED page is hit: it becomes USED.  Returns its key (to undo with ``add``)."""
+        """A CACHED page is hit: it becomes USED.  Returns its (release time, -prefix length)
+        (to undo with ``add``)."""
         key = self.keys[group].pop(page)
         self.alloc.touch_cached(group, page)
-        return key
+        return self.release_time(group, page, key), key[1]
 
     def _drop(self, group: int, page: int) -> None:
         del self.keys[group][page]
+        self.forget(group, page)
         self.index.drop(group, page)
         self.alloc.evict_cached(group, page)
         self.num_evicted_pages += 1
@@ -109,6 +133,7 @@ class PrefixEvictor(EvictionSource):
         for page in range(found * k, (found + 1) * k):
             if state[page] == CACHED:
                 del keys[page]
+                self.forget(g, page)
                 index.drop(g, page)
                 self.num_evicted_pages += 1
         alloc.evict_whole(found)

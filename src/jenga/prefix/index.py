@@ -13,6 +13,23 @@ class PrefixIndex:
         self.table: list[dict[bytes, int]] = [{} for _ in range(num_groups)]
         self.key_of: list[dict[int, bytes]] = [{} for _ in range(num_groups)]
         self.events = None  # a ``jenga.events.EventLog`` told of every change, when enabled
+        # per group: key -> times its content was computed or hit, kept after eviction
+        # (at most ``USES_KEPT`` keys, the oldest first out); None = not tracked
+        self.uses: list[dict[bytes, int]] | None = None
+
+    USES_KEPT = 1 << 20
+
+    def track_uses(self) -> None:
+        if self.uses is None:
+            self.uses = [{} for _ in self.table]
+
+    def uses_of(self, group: int, page: int) -> int:
+        return self.uses[group].get(self.key_of[group][page], 0)
+
+    def count_use(self, group: int, page: int) -> None:
+        """A live request reuses registered ``page`` (a prefix hit)."""
+        uses, key = self.uses[group], self.key_of[group][page]
+        uses[key] = uses.get(key, 0) + 1
 
     def get(self, group: int, key: bytes) -> int | None:
         return self.table[group].get(key)
@@ -22,11 +39,18 @@ class PrefixIndex:
         another page already holds that key or the page is already registered."""
         table = self.table[group]
         if key in table or page in self.key_of[group]:
+            if self.uses is not None and key in table:
+                self.uses[group][key] = self.uses[group].get(key, 0) + 1  # computed again
             return False
         table[key] = page
         self.key_of[group][page] = key
         if self.events is not None:
             self.events.stored(group, key)
+        if self.uses is not None:
+            uses = self.uses[group]
+            uses[key] = uses.pop(key, 0) + 1  # re-inserted: the newest key
+            if len(uses) > self.USES_KEPT:
+                del uses[next(iter(uses))]
         return True
 
     def is_registered(self, group: int, page: int) -> bool:

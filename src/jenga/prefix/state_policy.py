@@ -10,9 +10,14 @@ from jenga.tables import StateTable
 
 
 class MambaPolicy(Policy):
-    """One running state plus checkpoints every ``checkpoint_interval`` tokens (hits only
-    there).  Checkpoints are cached as soon as written; the request keeps only its work
-    page."""
+    """One running state plus checkpoints; a hit resumes from a cached checkpoint.
+
+    Checkpoints are taken every ``checkpoint_interval`` tokens, at the end of the prompt's
+    last full block (a later turn or a preempted request resumes there), and at the
+    request's *junction*: where its prompt leaves the token prefix the index already holds
+    (the branch point of a shared prefix, found by ``lookup``), so the next request with
+    that prefix resumes exactly there.  Checkpoints are cached as soon as written; the
+    request keeps only its work page."""
 
     def __init__(self, gi: int, group: LayerGroup, block: int):
         super().__init__(gi, group, block)
@@ -26,10 +31,11 @@ class MambaPolicy(Policy):
         return req.hashes[pos // self.block - 1]
 
     def longest_prefix(self, req: Request, cand: int, ops: PageOps) -> int:
-        p = cand - cand % self.every
-        while p > 0 and ops.find(self.gi, self.key(req, p)) is None:
-            p -= self.every
-        return p
+        table, hashes = ops.index_table(self.gi), req.hashes
+        for j in range(min(cand // self.block, len(hashes)), 0, -1):
+            if hashes[j - 1] in table:
+                return j * self.block
+        return 0
 
     def hit(self, req: Request, gs: GroupState, p: int, ops: PageOps) -> None:
         if p > 0:
@@ -38,10 +44,19 @@ class MambaPolicy(Policy):
             ops.hold(self.gi, page)
             gs.read, gs.read_pos = page, p
 
-    def _new_checkpoints(self, req: Request, end: int) -> range:
+    def _marks(self, req: Request) -> tuple[int, int]:
+        """The junction and prompt-end checkpoint positions (block multiples)."""
+        return req.junction, req.prompt_len // self.block * self.block
+
+    def _new_checkpoints(self, req: Request, end: int) -> list[int] | range:
         """Checkpoint positions in ``(start, end - lookahead]``."""
-        first = req.start // self.every + 1
-        return range(first * self.every, end - req.num_lookahead + 1, self.every)
+        start, stop = req.start, end - req.num_lookahead
+        first = start // self.every + 1
+        periodic = range(first * self.every, stop + 1, self.every)
+        extra = [m for m in self._marks(req) if start < m <= stop and m % self.every]
+        if not extra:
+            return periodic
+        return sorted(set(periodic).union(extra))
 
     def plan(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> int:
         n = 1 if gs.work is None else 0
@@ -83,7 +98,14 @@ class MambaPolicy(Policy):
     def limit(self, req: Request, gs: GroupState, ops: PageOps) -> int:
         if gs.work is None:
             return 0
-        return (req.start // self.every + 1) * self.every if ops.caching else NEVER
+        if not ops.caching:
+            return NEVER
+        start = req.start
+        nxt = (start // self.every + 1) * self.every
+        for m in self._marks(req):
+            if start < m < nxt:
+                nxt = m
+        return nxt
 
     def next_event(self, req: Request, gs: GroupState, ops: PageOps) -> int:
         if gs.read is not None:

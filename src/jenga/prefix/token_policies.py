@@ -67,8 +67,12 @@ class FullPolicy(Policy):
             gs.registered = max(gs.registered, full)
         lo = self.keep_from(req.num_computed) // tpp
         if lo > gs.released:  # out of window / chunk: the first pages to be evicted
-            ops.drop_run(gi, pages, gs.released, min(lo, len(pages)), ops.now - ops.out_of_range_age, tpp)
+            self.release_range(req, gs, min(lo, len(pages)), ops)
             gs.released = lo
+
+    def release_range(self, req: Request, gs: GroupState, stop: int, ops: PageOps) -> None:
+        """Drop pages ``[released, stop)`` that left the range, aged to go first."""
+        ops.drop_run(self.gi, gs.pages, gs.released, stop, ops.now - ops.out_of_range_age, self.tpp)
 
     def free(self, req: Request, gs: GroupState, ops: PageOps) -> None:
         ops.drop_run(self.gi, gs.pages, gs.released, len(gs.pages), req.last_access, self.tpp)
@@ -92,6 +96,20 @@ class FullPolicy(Policy):
         lo = min(self.first_needed(req.num_computed) // self.tpp, len(gs.pages))
         return max(0, lo - gs.released)
 
+    def duplicate_pages(self, req: Request, gs: GroupState, ops) -> int:
+        """Held pages that are a second copy of a prefix page another live request holds
+        (the request recomputed a prefix whose cached copy it could not use)."""
+        pages, m = gs.pages, self.tpp // self.block
+        table, key_of, ref = ops.index_table(self.gi), ops.index.key_of[self.gi], ops.ref[self.gi]
+        hashes, n = req.hashes, 0
+        for i in range(gs.released, min(len(pages), len(hashes) // m, req.num_computed // self.tpp)):
+            page = pages[i]
+            if page is not None and page not in key_of:
+                other = table.get(hashes[(i + 1) * m - 1])
+                if other is not None and other != page and ref[other] > 0:
+                    n += 1
+        return n
+
 
 class SlidingPolicy(FullPolicy):
     """Only the last ``window`` tokens are read: a hit needs just those pages; pages
@@ -113,6 +131,24 @@ class SlidingPolicy(FullPolicy):
         # rounded up to a page end, so releases ride on the registration commit
         first = (released + 1) * self.tpp + self.group.spec.window - 1 + self.slack
         return cdiv(first, self.tpp) * self.tpp
+
+    def release_range(self, req: Request, gs: GroupState, stop: int, ops: PageOps) -> None:
+        """Like the base class, except the window before a shared-prefix point of this
+        request (its hit, or its junction: where the full-attention prefix in the index ends)
+        is released with the current time: a later request with that prefix needs exactly
+        those pages, so they must not be the first to go."""
+        start, tpp = gs.released, self.tpp
+        for mark in sorted({req.hit, req.junction}):
+            if mark <= 0:
+                continue
+            lo, hi = max(start, self.keep_from(mark) // tpp), min(stop, mark // tpp)
+            if lo >= hi:
+                continue
+            super().release_range(req, gs, lo, ops)
+            ops.drop_run(self.gi, gs.pages, lo, hi, ops.now, tpp)
+            gs.released = start = hi
+        if start < stop:
+            super().release_range(req, gs, stop, ops)
 
 
 class ChunkedPolicy(FullPolicy):

@@ -1,0 +1,100 @@
+"""Prefix retention for partial-memory kinds: Mamba checkpoints at the prompt end and at
+shared-prefix junctions, and the sliding window before a shared prefix kept at full priority."""
+
+from __future__ import annotations
+
+from conftest import (
+    cached_keys,
+    evict_page,
+    full,
+    group,
+    make_manager,
+    mamba,
+    model,
+    page_ids,
+    run,
+    serve,
+    sliding,
+)
+
+P = list(range(10))  # a shared prefix
+
+
+def hybrid(every: int = 8):
+    return model(group("full", full(), 1), group("mamba", mamba(every), 1, first_layer=1))
+
+
+def test_junction_checkpoint_lets_the_third_request_hit_the_whole_shared_prefix():
+    mgr = make_manager(hybrid(8), 64)
+    serve(mgr, "a", P + [100, 101, 102, 103, 104], [1])  # checkpoints: 8 (periodic), 15 (prompt end)
+    assert sorted(-k[1] for k in cached_keys(mgr, 1).values()) == [8, 15]
+    mgr.add_request("b", P + [200, 201, 202, 203])
+    assert mgr.lookup("b") == 8  # full attention could hit 10: the junction
+    assert mgr.requests["b"].junction == 10
+    t = mgr.allocate("b", 6)
+    assert sorted(t.groups[1].checkpoints) == [10, 14]  # junction and prompt end; 16 not reached
+    mgr.append_tokens("b", [2])
+    mgr.free("b")
+    assert sorted(-k[1] for k in cached_keys(mgr, 1).values()) == [8, 10, 14, 15]
+    at = {-k[1]: p for p, k in cached_keys(mgr, 1).items()}
+    mgr.add_request("c", P + [300, 301])
+    assert mgr.lookup("c") == 10
+    t = mgr.allocate("c", 2)
+    assert t.groups[1].read_page == at[10]
+    assert t.groups[0].page_ids[:10] == list(range(10))
+    mgr.check_integrity()
+
+
+def test_prompt_shorter_than_the_interval_hits_its_prefix():
+    mgr = make_manager(hybrid(512), 64)
+    serve(mgr, "a", P + [100], [1])
+    serve(mgr, "b", P + [200], [2])  # misses (state only at 11), checkpoints the junction 10
+    mgr.add_request("c", P + [300])
+    assert mgr.lookup("c") == 10
+    mgr.add_request("d", P + [100, 7])
+    assert mgr.lookup("d") == 11  # a's prompt end
+    mgr.check_integrity()
+
+
+def full_swa(window: int):
+    return model(group("full", full(), 1), group("swa", sliding(window), 1, first_layer=1))
+
+
+def test_window_before_a_hit_is_released_at_full_priority():
+    age = 1000
+    mgr = make_manager(full_swa(4), 64, out_of_window_age=age)
+    mgr.add_request("a", P + [100, 101, 102, 103, 104, 105])
+    win = list(mgr.allocate("a", 16).groups[1].page_ids)
+    mgr.append_tokens("a", [1])
+    mgr.free("a")
+    keys = cached_keys(mgr, 1)
+    assert all(keys[win[i]][0] < 0 for i in range(0, 13))  # a knew no shared prefix: all aged
+    mgr.add_request("b", P + [200, 201, 202, 203, 204])
+    assert mgr.lookup("b") == 10
+    run(mgr, "b", 5, [2])  # computed 15: tokens 0..11 left the window
+    now = mgr.now
+    keys = cached_keys(mgr, 1)
+    # the window of the hit (tokens 7, 8, 9) at the current time, b's own token 10, 11 aged
+    assert [keys[win[i]] for i in (7, 8, 9)] == [(now, -8), (now, -9), (now, -10)]
+    mine = page_ids(mgr, "b", 1)
+    assert mine[10] is None and mine[:12] == [None] * 12
+    assert all(k[0] == now - age for p, k in keys.items() if p not in win)
+    mgr.check_integrity()
+
+
+def test_window_before_the_junction_is_kept_when_the_hit_failed():
+    age = 1000
+    mgr = make_manager(full_swa(4), 64, out_of_window_age=age)
+    serve(mgr, "a", P + [100, 101, 102, 103, 104, 105], [1])
+    for p in list(cached_keys(mgr, 1)):  # evict a's whole sliding window history
+        evict_page(mgr, 1, p)
+    mgr.add_request("b", P + [200, 201, 202, 203, 204])
+    assert mgr.lookup("b") == 0 and mgr.requests["b"].junction == 10
+    run(mgr, "b", 15, [2])
+    now = mgr.now
+    keys = cached_keys(mgr, 1)
+    assert sorted(-k[1] for k in keys.values() if k[0] == now) == [8, 9, 10]  # pages 7..9: keep_from(10) = 7
+    mgr.free("b")
+    mgr.add_request("c", P + [300])
+    assert mgr.lookup("c") == 10
+    mgr.check_integrity()
