@@ -29,6 +29,7 @@ TINY_MODELS: dict[str, tuple[str, dict]] = {
     "tiny-ministral": ("ministral", {}),
     "tiny-llama4": ("llama4", {}),
     "tiny-jamba": ("jamba", {}),
+    "tiny-nemotron-h": ("nemotron_h", {}),
 }
 
 

@@ -16,6 +16,7 @@ from jenga.engine.models.gemma3_vision import Gemma3ForConditionalGeneration
 from jenga.engine.models.jamba import JambaForCausalLM
 from jenga.engine.models.llama import LlamaForCausalLM
 from jenga.engine.models.llama4 import Llama4ForCausalLM
+from jenga.engine.models.nemotron_h import NemotronHForCausalLM
 from jenga.errors import UnsupportedArchitectureError
 
 MODEL_TYPES: dict[str, type[PagedCausalLM]] = {
@@ -28,6 +29,7 @@ MODEL_TYPES: dict[str, type[PagedCausalLM]] = {
     "llama4_text": Llama4ForCausalLM,
     "llama4": Llama4ForCausalLM,
     "jamba": JambaForCausalLM,
+    "nemotron_h": NemotronHForCausalLM,
 }
 
 ARCHITECTURES: dict[str, type[PagedCausalLM]] = {
@@ -40,6 +42,7 @@ ARCHITECTURES: dict[str, type[PagedCausalLM]] = {
     "Llama4ForCausalLM": Llama4ForCausalLM,
     "Llama4ForConditionalGeneration": Llama4ForCausalLM,
     "JambaForCausalLM": JambaForCausalLM,
+    "NemotronHForCausalLM": NemotronHForCausalLM,
 }
 
 #: model types whose checkpoints wrap the text decoder (weights live under a prefix).

@@ -119,7 +119,7 @@ _TINY_COMMON = dict(vocab_size=512, hidden_size=256, intermediate_size=256, num_
 
 
 def tiny_config(family: str, **overrides):
-    """A small HF config of ``family`` in {llama, mistral, ministral, gemma2, gemma3, llama4, jamba}.
+    """A small HF config of ``family`` in {llama, mistral, ministral, gemma2, gemma3, llama4, jamba, nemotron_h}.
 
     Windows / chunks are 32 tokens (two 16-token pages) so short prompts cross them.
     """
@@ -150,6 +150,10 @@ def tiny_config(family: str, **overrides):
             num_hidden_layers=4, hidden_size=64, intermediate_size=128, attn_layer_period=2, attn_layer_offset=1,
             num_experts=4, num_experts_per_tok=2, expert_layer_period=2, expert_layer_offset=1,
             mamba_d_state=13, mamba_d_conv=4, mamba_expand=2)),  # state page 16 KiB: LCM = the full page
+        "nemotron_h": (tf.NemotronHConfig, dict(
+            hidden_size=64, intermediate_size=128, mamba_num_heads=4, mamba_head_dim=32, n_groups=2,
+            ssm_state_size=32, conv_kernel=4, chunk_size=16,
+            layers_block_type=["linear_attention", "full_attention", "mlp", "linear_attention"])),
     }
     if family == "gemma3_vision":
         return tiny_gemma3_vision_config(**overrides)
