@@ -18,7 +18,8 @@ import jenga
 from jenga import SamplingParams
 
 #: tiny model -> a KV budget that forces preemption (a few of its large pages)
-HYBRIDS = {"tiny-jamba": "400KiB", "tiny-nemotron-h": "1200KiB"}
+HYBRIDS = {"tiny-jamba": "400KiB", "tiny-nemotron-h": "1200KiB", "tiny-falcon-h1": "1200KiB",
+           "tiny-qwen3-next": "300KiB"}
 GREEDY = SamplingParams(max_tokens=5, return_logits=True)
 _HF: dict = {}
 torch.set_num_threads(1)

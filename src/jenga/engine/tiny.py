@@ -30,6 +30,8 @@ TINY_MODELS: dict[str, tuple[str, dict]] = {
     "tiny-llama4": ("llama4", {}),
     "tiny-jamba": ("jamba", {}),
     "tiny-nemotron-h": ("nemotron_h", {}),
+    "tiny-falcon-h1": ("falcon_h1", {}),
+    "tiny-qwen3-next": ("qwen3_next", {}),
 }
 
 

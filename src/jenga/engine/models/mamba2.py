@@ -44,17 +44,20 @@ def ssd_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, h: Tensor,
 
 class GatedRMSNorm(nn.Module):
     """``rmsnorm(y · silu(gate))`` per group of ``group_size`` channels, times ``weight`` (HF's
-    ``MambaRMSNormGated`` / ``Zamba2RMSNormGated``)."""
+    ``MambaRMSNormGated`` / ``Zamba2RMSNormGated``); ``norm_before_gate``: ``rmsnorm(y) · weight ·
+    silu(gate)`` (Falcon-H1's option)."""
 
-    def __init__(self, dim: int, group_size: int, eps: float):
+    def __init__(self, dim: int, group_size: int, eps: float, norm_before_gate: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.group_size, self.eps = group_size, eps
+        self.group_size, self.eps, self.norm_before_gate = group_size, eps, norm_before_gate
 
     def forward(self, y: Tensor, gate: Tensor) -> Tensor:
-        h = y.float() * F.silu(gate.float())
+        h = y.float() if self.norm_before_gate else y.float() * F.silu(gate.float())
         g = h.view(*h.shape[:-1], -1, self.group_size)
         g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.norm_before_gate:
+            return (self.weight * g.view(h.shape) * F.silu(gate.float())).to(y.dtype)
         return self.weight * g.view(h.shape).to(y.dtype)
 
 
@@ -63,13 +66,14 @@ class Mamba2Mixer(nn.Module):
 
     def __init__(self, layer_idx: int, *, hidden: int, heads: int, head_dim: int, groups: int, d_state: int,
                  d_conv: int, conv_bias: bool, proj_bias: bool, eps: float, norm_groups: int | None,
-                 dt_min: float = 0.0, act: str = "silu"):
+                 norm_before_gate: bool = False, dt_limit: tuple[float, float] = (0.0, float("inf")),
+                 out_bias: bool | None = None, act: str = "silu"):
         super().__init__()
         self.layer_idx = layer_idx
         self.heads, self.head_dim, self.groups, self.d_state, self.d_conv = heads, head_dim, groups, d_state, d_conv
         self.inner = heads * head_dim
         self.conv_dim = self.inner + 2 * groups * d_state
-        self.dt_min = dt_min
+        self.dt_min, self.dt_max = float(dt_limit[0]), float(dt_limit[1])
         self.conv1d = nn.Conv1d(self.conv_dim, self.conv_dim, d_conv, groups=self.conv_dim, padding=d_conv - 1,
                                 bias=conv_bias)
         self.in_proj = nn.Linear(hidden, self.inner + self.conv_dim + heads, bias=proj_bias)
@@ -77,8 +81,8 @@ class Mamba2Mixer(nn.Module):
         self.A_log = nn.Parameter(torch.log(torch.arange(1, heads + 1, dtype=torch.float32)))
         self.D = nn.Parameter(torch.ones(heads))
         if norm_groups is not None:
-            self.norm = GatedRMSNorm(self.inner, self.inner // norm_groups, eps)
-        self.out_proj = nn.Linear(self.inner, hidden, bias=proj_bias)
+            self.norm = GatedRMSNorm(self.inner, self.inner // norm_groups, eps, norm_before_gate)
+        self.out_proj = nn.Linear(self.inner, hidden, bias=proj_bias if out_bias is None else out_bias)
         self.act = activation(act)
 
     def state_shapes(self) -> tuple[tuple[int, ...], ...]:
@@ -103,7 +107,7 @@ class Mamba2Mixer(nn.Module):
         rep = self.heads // self.groups
         B = B.reshape(*lead, self.groups, self.d_state).repeat_interleave(rep, dim=-2)
         C = C.reshape(*lead, self.groups, self.d_state).repeat_interleave(rep, dim=-2)
-        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(min=self.dt_min)
+        dt = F.softplus(dt.float() + self.dt_bias.float()).clamp(min=self.dt_min, max=self.dt_max)
         return xs.reshape(*lead, self.heads, self.head_dim), B, C, dt
 
     def state_scan(self, u: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, tuple[Tensor, Tensor]]:

@@ -46,7 +46,8 @@ def nemotron_mamba2(config, layer_idx: int) -> Mamba2Mixer:
     return Mamba2Mixer(layer_idx, hidden=config.hidden_size, heads=config.mamba_num_heads,
                        head_dim=config.mamba_head_dim, groups=config.n_groups, d_state=config.ssm_state_size,
                        d_conv=config.conv_kernel, conv_bias=config.use_conv_bias, proj_bias=config.use_bias,
-                       eps=config.layer_norm_epsilon, norm_groups=config.n_groups, dt_min=config.time_step_min,
+                       eps=config.layer_norm_epsilon, norm_groups=config.n_groups,
+                       dt_limit=(config.time_step_min, float("inf")),
                        act=config.mamba_hidden_act)
 
 
