@@ -31,3 +31,17 @@ def test_bench_table_runs(capsys):
     assert main(["bench", "--requests", "3", "--prompt-min", "20", "--prompt-max", "40", "--output-len", "3",
                  "--kv-memory", "2MiB", "--managers", "jenga"]) == 0
     assert "tokens/s" in capsys.readouterr().out
+
+
+def test_bench_hybrid_three_managers(capsys):
+    """A Mamba hybrid under jenga, paged (state-sized pages) and uniform (vLLM v1's Mamba-forced block)."""
+    code = main(["bench", "--json", "--model", "tiny-jamba-1to7", "--requests", "4", "--prompt-min", "70",
+                 "--prompt-max", "90", "--output-len", "4", "--kv-memory", "2MiB", "--shared-prefix", "64",
+                 "--state-checkpoint-interval", "32", "--max-num-batched-tokens", "64",
+                 "--managers", "jenga,paged,uniform"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data["managers"]) == {"jenga", "paged", "uniform"}
+    for res in data["managers"].values():
+        assert res["output_tokens"] == 16 and res["tokens_per_s"] > 0
+    assert data["managers"]["jenga"]["prefix_hit_rate"] > 0  # the shared prefix's state checkpoint is reused

@@ -17,7 +17,9 @@ import transformers as tf
 import jenga
 from jenga import SamplingParams
 
-HYBRIDS = ["tiny-jamba"]
+#: tiny model -> a KV budget that forces preemption (a few of its large pages)
+HYBRIDS = {"tiny-jamba": "400KiB", "tiny-nemotron-h": "1200KiB", "tiny-falcon-h1": "1200KiB",
+           "tiny-qwen3-next": "300KiB"}
 GREEDY = SamplingParams(max_tokens=5, return_logits=True)
 _HF: dict = {}
 torch.set_num_threads(1)
@@ -48,6 +50,7 @@ def assert_hf_equal(llm, outs):
         assert out.token_ids == res.sequences[0, ids.shape[1]:].tolist(), f"request {out.request_id}: tokens differ"
         for got, ref in zip(out.logits, res.logits, strict=True):
             torch.testing.assert_close(got, ref[0].float(), atol=1e-4, rtol=1e-4)
+            assert (got - ref[0]).abs().max() <= 1e-4 * ref[0].abs().max()  # also relative to the logits' scale
 
 
 @pytest.mark.parametrize("name", HYBRIDS)
@@ -76,7 +79,7 @@ def test_checkpoint_hit_equals_cold_run(name):
 
 @pytest.mark.parametrize("name", HYBRIDS)
 def test_preemption_and_eviction_match_hf(name):
-    llm = jenga.LLM(name, kv_memory="400KiB", max_num_batched_tokens=64, state_checkpoint_interval=32)
+    llm = jenga.LLM(name, kv_memory=HYBRIDS[name], max_num_batched_tokens=64, state_checkpoint_interval=32)
     outs = llm.generate(prompts([90, 70, 80, 60], seed=4), SamplingParams(max_tokens=16, return_logits=True))
     assert llm.scheduler.stats.preemptions > 0
     assert llm.manager.stats().evicted_pages > 0

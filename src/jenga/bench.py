@@ -62,7 +62,8 @@ def workload_kv_bytes(spec, work: Workload) -> int:
                 keep = min(n, g.spec.window)
             elif getattr(g.spec, "chunk", None):
                 keep = min(n, g.spec.chunk)
-            total += keep * g.spec.bytes_per_token() * g.num_layers
+            total += keep * g.spec.bytes_per_token() * g.num_layers + (g.useful_page_bytes if not g.spec.per_token
+                                                                       else 0)  # one running state
     return total
 
 
@@ -78,7 +79,8 @@ def run_engine(name: str, args, work: Workload, progress=None, *, track_kv_stats
     from jenga.engine.sampling_params import SamplingParams
 
     llm = LLM(args.model, manager=name, kv_memory=args.kv_memory, random_weights=True, seed=args.seed,
-              max_num_batched_tokens=args.max_num_batched_tokens, track_kv_stats=track_kv_stats)
+              max_num_batched_tokens=args.max_num_batched_tokens, track_kv_stats=track_kv_stats,
+              state_checkpoint_interval=getattr(args, "state_checkpoint_interval", None))
     params = SamplingParams(max_tokens=work.output_len, ignore_eos=True)
     llm.generate([list(range(3, 40)), list(range(50, 70))], SamplingParams(max_tokens=4, ignore_eos=True))
     llm.reset_metrics()
@@ -243,6 +245,8 @@ def add_bench_parser(subparsers) -> None:
                    help="per-step token budget (chunked prefill)")
     p.add_argument("--manager", "--managers", dest="managers", metavar="LIST", default=d["managers"],
                    help="comma-separated managers: {managers}")
+    p.add_argument("--state-checkpoint-interval", type=int, default=None,
+                   help="tokens between Mamba / linear-attention state checkpoints (default 512)")
     p.add_argument("--seed", type=int, default=d["seed"], help="workload and weights seed")
     p.add_argument("--threads", type=int, default=d["threads"], help="torch CPU threads")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of the table")

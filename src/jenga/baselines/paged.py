@@ -45,7 +45,9 @@ def paged_model(model: ModelSpec, block: int) -> ModelSpec:
         while any((tpp * per_token - g.useful_page_bytes) % g.num_layers for g in states):
             tpp += block
     page = tpp * per_token
-    flat = tuple(range(n))
+    # one model: its own layer ids (an engine binds them to its layers; hybrids interleave state
+    # layers); several models (draft + target): numbered 0..n-1, their ids would collide
+    flat = tuple(layer for _, layer in layers) if len({m for m, _ in layers}) == 1 else tuple(range(n))
     groups = [LayerGroup("paged", spec, flat, tpp)]
     if any(isinstance(g.spec, CrossAttentionSpec) for g in attn):
         groups.append(LayerGroup("paged-images", CrossAttentionSpec(big.model, big.dtype, big.num_kv_heads,

@@ -46,8 +46,8 @@ class ModelRunner:
         n_layers = len(attn)
         self.kv_views: list[Tensor | None] = [None] * n_layers
         self.group_layers: list[list[int]] = [[] for _ in self.groups]
-        self.states = StateBindings(model, manager, n_layers)
         own = model_name or self.groups[0].spec.model  # a draft + target pool holds both models' groups
+        self.states = StateBindings(model, manager, n_layers, own)
         for gi, g in enumerate(self.groups):
             if gi in self.states.groups or g.spec.model != own or not isinstance(g.spec, AttentionSpec):
                 continue

@@ -6,8 +6,10 @@ holds a cache: :meth:`forward` hands its per-token projections to ``ctx.run_stat
 calls :meth:`state_scan` (prefill segments: a chunked scan, any length) or :meth:`state_step`
 (one token of many requests: the recurrence) with the state read from the request's page.
 
-The chunked scan: within a chunk of ``L`` tokens ``h_t = e^{Λ_t} h_0 + Σ_{s≤t} e^{Λ_t-Λ_s} Δ_s B_s x_s``
-with ``Λ`` the running sum of ``Δ·A`` (every exponent ≤ 0, so no overflow), chunks in sequence.
+The chunked scan: ``h_t = e^{Δ_t A} h_{t-1} + Δ_t B_t x_t`` is a first-order linear recurrence
+with a per-(channel, state) decay, so inside a chunk it is an inclusive parallel scan of the pairs
+``(e^{Δ_t A}, Δ_t B_t x_t)`` in ``log2 L`` vectorised steps (products of decays only shrink: no
+overflow); the state after a chunk seeds the next.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from torch import Tensor, nn
 from jenga.engine.models.causal_conv import conv_scan, conv_step
 from jenga.engine.models.common import RMSNorm, activation, cfg
 
-SCAN_CHUNK = 32
+SCAN_CHUNK = 256
 
 
 def selective_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, h: Tensor,
@@ -28,15 +30,16 @@ def selective_scan(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor, h: Te
     skip term, final state)."""
     ys = []
     for a in range(0, x.shape[0], chunk):
-        xs, ds, Bs, Cs = x[a:a + chunk], dt[a:a + chunk], B[a:a + chunk], C[a:a + chunk]
-        L = xs.shape[0]
-        cum = torch.cumsum(ds[:, :, None] * A, dim=0)  # [L, D, N]
-        u = ds[:, :, None] * Bs[:, None, :] * xs[:, :, None]  # [L, D, N]
-        seg = cum[:, None] - cum[None, :]  # [t, s, D, N]
-        causal = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
-        w = torch.exp(seg.masked_fill(~causal[:, :, None, None], float("-inf")))
-        hs = torch.exp(cum) * h + torch.einsum("tsdn,sdn->tdn", w, u)
-        ys.append(torch.einsum("tdn,tn->td", hs, Cs))
+        ds = dt[a:a + chunk]
+        decay = torch.exp(ds[:, :, None] * A)  # [L, D, N], each <= 1
+        hs = ds[:, :, None] * B[a:a + chunk, None, :] * x[a:a + chunk, :, None]  # [L, D, N]
+        hs[0] += decay[0] * h
+        k = 1
+        while k < hs.shape[0]:  # Hillis-Steele: (A_t, b_t) ∘ (A_{t-k}, b_{t-k}), log2(L) steps
+            hs[k:] = torch.addcmul(hs[k:], decay[k:], hs[:-k])
+            decay[k:] = decay[k:] * decay[:-k]
+            k *= 2
+        ys.append(torch.einsum("tdn,tn->td", hs, C[a:a + chunk]))
         h = hs[-1]
     return torch.cat(ys), h
 

@@ -11,11 +11,14 @@ from __future__ import annotations
 import torch
 
 from jenga.engine.models.common import PagedCausalLM
+from jenga.engine.models.falcon_h1 import FalconH1ForCausalLM
 from jenga.engine.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
 from jenga.engine.models.gemma3_vision import Gemma3ForConditionalGeneration
 from jenga.engine.models.jamba import JambaForCausalLM
 from jenga.engine.models.llama import LlamaForCausalLM
 from jenga.engine.models.llama4 import Llama4ForCausalLM
+from jenga.engine.models.nemotron_h import NemotronHForCausalLM
+from jenga.engine.models.qwen3_next import Qwen3NextForCausalLM
 from jenga.errors import UnsupportedArchitectureError
 
 MODEL_TYPES: dict[str, type[PagedCausalLM]] = {
@@ -28,6 +31,9 @@ MODEL_TYPES: dict[str, type[PagedCausalLM]] = {
     "llama4_text": Llama4ForCausalLM,
     "llama4": Llama4ForCausalLM,
     "jamba": JambaForCausalLM,
+    "nemotron_h": NemotronHForCausalLM,
+    "falcon_h1": FalconH1ForCausalLM,
+    "qwen3_next": Qwen3NextForCausalLM,
 }
 
 ARCHITECTURES: dict[str, type[PagedCausalLM]] = {
@@ -40,6 +46,9 @@ ARCHITECTURES: dict[str, type[PagedCausalLM]] = {
     "Llama4ForCausalLM": Llama4ForCausalLM,
     "Llama4ForConditionalGeneration": Llama4ForCausalLM,
     "JambaForCausalLM": JambaForCausalLM,
+    "NemotronHForCausalLM": NemotronHForCausalLM,
+    "FalconH1ForCausalLM": FalconH1ForCausalLM,
+    "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
 }
 
 #: model types whose checkpoints wrap the text decoder (weights live under a prefix).

@@ -119,7 +119,7 @@ _TINY_COMMON = dict(vocab_size=512, hidden_size=256, intermediate_size=256, num_
 
 
 def tiny_config(family: str, **overrides):
-    """A small HF config of ``family`` in {llama, mistral, ministral, gemma2, gemma3, llama4, jamba}.
+    """A small HF config of ``family`` in {llama, mistral, ministral, gemma2, gemma3, llama4, jamba, nemotron_h, falcon_h1, qwen3_next}.
 
     Windows / chunks are 32 tokens (two 16-token pages) so short prompts cross them.
     """
@@ -150,6 +150,22 @@ def tiny_config(family: str, **overrides):
             num_hidden_layers=4, hidden_size=64, intermediate_size=128, attn_layer_period=2, attn_layer_offset=1,
             num_experts=4, num_experts_per_tok=2, expert_layer_period=2, expert_layer_offset=1,
             mamba_d_state=13, mamba_d_conv=4, mamba_expand=2)),  # state page 16 KiB: LCM = the full page
+        "nemotron_h": (tf.NemotronHConfig, dict(
+            hidden_size=64, intermediate_size=128, mamba_num_heads=4, mamba_head_dim=32, n_groups=2,
+            ssm_state_size=32, conv_kernel=4, chunk_size=16,
+            layers_block_type=["linear_attention", "full_attention", "mlp", "linear_attention"])),
+        "falcon_h1": (tf.FalconH1Config, dict(
+            num_hidden_layers=2, hidden_size=64, intermediate_size=128, head_dim=32, mamba_n_heads=4, mamba_d_head=32,
+            mamba_d_ssm=128, mamba_n_groups=2, mamba_d_state=32, mamba_d_conv=4, mamba_chunk_size=16,
+            mamba_rms_norm=True, ssm_multipliers=[1.0, 0.5, 1.5, 0.8, 1.2], mlp_multipliers=[1.2, 0.8],
+            key_multiplier=0.9, attention_in_multiplier=1.1, attention_out_multiplier=0.9, ssm_in_multiplier=1.2,
+            ssm_out_multiplier=0.8, embedding_multiplier=1.5, lm_head_multiplier=0.7)),
+        "qwen3_next": (tf.Qwen3NextConfig, dict(  # conv kernel 5: a 12 KiB state page, LCM 3x
+            num_hidden_layers=4, hidden_size=64, intermediate_size=128, head_dim=32,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+            linear_conv_kernel_dim=5, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+            shared_expert_intermediate_size=64, decoder_sparse_step=2, partial_rotary_factor=0.5)),
     }
     if family == "gemma3_vision":
         return tiny_gemma3_vision_config(**overrides)

@@ -1,0 +1,123 @@
+"""Qwen3-Next: Gated DeltaNet (``linear_attention``) and gated full attention, MoE feed-forward.
+
+Full attention: ``q_proj`` gives query and an output gate per head; q / k RMS-normed per head
+(``1 + w``), partial RoPE (the first ``partial_rotary_factor · head_dim`` channels), output
+times ``σ(gate)``.  Feed-forward: a softmax top-k MoE with a sigmoid-gated shared expert on layers
+with ``(i + 1) % decoder_sparse_step == 0`` not in ``mlp_only_layers``, else a gated MLP.  All norms
+are ``1 + w`` RMSNorms.  HF parameter names (``linear_attn`` / ``self_attn``, ``mlp.gate``,
+``mlp.experts``, ``mlp.shared_expert``, ``mlp.shared_expert_gate``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from jenga.engine.attention import ForwardContext
+from jenga.engine.models.common import GatedMLP, PagedAttentionBase, RMSNorm, Rotary, cfg, rope_parameters
+from jenga.engine.models.gated_deltanet import GatedDeltaNet
+from jenga.engine.models.hybrid import HybridCausalLM
+from jenga.engine.models.moe import Experts, softmax_top_k
+
+
+class PartialRotary(Rotary):
+    """RoPE on the first ``rot_dim`` channels only; the rest pass through."""
+
+    def __init__(self, params: dict, head_dim: int):
+        super().__init__(params, head_dim)
+        self.rot_dim = 2 * self.inv_freq.numel()
+
+    def forward(self, x: Tensor, cos_sin) -> Tensor:
+        d = self.rot_dim
+        return torch.cat([super().forward(x[..., :d], cos_sin), x[..., d:]], dim=-1)
+
+
+class Qwen3NextAttention(PagedAttentionBase):
+    def __init__(self, config, layer_idx: int, rotary: PartialRotary):
+        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        heads, bias = config.num_attention_heads, cfg(config, "attention_bias", False)
+        super().__init__(layer_idx, config.hidden_size, heads, config.num_key_value_heads, head_dim, bias=bias)
+        self.q_proj = nn.Linear(config.hidden_size, 2 * heads * head_dim, bias=bias)  # query | gate per head
+        self.q_norm = RMSNorm(head_dim, config.rms_norm_eps, offset=True)
+        self.k_norm = RMSNorm(head_dim, config.rms_norm_eps, offset=True)
+        self._rotary = [rotary]
+
+    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
+        T, H, D = x.shape[0], self.num_heads, self.head_dim
+        q, gate = self.q_proj(x).view(T, H, 2 * D).chunk(2, dim=-1)
+        k = self.k_proj(x).view(T, self.num_kv_heads, D)
+        v = self.v_proj(x).view(T, self.num_kv_heads, D)
+        rot = self._rotary[0]
+        out = ctx.attend(self.layer_idx, rot(self.q_norm(q), cos_sin), rot(self.k_norm(k), cos_sin), v,
+                         scale=self.scale)
+        return self.o_proj(out.reshape(T, -1) * torch.sigmoid(gate.reshape(T, -1)))
+
+
+class Qwen3NextRouter(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.top_k, self.renormalize = config.num_experts_per_tok, config.norm_topk_prob
+        self.weight = nn.Parameter(torch.zeros(config.num_experts, config.hidden_size))
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return softmax_top_k(nn.functional.linear(x, self.weight), self.top_k, self.renormalize)
+
+
+class Qwen3NextSparseMoeBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.gate = Qwen3NextRouter(config)
+        self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size, config.hidden_act)
+        self.shared_expert = GatedMLP(config.hidden_size, config.shared_expert_intermediate_size, config.hidden_act)
+        self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        idx, w = self.gate(x)
+        shared = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return self.experts(x, idx, w.to(x.dtype)) + shared
+
+
+class Qwen3NextDecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx: int, rotary: PartialRotary):
+        super().__init__()
+        if config.layer_types[layer_idx] == "linear_attention":
+            self.linear_attn = GatedDeltaNet(config, layer_idx)
+        else:
+            self.self_attn = Qwen3NextAttention(config, layer_idx, rotary)
+        sparse = (layer_idx not in (cfg(config, "mlp_only_layers", []) or []) and config.num_experts > 0
+                  and (layer_idx + 1) % config.decoder_sparse_step == 0)
+        self.mlp = (Qwen3NextSparseMoeBlock(config) if sparse
+                    else GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act))
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, offset=True)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, offset=True)
+
+    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
+        h = self.input_layernorm(x)
+        x = x + (self.linear_attn(h, ctx) if hasattr(self, "linear_attn") else self.self_attn(h, cos_sin, ctx))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Qwen3NextModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        self.rotary_emb = PartialRotary(rope_parameters(config), head_dim)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Qwen3NextDecoderLayer(config, i, self.rotary_emb)
+                                    for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, offset=True)
+
+    def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
+        x = self.embed_tokens(input_ids)
+        cos_sin = self.rotary_emb.cos_sin(positions)
+        for layer in self.layers:
+            x = layer(x, cos_sin, ctx)
+        return self.norm(x)
+
+
+class Qwen3NextForCausalLM(HybridCausalLM):
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = Qwen3NextModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights_if_needed()
