@@ -22,16 +22,18 @@ def add_sim_parsers(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="arrival and workload seed (the artifact's runs: 55555)")
     p.add_argument("--articles", type=int, default=None, help="arxiv-multiq: number of documents")
     p.add_argument("--questions-per-article", type=int, default=None, help="arxiv-multiq: questions per document")
-    p.add_argument("--order", choices=("interleaved", "grouped", "shuffled"), default=None,
-                   help="arxiv-multiq: request order (shuffled = Python's random.Random(seed), as the artifact)")
+    p.add_argument("--order", choices=("interleaved", "grouped", "shuffled"), default=None, metavar="ORDER",
+                   help="arxiv-multiq: interleaved, grouped or shuffled (Python's random.Random(seed), as the "
+                        "artifact)")
     p.add_argument("--max-prompt-len", type=int, default=None,
                    help="arxiv-multiq: prompt + output cap (the artifact's --hf-max-len)")
     p.add_argument("--output-len", type=int, default=None, help="output tokens per request (workload's default)")
     p.add_argument("--draft", default=None, help="catalog draft model for speculative decoding "
                    "(default: llama-3.2-1b with the spec-decode workload, else none)")
-    p.add_argument("--budget", type=int, default=None,
-                   help="max tokens per step (default: chunked 8192; v0 max(max_model_len, 2048))")
-    p.add_argument("--scheduler", choices=("chunked", "v0"), default="chunked",
+    p.add_argument("--budget", type=int, default=8192,
+                   help="max tokens per step; with --scheduler v0 at least max(max_model_len, 2048), as vLLM v0 "
+                        "requires without chunked prefill")
+    p.add_argument("--scheduler", choices=("chunked", "v0"), default="chunked", metavar="KIND",
                    help="chunked: vLLM v1-like mixed chunked prefill; v0: chunked prefill off (whole prompts, "
                         "prefill-only steps)")
     p.add_argument("--max-num-seqs", type=int, default=256, help="most running requests per step")
@@ -81,7 +83,11 @@ def run_simulate(args) -> int:
     except (TypeError, ValueError) as e:
         print(f"jenga simulate: {e}", file=sys.stderr)
         return 2
-    budget = args.budget if args.budget is not None or args.scheduler == "v0" else 8192
+    budget = args.budget
+    if args.scheduler == "v0":
+        from jenga.engine.v0_scheduler import v0_token_budget
+
+        budget = max(budget, v0_token_budget(setup.target.max_model_len))
     cfg = SimConfig(max_num_batched_tokens=budget, max_num_seqs=args.max_num_seqs, seed=args.seed,
                     scheduler=args.scheduler,
                     enable_prefix_caching=not args.no_prefix_caching, record_every=max(1, args.record_every))
