@@ -29,7 +29,7 @@ def _help(capsys, monkeypatch, command: str) -> str:
     ("plan", [*CATALOG_NAMES, *MANAGER_NAMES, *GPUS], ["gemma-3-27b", "jenga,paged", "16", "bf16"]),
     ("bench", ["tiny-gemma3", "tiny-llama4", *MANAGER_NAMES], ["tiny-gemma3", "12MiB", "48", "jenga,paged"]),
     ("simulate", [*CATALOG_NAMES, *WORKLOAD_NAMES, *GPUS, *MANAGER_NAMES],
-     ["ministral-8b", "decode-batch-20", "h100-80gb", "8192", "jenga,paged,uniform"]),
+     ["ministral-8b", "decode-batch-20", "h100-80gb", "jenga,paged,uniform"]),
     ("reproduce", ["closed form", "spec decoding"], []),
     ("serve", ["tiny-gemma3", "tiny-llama4", *MANAGER_NAMES], ["256MiB", "jenga", "8000"]),
 ])
