@@ -150,3 +150,12 @@ def test_cli_bad_arguments_are_one_clear_line(argv, why, tmp_path, capsys):
     assert main([a.format(tmp=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err
     assert why in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_unsupported_model_options_are_typed_errors():
+    from jenga.engine.models.common import activation
+    from jenga.errors import JengaError, UnsupportedFeatureError
+
+    with pytest.raises(UnsupportedFeatureError, match="activation 'nope'") as e:
+        activation("nope")
+    assert isinstance(e.value, JengaError) and isinstance(e.value, NotImplementedError)

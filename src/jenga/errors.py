@@ -38,3 +38,8 @@ class MissingConfigError(ConfigError, FileNotFoundError):
 
 class UnsupportedArchitectureError(JengaError, ValueError):
     """The engine has no model class for this config's architecture (the message lists those it has)."""
+
+
+class UnsupportedFeatureError(UnsupportedArchitectureError, NotImplementedError):
+    """The engine has the architecture but not one of the config's options (an activation, a RoPE
+    kind, a block type); the message names the option and what is supported."""

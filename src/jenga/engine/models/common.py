@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from jenga.engine.attention import ForwardContext
+from jenga.errors import UnsupportedFeatureError
 from jenga.specs import CacheSpec, ChunkedLocalSpec, FullAttentionSpec, SlidingWindowSpec
 
 
@@ -38,7 +39,7 @@ def activation(name: str):
         "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
     }
     if name not in table:
-        raise NotImplementedError(f"activation {name!r}; supported: {sorted(table)}")
+        raise UnsupportedFeatureError(f"activation {name!r}; supported: {sorted(table)}")
     return table[name]
 
 
@@ -102,7 +103,7 @@ def rope_inv_freq(params: dict, head_dim: int) -> Tensor:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
         return torch.where(medium, smoothed, scaled)
-    raise NotImplementedError(f"rope_type {kind!r}; supported: default, linear, llama3")
+    raise UnsupportedFeatureError(f"rope_type {kind!r}; supported: default, linear, llama3")
 
 
 class Rotary(nn.Module):

@@ -4,7 +4,7 @@
 grouped gated RMSNorm), ``full_attention`` (no RoPE), ``mlp`` (``down(relu²(up(x)))``).
 Every block is ``x + mixer(norm(x))``.  HF names: ``model.embeddings``, ``layers.i.norm``,
 ``layers.i.mixer``, ``model.norm_f``.  ``moe`` blocks (Nemotron-3 Nano's grouped sigmoid router)
-are not supported yet and raise ``NotImplementedError``.
+are not supported yet and raise ``UnsupportedFeatureError``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from jenga.engine.attention import ForwardContext
 from jenga.engine.models.common import PagedAttentionBase, RMSNorm, cfg
 from jenga.engine.models.hybrid import HybridCausalLM
 from jenga.engine.models.mamba2 import Mamba2Mixer
+from jenga.errors import UnsupportedFeatureError
 
 
 class NemotronHMLP(nn.Module):
@@ -25,7 +26,7 @@ class NemotronHMLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
         if cfg(config, "mlp_hidden_act", "relu2") != "relu2":
-            raise NotImplementedError(f"Nemotron-H mlp_hidden_act {config.mlp_hidden_act!r}; supported: relu2")
+            raise UnsupportedFeatureError(f"Nemotron-H mlp_hidden_act {config.mlp_hidden_act!r}; supported: relu2")
 
     def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
         return self.down_proj(torch.relu(self.up_proj(x)).square())
@@ -63,7 +64,7 @@ class NemotronHBlock(nn.Module):
         elif kind == "mlp":
             self.mixer = NemotronHMLP(config)
         else:
-            raise NotImplementedError(f"Nemotron-H block type {kind!r} (layer {layer_idx}); supported: "
+            raise UnsupportedFeatureError(f"Nemotron-H block type {kind!r} (layer {layer_idx}); supported: "
                                       "linear_attention, full_attention, mlp")
 
     def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
