@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from jenga.accounting import ByteAccounting
 from jenga.allocator import LargePageAllocator
 from jenga.cache_control import CacheControl
 from jenga.errors import (
@@ -60,7 +61,7 @@ def with_base_page(model: ModelSpec, tokens_per_page: int) -> ModelSpec:
     return ModelSpec(model.name, groups, model.max_model_len, model.num_layers, model.hf_config)
 
 
-class KVCacheManager(PageLedger, CacheControl):
+class KVCacheManager(PageLedger, CacheControl, ByteAccounting):
     """Jenga's KV-cache manager for one (possibly composite) model.
 
     ``memory_bytes`` is the KV budget; it is cut into ``floor(memory / S) - 1`` large
@@ -154,37 +155,6 @@ class KVCacheManager(PageLedger, CacheControl):
     def _policy(self, gi: int, group: LayerGroup) -> Policy:
         """The cache policy of a group (baselines swap in their own rules here)."""
         return policy_for(gi, group, self.block)
-
-    def request_accounting(self, req: Request) -> tuple[int, int, int, int]:
-        """(held, needed, stale, padding) bytes of one live request (see ``jenga.stats``)."""
-        held = needed = stale = padding = 0
-        for pol, gs in zip(self.policies, req.groups, strict=True):
-            grp = pol.group
-            n = pol.held_pages(gs)
-            k = pol.stale_pages(req, gs)
-            held += n * grp.page_bytes
-            needed += pol.needed_bytes(req, gs)
-            stale += k * grp.page_bytes
-            padding += (n - k) * (grp.page_bytes - grp.useful_page_bytes)
-        return held, needed, stale, padding
-
-    def sharing_accounting(self) -> tuple[int, int]:
-        """(bytes of pages counted more than once by per-request accounting: each extra
-        reference of a shared page; bytes of held prefix pages whose content another held
-        page has: duplicate copies).  O(pool pages + held pages)."""
-        shared = 0
-        for g, ref in enumerate(self.ref):
-            extra = sum(ref) - self.alloc.used_small[g]
-            shared += extra * self.model.groups[g].page_bytes
-        return shared, self._duplicate_bytes()
-
-    def _duplicate_bytes(self) -> int:
-        dup = 0
-        for req in self.requests.values():
-            for pol, gs in zip(self.policies, req.groups, strict=True):
-                if isinstance(pol, FullPolicy) and gs.pages:
-                    dup += pol.duplicate_pages(req, gs, self) * pol.group.page_bytes
-        return dup
 
     # ----------------------------------------------------------------- API
     def _req(self, request_id: object) -> Request:
