@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import copy
 
-from jenga.manager import KVCacheManager, with_base_page
+from jenga.manager import KVCacheManager
+from jenga.pagesize import with_base_page
 from jenga.specs import (
     ChunkedLocalSpec,
     CrossAttentionSpec,

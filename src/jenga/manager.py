@@ -25,6 +25,7 @@ from jenga.errors import (
 )
 from jenga.integrity import check_manager
 from jenga.ledger import PageLedger
+from jenga.pagesize import manager_page_plan, with_base_page
 from jenga.prefix.evictor import PrefixEvictor
 from jenga.prefix.hash_memo import HashMemo
 from jenga.prefix.hashing import ImageRef, extend_block_hashes, root_hash
@@ -51,14 +52,6 @@ NEVER = 1 << 62
 #: eviction orders: plain LRU by (release time, -prefix length), or use-count classes
 EVICTORS = {"lru": PrefixEvictor, "reuse": ReuseEvictor}
 REPEAT_MEMO_SIZE = 256  # freed ids remembered as having run (a re-add is a repeat lookup)
-
-
-def with_base_page(model: ModelSpec, tokens_per_page: int) -> ModelSpec:
-    """The model with every token group at ``tokens_per_page`` (state groups unchanged)."""
-    groups = tuple(
-        LayerGroup(g.name, g.spec, g.layers, tokens_per_page if g.spec.per_token else g.tokens_per_page,
-                   g.pad_bytes) for g in model.groups)
-    return ModelSpec(model.name, groups, model.max_model_len, model.num_layers, model.hf_config)
 
 
 class KVCacheManager(PageLedger, CacheControl, ByteAccounting):
@@ -148,7 +141,6 @@ class KVCacheManager(PageLedger, CacheControl, ByteAccounting):
         model = with_base_page(model, tokens_per_page)
         if max_ratio is None:
             return model
-        from jenga.pagesize import manager_page_plan
         self.page_plan = manager_page_plan(model, max_ratio)
         return self.page_plan.model
 

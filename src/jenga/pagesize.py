@@ -49,7 +49,7 @@ from jenga.errors import JengaError
 from jenga.specs import LayerGroup, ModelSpec
 
 __all__ = ["PADDABLE_KINDS", "SCALABLE_KINDS", "WIDE_PAD_FRAC", "PagePlan", "PageSizeError", "fit_page_sizes",
-           "manager_page_plan"]
+           "manager_page_plan", "with_base_page"]
 
 #: Kinds whose ``tokens_per_page`` may be scaled by powers of two.
 SCALABLE_KINDS = frozenset({"full", "sliding", "chunked", "cross"})
@@ -62,6 +62,14 @@ _MAX_R = 128  # largest S / (anchor page) enumerated; beyond it only the unmodif
 WIDE_PAD_FRAC = 0.10
 _WIDE_PAD_STEPS = (0.02, 0.05, WIDE_PAD_FRAC)
 _ADVICE_TOKENS = (16, 32, 64, 128, 256)
+
+
+def with_base_page(model: ModelSpec, tokens_per_page: int) -> ModelSpec:
+    """The model with every token group at ``tokens_per_page`` (state groups unchanged)."""
+    groups = tuple(
+        LayerGroup(g.name, g.spec, g.layers, tokens_per_page if g.spec.per_token else g.tokens_per_page,
+                   g.pad_bytes) for g in model.groups)
+    return ModelSpec(model.name, groups, model.max_model_len, model.num_layers, model.hf_config)
 
 
 class PageSizeError(JengaError, ValueError):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from jenga.manager import KVCacheManager, with_base_page
+from jenga.manager import KVCacheManager
+from jenga.pagesize import with_base_page
 from jenga.prefix.policies import FullPolicy, Policy, policy_for
 from jenga.request import GroupState, Request
 from jenga.specs import CrossAttentionSpec, MambaSpec, ModelSpec, VisionEmbeddingSpec

@@ -28,8 +28,7 @@ from functools import reduce
 from vllm.v1 import kv_cache_interface as kvi
 
 from jenga.errors import InvalidArgumentError
-from jenga.manager import with_base_page
-from jenga.pagesize import fit_page_sizes
+from jenga.pagesize import fit_page_sizes, with_base_page
 from jenga.specs import ModelSpec
 from jenga.vllm.specs import UnsupportedInVllm, model_of_groups
 
