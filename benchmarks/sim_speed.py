@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from jenga.sim.simulator import SimConfig, Simulator, build_setup
+from jenga.sim.setup import build_setup
+from jenga.sim.simulator import SimConfig, Simulator
 from jenga.sim.workloads import get_workload
 
 

@@ -15,7 +15,8 @@ from jenga.engine.v0_scheduler import V0Scheduler, v0_token_budget
 from jenga.errors import InvalidArgumentError
 from jenga.manager import KVCacheManager
 from jenga.sim.artifact_workloads import ARXIV_GROUP_SIZES, MMLU_SUBJECTS
-from jenga.sim.simulator import SimConfig, Simulator, build_setup
+from jenga.sim.setup import build_setup
+from jenga.sim.simulator import SimConfig, Simulator
 from jenga.sim.workloads import get_workload
 from jenga.specs import ModelSpec
 

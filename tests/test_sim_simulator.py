@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from jenga.sim.reproduce import closed_form, mllama_waste, swa_waste
-from jenga.sim.simulator import SimConfig, Simulator, build_setup
+from jenga.sim.setup import build_setup
+from jenga.sim.simulator import SimConfig, Simulator
 from jenga.sim.workloads import SimRequest, Workload, WorkloadInfo, get_workload
 
 GiB = 1 << 30

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from jenga.engine.v0_scheduler import v0_token_budget
 from jenga.sim.activation import profile_reserve_bytes
 from jenga.sim.gpu import DEFAULT_ACTIVATION_RESERVE_BYTES
-from jenga.sim.simulator import SimConfig, Simulator, build_setup
+from jenga.sim.setup import build_setup
+from jenga.sim.simulator import SimConfig, Simulator
 from jenga.sim.workloads import get_workload
 
 SEED = 55555

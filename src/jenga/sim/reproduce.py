@@ -16,7 +16,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from jenga.sim.figure14 import LLAMA4_RESERVE, SEED
-from jenga.sim.simulator import SimConfig, Simulator, build_setup
+from jenga.sim.setup import build_setup
+from jenga.sim.simulator import SimConfig, Simulator
 from jenga.sim.workloads import get_workload
 from jenga.specs import (
     AttentionSpec,
