@@ -71,7 +71,8 @@ def _workload(args, max_len: int):
 def run_simulate(args) -> int:
     from jenga.errors import InvalidArgumentError
     from jenga.sim.report import print_simulate, simulate_payload
-    from jenga.sim.simulator import SimConfig, Simulator, build_setup
+    from jenga.sim.setup import build_setup
+    from jenga.sim.simulator import SimConfig, Simulator
 
     managers = [m.strip() for m in args.managers.split(",") if m.strip()]
     draft = args.draft
