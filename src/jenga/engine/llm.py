@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from jenga.engine.cross_attention import CrossAttentionKV
 from jenga.engine.generation_config import GenerationDefaults, load_generation_defaults
 from jenga.engine.metrics import EngineMetrics
 from jenga.engine.model_runner import ModelRunner
@@ -153,8 +154,12 @@ class LLM:
         self.manager = make_manager(manager, spec, self.kv_memory, tokens_per_page=tokens_per_page,
                                     enable_prefix_caching=enable_prefix_caching, device=str(self.device),
                                     **(manager_kwargs or {}))
-        vision = VisionEmbeddings(self.model, self.manager, cache=mm_embedding_cache, device=self.device) if vlm else None
-        self.runner = ModelRunner(self.model, self.manager, device=self.device, vision=vision)
+        vision = cross = None
+        if vlm and getattr(self.model, "cross_attention_layers", None):  # Llama-3.2-Vision: image K/V pages
+            cross = CrossAttentionKV(self.model, self.manager, device=self.device)
+        elif vlm:
+            vision = VisionEmbeddings(self.model, self.manager, cache=mm_embedding_cache, device=self.device)
+        self.runner = ModelRunner(self.model, self.manager, device=self.device, vision=vision, cross=cross)
         eos = self.tokenizer.eos_token_ids if self.tokenizer else ()
         cfg_eos = getattr(self.model.config, "eos_token_id", None)
         eos = tuple(eos) + ((cfg_eos,) if isinstance(cfg_eos, int) else tuple(cfg_eos or ())) + gen.eos_token_ids
@@ -196,8 +201,9 @@ class LLM:
         ids = list(checked_token_ids(prompt, "prompt"))
         if not ids:
             raise InvalidArgumentError("empty prompt")
-        if max(ids) >= self.config_vocab or min(ids) < 0:
-            raise InvalidArgumentError(f"token ids must be in [0, {self.config_vocab}), got {min(ids)}..{max(ids)}")
+        vocab = getattr(self.model, "input_vocab_size", self.config_vocab)  # Mllama: <|image|> is past the LM head
+        if max(ids) >= vocab or min(ids) < 0:
+            raise InvalidArgumentError(f"token ids must be in [0, {vocab}), got {min(ids)}..{max(ids)}")
         return text, ids
 
     @property
@@ -311,8 +317,8 @@ class LLM:
         m.output_tokens += sum(len(t) for t in sampled if t is not None) if self.speculative else len(items)
         m.finished += len(finished)
         m.model_s += self.runner.last_forward_s
-        if self.runner.vision is not None:
-            m.encoder_runs = self.runner.vision.runs - self._encoder_runs0
+        if self.runner.encoder is not None:
+            m.encoder_runs = self.runner.encoder.runs - self._encoder_runs0
         m.step_s += time.perf_counter() - t0
         return finished
 
@@ -382,4 +388,4 @@ class LLM:
 
         self.metrics = EngineMetrics()
         self.scheduler.stats = SchedulerStats()
-        self._encoder_runs0 = self.runner.vision.runs if self.runner.vision is not None else 0
+        self._encoder_runs0 = self.runner.encoder.runs if self.runner.encoder is not None else 0

@@ -35,9 +35,10 @@ class ModelRunner:
     """Runs ``model`` (a ``PagedCausalLM``) over the KV buffer of ``manager`` on ``device``."""
 
     def __init__(self, model, manager, *, device: torch.device | str = "cpu", model_name: str | None = None,
-                 vision=None):
+                 vision=None, cross=None):
         self.model = model
         self.vision = vision  # VisionEmbeddings of a VLM (image-token embeddings), else None
+        self.cross = cross  # CrossAttentionKV of a cross-attention VLM (image K/V pages), else None
         self.mgr = manager
         self.device = torch.device(device)
         layout = manager.layout
@@ -49,7 +50,8 @@ class ModelRunner:
         own = model_name or self.groups[0].spec.model  # a draft + target pool holds both models' groups
         self.states = StateBindings(model, manager, n_layers, own)
         for gi, g in enumerate(self.groups):
-            if gi in self.states.groups or g.spec.model != own or not isinstance(g.spec, AttentionSpec):
+            if (gi in self.states.groups or g.spec.model != own or not isinstance(g.spec, AttentionSpec)
+                    or g.kind == "cross"):  # cross-attention K/V: the image's, read by ``cross``
                 continue
             for j, layer in enumerate(g.layers):
                 self._check_layer(layer, attn[layer], g)
@@ -63,6 +65,11 @@ class ModelRunner:
         self.backend = SplitAttentionBackend()
         self.last_forward_s = 0.0  # wall time of the last model forward (without metadata)
         self.item_first: dict[int, int] = {}  # plan item -> flattened row of its first token (last prepare)
+
+    @property
+    def encoder(self):
+        """What runs the vision encoder (``VisionEmbeddings`` / ``CrossAttentionKV``; ``.runs``), or None."""
+        return self.vision if self.vision is not None else self.cross
 
     @staticmethod
     def _check_layer(layer: int, info, group) -> None:
@@ -194,6 +201,10 @@ class ModelRunner:
             embeds = self.vision.step_embeds(plan.scheduled, self.item_first)
             if embeds is not None:
                 extra["embeds"] = embeds
+        if self.cross is not None:  # cross-attention layers: image K/V from the cross pages
+            cross = self.cross.step(plan.scheduled, self.item_first)
+            if cross is not None:
+                extra["cross"] = cross
         if logits_idx.numel() == 0:
             self.model.model(input_ids, positions, ctx, **extra)  # non-final prefill chunks: K/V only
             out = torch.empty(0, self.model.config.vocab_size)

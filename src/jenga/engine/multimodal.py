@@ -64,6 +64,9 @@ def attach_images(seq, multi_modal_data: dict, model) -> None:
         raise InvalidArgumentError(f"unsupported multi_modal_data {sorted(unknown)}; this engine takes 'image'")
     if not getattr(model, "multimodal", False):
         raise InvalidArgumentError("this model takes no images (it has no vision tower)")
+    if hasattr(model, "attach_images"):  # the model's own input format (Llama-3.2-Vision: processor outputs)
+        model.attach_images(seq, multi_modal_data.get("image"))
+        return
     images = _as_images(multi_modal_data.get("image", []))
     runs = placeholder_runs(seq.prompt_token_ids, model.image_token_id)
     if len(runs) != len(images):

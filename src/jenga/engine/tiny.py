@@ -23,6 +23,7 @@ TINY_MODELS: dict[str, tuple[str, dict]] = {
     "tiny-gemma3-vision": ("gemma3_vision", dict(
         num_hidden_layers=6, sliding_window=64,
         layer_types=["sliding_attention"] * 5 + ["full_attention"])),
+    "tiny-mllama": ("mllama", {}),
     "tiny-gemma2": ("gemma2", {}),
     "tiny-llama": ("llama", {}),
     "tiny-mistral": ("mistral", {}),
@@ -61,6 +62,7 @@ def init_random_weights(model: torch.nn.Module, *, seed: int = 0, std: float = 0
     """``N(0, std)`` weights; RMSNorm weights around 1 (Gemma's ``1 + w`` norms: around 0)."""
     from jenga.engine.models.gemma import Gemma2ForCausalLM
     from jenga.engine.models.gemma3_vision import Gemma3ForConditionalGeneration, init_vision_weights
+    from jenga.engine.models.mllama import MllamaForConditionalGeneration, init_mllama_weights
     from jenga.engine.models.weights import randomize_
 
     randomize_(model, seed=seed, std=std)
@@ -70,4 +72,6 @@ def init_random_weights(model: torch.nn.Module, *, seed: int = 0, std: float = 0
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.add_(1.0)
+        if isinstance(model, MllamaForConditionalGeneration):
+            init_mllama_weights(model, seed=seed)
     return model

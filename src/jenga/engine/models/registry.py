@@ -1,9 +1,10 @@
 """Map HF ``model_type`` / ``architectures`` to the paged model classes.
 
-Multimodal wrappers (``gemma3``, ``llama4``) resolve to their text decoder: :func:`text_config`
+Multimodal wrappers (``gemma3``, ``llama4``, ``mllama``) resolve to their text decoder: :func:`text_config`
 returns the ``text_config`` sub-config, which is what the model classes take.  The classes in
-:data:`VISION_CLASSES` (``Gemma3ForConditionalGeneration`` by its architecture name) run the
-vision tower as well and take the whole config.
+:data:`VISION_CLASSES` (``Gemma3ForConditionalGeneration``, ``MllamaForConditionalGeneration``; ``mllama``
+by model type too, as its decoder needs the vision states) run the vision tower as well and
+take the whole config.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from jenga.engine.models.gemma3_vision import Gemma3ForConditionalGeneration
 from jenga.engine.models.jamba import JambaForCausalLM
 from jenga.engine.models.llama import LlamaForCausalLM
 from jenga.engine.models.llama4 import Llama4ForCausalLM
+from jenga.engine.models.mllama import MllamaForConditionalGeneration
 from jenga.engine.models.nemotron_h import NemotronHForCausalLM
 from jenga.engine.models.qwen3_next import Qwen3NextForCausalLM
 from jenga.errors import UnsupportedArchitectureError
@@ -30,6 +32,7 @@ MODEL_TYPES: dict[str, type[PagedCausalLM]] = {
     "gemma3": Gemma3ForCausalLM,
     "llama4_text": Llama4ForCausalLM,
     "llama4": Llama4ForCausalLM,
+    "mllama": MllamaForConditionalGeneration,
     "jamba": JambaForCausalLM,
     "nemotron_h": NemotronHForCausalLM,
     "falcon_h1": FalconH1ForCausalLM,
@@ -45,6 +48,7 @@ ARCHITECTURES: dict[str, type[PagedCausalLM]] = {
     "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,
     "Llama4ForCausalLM": Llama4ForCausalLM,
     "Llama4ForConditionalGeneration": Llama4ForCausalLM,
+    "MllamaForConditionalGeneration": MllamaForConditionalGeneration,
     "JambaForCausalLM": JambaForCausalLM,
     "NemotronHForCausalLM": NemotronHForCausalLM,
     "FalconH1ForCausalLM": FalconH1ForCausalLM,
@@ -52,10 +56,10 @@ ARCHITECTURES: dict[str, type[PagedCausalLM]] = {
 }
 
 #: model types whose checkpoints wrap the text decoder (weights live under a prefix).
-MULTIMODAL_TYPES = frozenset({"gemma3", "llama4"})
+MULTIMODAL_TYPES = frozenset({"gemma3", "llama4", "mllama"})
 
 #: classes that run the vision tower too: they take the whole (multimodal) config.
-VISION_CLASSES: frozenset[type] = frozenset({Gemma3ForConditionalGeneration})
+VISION_CLASSES: frozenset[type] = frozenset({Gemma3ForConditionalGeneration, MllamaForConditionalGeneration})
 
 
 def text_config(config):

@@ -169,6 +169,8 @@ def tiny_config(family: str, **overrides):
     }
     if family == "gemma3_vision":
         return tiny_gemma3_vision_config(**overrides)
+    if family == "mllama":
+        return tiny_mllama_config(**overrides)
     if family not in families:
         raise ValueError(f"unknown family {family!r}; choose one of {sorted(families)}")
     cls, extra = families[family]
@@ -193,6 +195,29 @@ def tiny_gemma3_vision_config(*, image_size: int = 32, patch_size: int = 4, mm_t
                            mm_tokens_per_image=mm_tokens_per_image, boi_token_index=TINY_BOI,
                            eoi_token_index=TINY_EOI, image_token_index=TINY_IMAGE,
                            architectures=["Gemma3ForConditionalGeneration"])
+
+
+#: id of the tiny Llama-3.2-Vision's ``<|image|>`` token: the text vocabulary's size, as in the real model
+#: (its embeddings have ``vocab + 8`` rows; the LM head only ``vocab``)
+TINY_MLLAMA_IMAGE = 512
+
+
+def tiny_mllama_config(*, image_size: int = 32, patch_size: int = 8, max_num_tiles: int = 2, **text_overrides):
+    """A small ``MllamaConfig``: a 4-layer Llama decoder (cross-attention layers 1 and 3) + a tiled
+    vision model (2 local + 1 global layers, 32x32 tiles of 16 patches + CLS, up to 2 tiles; aspect
+    ratios 1x1, 1x2, 2x1), so one image is ``2 x 17 = 34`` cross-attention tokens."""
+    import transformers as tf
+
+    text = {**_TINY_COMMON, "num_hidden_layers": 4, "cross_attention_layers": [1, 3],
+            "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}, **text_overrides}
+    text.pop("head_dim")  # Mllama's head_dim is hidden / heads (64 here)
+    vision = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_global_layers=1, attention_heads=2,
+                  image_size=image_size, patch_size=patch_size, max_num_tiles=max_num_tiles,
+                  intermediate_layers_indices=[0], vision_output_dim=128,
+                  supported_aspect_ratios=[[1, 1], [1, 2], [2, 1]])
+    return tf.MllamaConfig(text_config=text, vision_config=vision, image_token_index=TINY_MLLAMA_IMAGE,
+                           architectures=["MllamaForConditionalGeneration"])
 
 
 def random_model(family: str, *, seed: int = 0, device: torch.device | str = "cpu",
