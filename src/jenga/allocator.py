@@ -48,6 +48,16 @@ class EvictionSource(ABC):
     def on_large_evictable(self, large: int) -> None:
         """``large`` entered ``E``."""
 
+    def on_larges_evictable(self, group: int, larges: list[int]) -> None:
+        """Each of ``larges`` (of ``group``) entered ``E``."""
+        for large in larges:
+            self.on_large_evictable(large)
+
+    def on_larges_unevictable(self, larges: list[int]) -> None:
+        """Each of ``larges`` left ``E``."""
+        for large in larges:
+            self.on_large_unevictable(large)
+
     @abstractmethod
     def on_large_unevictable(self, large: int) -> None:
         """``large`` left ``E`` (a page was touched, or it was evicted / emptied)."""
@@ -158,11 +168,17 @@ class LargePageAllocator:
         out: list[int] = []
         carved = 0
         tagged_of = self._tag_larges[group]
-        quarter = self.k[group] // 4
+        k = self.k[group]
+        quarter = k // 4
         while len(out) < n:
             tagged = tagged_of.get(tag)
             if tagged:
                 self._take_many(group, min(tagged), n - len(out), out)
+                continue
+            whole = min((n - len(out)) // k, quota - carved, len(self._free_large))
+            if whole > 0 and not prefer_shared and (self.caps is None or self.owned[group] + whole <= self.caps[group]):
+                self._carve_whole(group, tag, whole, out)  # what steps 2 + 1 do, k pages at a time
+                carved += whole
                 continue
             before = self.num_carved
             out.append(self.allocate(group, tag, carved < quota, prefer_shared or n - len(out) <= quarter))
@@ -190,6 +206,29 @@ class LargePageAllocator:
         self.free_small[group] -= c
         self.n_used[large] += c
         self.used_small[group] += c
+
+    def _carve_whole(self, group: int, tag: object, m: int, out: list[int]) -> None:
+        """Carve the ``m`` lowest free large pages for ``group`` and take all their pages."""
+        k, free, state = self.k[group], self._free_large, self.state[group]
+        larges = [heapq.heappop(free) for _ in range(m)]
+        group_of, tag_of, n_used = self.group_of, self.tag_of, self.n_used
+        used = bytes([USED]) * k
+        for large in larges:
+            assert group_of[large] == -1, f"large page {large} popped while owned"
+            group_of[large] = group
+            tag_of[large] = tag
+            n_used[large] = k
+            base = large * k
+            assert not any(state[base:base + k]), f"large page {large} carved with pages in use"
+            state[base:base + k] = used
+        if k == 1:
+            out.extend(larges)
+        else:
+            for large in larges:
+                out.extend(range(large * k, large * k + k))
+        self.num_carved += m
+        self.owned[group] += m
+        self.used_small[group] += m * k
 
     def _carve(self, group: int, tag: object) -> int:
         large = heapq.heappop(self._free_large)
@@ -274,8 +313,8 @@ class LargePageAllocator:
                 emptied.append(large)
         self.used_small[group] -= count
         self.cached_small[group] += count
-        for large in emptied:
-            self._settle(large)
+        if emptied:
+            self._enter_e_many(group, emptied)  # they hold cached pages: fully evictable now
 
     def touch_cached(self, group: int, page: int) -> None:
         """CACHED -> USED (a prefix hit).  The caller removed it from the evictor."""
@@ -287,6 +326,26 @@ class LargePageAllocator:
         self.n_used[large] += 1
         self.used_small[group] += 1
         self.cached_small[group] -= 1
+
+    def touch_cached_many(self, group: int, pages: list[int]) -> None:
+        """``touch_cached`` for each of ``pages`` (distinct)."""
+        state, k, n_used, n_cached, in_e = self.state[group], self.k[group], self.n_used, self.n_cached, self.in_e
+        leaving = []
+        for page in pages:
+            assert state[page] == CACHED, f"touch of {group}:{page} in state {state[page]}"
+            large = page // k
+            if in_e[large]:
+                in_e[large] = 0
+                leaving.append(large)
+        if leaving:
+            self._left_e(group, leaving)
+        for page in pages:
+            state[page] = USED
+            large = page // k
+            n_cached[large] -= 1
+            n_used[large] += 1
+        self.used_small[group] += len(pages)
+        self.cached_small[group] -= len(pages)
 
     def evict_cached(self, group: int, page: int) -> None:
         """CACHED -> FREE (called by the evictor, which has dropped the page's hash)."""
@@ -360,6 +419,29 @@ class LargePageAllocator:
         if self.evictor is not None:
             self.evictor.on_large_evictable(large)
 
+    def _enter_e_many(self, group: int, larges: list[int]) -> None:
+        """``_enter_e`` for large pages of ``group`` that have no USED page left."""
+        in_e, n_cached, slots_of, hidden = self.in_e, self.n_cached, self._slots[group], self._hidden
+        entered = []
+        cached = hidden_slots = 0
+        for large in larges:
+            if in_e[large]:
+                continue
+            in_e[large] = 1
+            entered.append(large)
+            cached += n_cached[large]
+            if large in slots_of:
+                slots = self._hide_slots(group, large)
+                hidden[large] = slots
+                hidden_slots += len(slots)
+        self.num_e += len(entered)
+        self.e_count[group] += len(entered)
+        self.cached_small[group] -= cached
+        self.free_small[group] -= hidden_slots
+        self.hidden_free[group] += hidden_slots
+        if self.evictor is not None and entered:
+            self.evictor.on_larges_evictable(group, entered)
+
     def _leave_e(self, large: int) -> None:
         if not self.in_e[large]:
             return
@@ -375,6 +457,24 @@ class LargePageAllocator:
             self.hidden_free[group] -= len(slots)
         if self.evictor is not None:
             self.evictor.on_large_unevictable(large)
+
+    def _left_e(self, group: int, larges: list[int]) -> None:
+        """``_leave_e`` for large pages of ``group`` whose E flag was just cleared."""
+        n_cached, hidden, show = self.n_cached, self._hidden, self._show_slots
+        cached = shown = 0
+        for large in larges:
+            cached += n_cached[large]
+            slots = hidden.pop(large, None)
+            if slots is not None:
+                show(group, large, slots)
+                shown += len(slots)
+        self.num_e -= len(larges)
+        self.e_count[group] -= len(larges)
+        self.cached_small[group] += cached
+        self.free_small[group] += shown
+        self.hidden_free[group] -= shown
+        if self.evictor is not None:
+            self.evictor.on_larges_unevictable(larges)
 
     # ----------------------------------------------------------------- checks
     def check_integrity(self) -> dict[str, int]:

@@ -24,17 +24,20 @@ class PageLedger(PageOps):
         return page
 
     def hold_run(self, group: int, pages: list[int]) -> None:
-        """``hold`` each page (a hit on a run of cached pages)."""
-        ref, touch, log = self.ref[group], self.evictor.touch, self._log
+        """``hold`` each page (a hit on a run of distinct cached pages); the log gets one
+        ``(group, pages, keys)`` entry for the run."""
+        ref, log = self.ref[group], self._log
         if self.index.uses is not None:
-            count = self.index.count_use
-            for page in pages:
-                count(group, page)
+            self.index.count_uses(group, pages)
+        cached = [page for page in pages if ref[page] == 0]
+        keys = self.evictor.touch_many(group, cached) if cached else []
+        if len(cached) != len(pages):
+            it = iter(keys)
+            keys = [next(it) if ref[page] == 0 else None for page in pages]
         for page in pages:
-            key = touch(group, page) if ref[page] == 0 else None
             ref[page] += 1
-            if log is not None:
-                log.append((group, page, key))
+        if log is not None:
+            log.append((group, list(pages), keys))
 
     def hold(self, group: int, page: int) -> None:
         ref = self.ref[group]
@@ -124,14 +127,38 @@ class PageLedger(PageOps):
         """
         batches: dict[tuple[int, int], list[tuple[int, int]]] = {}
         released = self._released_key
+        now_key = (self.now, 0)
         for group, page, key in reversed(list(log)):
             ref = self.ref[group]
+            if type(page) is list:  # a run from hold_run: (group, pages, keys)
+                self._unhold_run(group, page, key, batches, now_key)
+                continue
             ref[page] -= 1
             if ref[page] > 0:
                 if key is not None:
                     released.setdefault((group, page), key)  # a recorded key is newer
                 continue
-            key = released.pop((group, page), None) or key or (self.now, 0)
+            key = released.pop((group, page), None) or key or now_key
             batches.setdefault((group, key[0]), []).append((page, -key[1]))  # key is (t, -prefix_len)
         for (group, t), pages in batches.items():
             self.evictor.add_many(group, pages, t)
+
+    def _unhold_run(self, group: int, pages: list[int], keys: list, batches: dict, now_key: tuple[int, int]) -> None:
+        """The per-page rule of ``_unhold`` for one ``hold_run`` entry, last page first."""
+        ref, released = self.ref[group], self._released_key
+        last_t, batch = None, None
+        for i in range(len(pages) - 1, -1, -1):
+            page, key = pages[i], keys[i]
+            r = ref[page] = ref[page] - 1
+            if r > 0:
+                if key is not None:
+                    released.setdefault((group, page), key)
+                continue
+            if released:
+                key = released.pop((group, page), None) or key
+            key = key or now_key
+            t = key[0]
+            if t != last_t:
+                batch = batches.setdefault((group, t), [])
+                last_t = t
+            batch.append((page, -key[1]))

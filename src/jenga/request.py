@@ -42,7 +42,7 @@ class Request:
     num_lookahead: int = 0
     last_access: int = 0
     hit: int = 0  # tokens the last lookup found (pinned until allocate)
-    pins: list[tuple[int, int, tuple[int, int] | None]] = field(default_factory=list)
+    pins: list[tuple] = field(default_factory=list)  # the hold log: (group, page, key) or (group, pages, keys)
     limit: int = 0  # allocate may end below this without new pages (fast path)
     tables: PageTables | None = None
     counted: bool = False  # prefix hit statistics recorded

@@ -29,6 +29,14 @@ class PrefixEvictor(EvictionSource):
         # per group: (t, -plen, version, large) of fully evictable large pages, lazily cleaned
         self._large_heaps: list[list[tuple[int, int, int, int]]] = [[] for _ in range(n)]
         self._large_ver = [0] * allocator.num_large
+        # entries pushed since each heap was last compacted, and its size right after
+        self._pushed = [0] * n
+        self._base = [0] * n
+        self._large_pushed = [0] * n
+        self._large_base = [0] * n
+        # a group of one small page per large page never evicts small pages: a cached page's
+        # large page has no used page, so it is always in E (``evict_small`` finds nothing)
+        self._small_order = [k > 1 for k in allocator.k]
         self.num_evicted_pages = 0
         allocator.evictor = self
 
@@ -39,22 +47,25 @@ class PrefixEvictor(EvictionSource):
 
     def add_many(self, group: int, pages: list[tuple[int, int]], last_access: int) -> None:
         """``add`` for many (page, prefix length) pairs with one access time."""
-        keys, heap = self.keys[group], self._heaps[group]
-        push = heapq.heappush
+        keys = self.keys[group]
         if self._plain:
             for page, plen in pages:
                 keys[page] = (last_access, -plen)
-                push(heap, (last_access, -plen, page))
         else:
-            priority = self.priority
-            for page, plen in pages:
-                t = priority(group, page, last_access)
+            for (page, plen), t in zip(pages, self.priorities(group, pages, last_access), strict=True):
                 keys[page] = (t, -plen)
-                push(heap, (t, -plen, page))
-        self.alloc.to_cached_many(group, (page for page, _ in pages))
-        if len(heap) > 2 * len(keys) + 1024:  # drop stale entries now and then
-            heap[:] = [(t, n, p) for t, n, p in heap if keys.get(p) == (t, n)]
-            heapq.heapify(heap)
+        if self._small_order[group]:
+            heap = self._heaps[group]
+            push = heapq.heappush
+            for page, _ in pages:
+                t, n = keys[page]
+                push(heap, (t, n, page))
+            self._pushed[group] += len(pages)
+            if self._pushed[group] > self._base[group] + 1024:  # drop stale entries now and then
+                heap[:] = [(t, n, p) for t, n, p in heap if keys.get(p) == (t, n)]
+                heapq.heapify(heap)
+                self._pushed[group], self._base[group] = 0, len(heap)
+        self.alloc.to_cached_many(group, [page for page, _ in pages])
 
     # ------------------------------------------------ eviction order hooks
     #: True when ``priority`` is the release time itself (plain LRU: the fast path)
@@ -64,9 +75,17 @@ class PrefixEvictor(EvictionSource):
         """The first part of a page's key (smaller goes first): here its release time."""
         return last_access
 
+    def priorities(self, group: int, pages: list[tuple[int, int]], last_access: int) -> list[int]:
+        """``priority`` of each (page, prefix length) pair."""
+        return [self.priority(group, page, last_access) for page, _ in pages]
+
     def release_time(self, group: int, page: int, key: Key) -> int:
         """The release time behind a key (``touch`` hands it back for an undo)."""
         return key[0]
+
+    def release_keys(self, group: int, pages: list[int], keys: list[Key]) -> list[Key]:
+        """``(release_time, -prefix length)`` of each of ``pages`` (``keys``: their keys)."""
+        return keys
 
     def forget(self, group: int, page: int) -> None:
         """The page left the cache (hit or evicted)."""
@@ -78,6 +97,13 @@ class PrefixEvictor(EvictionSource):
         self.alloc.touch_cached(group, page)
         return self.release_time(group, page, key), key[1]
 
+    def touch_many(self, group: int, pages: list[int]) -> list[Key]:
+        """``touch`` for distinct CACHED ``pages``; their (release time, -prefix length)."""
+        keys = self.keys[group]
+        out = [keys.pop(page) for page in pages]
+        self.alloc.touch_cached_many(group, pages)
+        return self.release_keys(group, pages, out)
+
     def _drop(self, group: int, page: int) -> None:
         del self.keys[group][page]
         self.forget(group, page)
@@ -87,6 +113,8 @@ class PrefixEvictor(EvictionSource):
 
     # -------------------------------------------------- EvictionSource hooks
     def evict_small(self, group: int) -> int | None:
+        if not self._small_order[group]:
+            return None
         heap, keys, alloc = self._heaps[group], self.keys[group], self.alloc
         k = alloc.k[group]
         skipped = []
@@ -140,19 +168,36 @@ class PrefixEvictor(EvictionSource):
         return found
 
     def on_large_evictable(self, large: int) -> None:
-        self._large_ver[large] += 1
-        alloc = self.alloc
-        group = alloc.group_of[large]
+        self.on_larges_evictable(self.alloc.group_of[large], (large,))
+
+    def on_larges_evictable(self, group: int, larges) -> None:
+        """``on_large_evictable`` for each of ``larges`` (all of ``group``)."""
+        alloc, ver = self.alloc, self._large_ver
         k = alloc.k[group]
         state, keys = alloc.state[group], self.keys[group]
-        best = max(keys[p] for p in range(large * k, (large + 1) * k) if state[p] == CACHED)
         heap = self._large_heaps[group]
-        heapq.heappush(heap, (best[0], best[1], self._large_ver[large], large))
-        if len(heap) > 2 * alloc.e_count[group] + 1024:
-            ver, in_e = self._large_ver, alloc.in_e
+        push = heapq.heappush
+        count = 0
+        for large in larges:
+            v = ver[large] = ver[large] + 1
+            if k == 1:
+                t, n = keys[large]
+            else:
+                t, n = max(keys[p] for p in range(large * k, (large + 1) * k) if state[p] == CACHED)
+            push(heap, (t, n, v, large))
+            count += 1
+        self._large_pushed[group] += count
+        if self._large_pushed[group] > self._large_base[group] + 1024:  # drop stale entries now and then
+            in_e = alloc.in_e
             heap[:] = [e for e in heap if e[2] == ver[e[3]] and in_e[e[3]]]
             heapq.heapify(heap)
+            self._large_pushed[group], self._large_base[group] = 0, len(heap)
 
     def on_large_unevictable(self, large: int) -> None:
         self._large_ver[large] += 1
+
+    def on_larges_unevictable(self, larges: list[int]) -> None:
+        ver = self._large_ver
+        for large in larges:
+            ver[large] += 1
 

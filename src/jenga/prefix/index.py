@@ -31,6 +31,13 @@ class PrefixIndex:
         uses, key = self.uses[group], self.key_of[group][page]
         uses[key] = uses.get(key, 0) + 1
 
+    def count_uses(self, group: int, pages: list[int]) -> None:
+        """``count_use`` for each of ``pages``."""
+        uses, key_of = self.uses[group], self.key_of[group]
+        for page in pages:
+            key = key_of[page]
+            uses[key] = uses.get(key, 0) + 1
+
     def get(self, group: int, key: bytes) -> int | None:
         return self.table[group].get(key)
 

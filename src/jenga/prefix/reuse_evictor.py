@@ -39,8 +39,22 @@ class ReuseEvictor(PrefixEvictor):
             return last_access
         return PROTECTED - last_access
 
+    def priorities(self, group: int, pages: list[tuple[int, int]], last_access: int) -> list[int]:
+        times = self.times[group]
+        for page, _ in pages:
+            times[page] = last_access
+        if last_access < 0:
+            return [last_access] * len(pages)
+        uses, key_of = self.index.uses[group], self.index.key_of[group]
+        protected = PROTECTED - last_access
+        return [protected if uses.get(key_of[page], 0) >= 2 else last_access for page, _ in pages]
+
     def release_time(self, group: int, page: int, key: tuple[int, int]) -> int:
         return self.times[group].pop(page)
+
+    def release_keys(self, group: int, pages: list[int], keys: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        times = self.times[group]
+        return [(times.pop(page), key[1]) for page, key in zip(pages, keys, strict=True)]
 
     def forget(self, group: int, page: int) -> None:
         self.times[group].pop(page, None)
