@@ -192,3 +192,32 @@ def test_bad_image_inputs_raise_before_queueing():
     no_leak(llm)
     with pytest.raises(InvalidArgumentError, match="token ids must be in"):
         llm.add_request([5, IMG + 8])
+
+
+@pytest.mark.parametrize("manager", ["paged", "uniform", "static"])
+def test_baseline_managers_match_hf(manager):
+    # paged: one text group and one image group over every layer (vLLM v0); only the right slots are used
+    llm = jenga.LLM("tiny-mllama", kv_memory="8MiB", manager=manager)
+    p = prompt([5, 7], [3], seed=30)
+    outs = llm.generate(p, P)
+    assert llm.metrics.encoder_runs == 1
+    check(llm, [p], outs)
+    no_leak(llm)
+
+
+def test_directory_with_pre_v5_parameter_names_loads(tmp_path):
+    from safetensors.torch import save_file
+
+    tiny = jenga.LLM("tiny-mllama", kv_memory="8MiB")
+    old = {}
+    for name, t in tiny.model.state_dict().items():  # the Hub's Llama-3.2-Vision names (transformers 4.x)
+        for new, was in (("model.language_model.", "language_model.model."), ("model.vision_model.", "vision_model."),
+                         ("model.multi_modal_projector.", "multi_modal_projector."), ("lm_head.", "language_model.lm_head.")):
+            if name.startswith(new):
+                name = was + name[len(new):]
+        old[name] = t.contiguous().clone()
+    save_file(old, str(tmp_path / "model.safetensors"))
+    tiny.config.save_pretrained(tmp_path)
+    llm = jenga.LLM(tmp_path, kv_memory="8MiB")
+    p = prompt([5, 7], [2], seed=31)
+    assert llm.generate(p, P)[0].token_ids == tiny.generate(p, P)[0].token_ids

@@ -12,6 +12,8 @@ the request's images.  Those K/V live in the manager's ``cross`` group (one
   token ``r`` -> page ``r // B``, slot ``r % B`` of the layer's ``kv_view``.  The manager
   registers the pages under the image's key when the step commits, so a later request (or the
   same one after preemption) showing the image while it is cached runs no encoder;
+* (with the ``paged`` baseline the cross group spans every layer, as vLLM v0 stored images:
+  only the cross-attention layers' slots are written and read);
 * it returns a :class:`CrossStep`: the step's rows of requests with images, their pages'
   block table and HF's mask (:func:`cross_mask`), which every cross-attention layer reads.
 
@@ -95,16 +97,18 @@ class CrossAttentionKV:
             raise ValueError(f"{manager.model.name} has no cross-attention group to keep image K/V in")
         self.gi = kinds.index("cross")
         g = groups[self.gi]
-        if tuple(g.layers) != tuple(model.cross_attention_layers):
+        if not set(model.cross_attention_layers) <= set(g.layers):
             raise ValueError(f"cross group {g.name!r} holds layers {g.layers}, the model's cross-attention layers "
                              f"are {model.cross_attention_layers}")
-        attn = model.model.language_model.layers[g.layers[0]].cross_attn
+        attn = model.model.language_model.layers[model.cross_attention_layers[0]].cross_attn
         if (g.spec.num_kv_heads, g.spec.head_dim) != (attn.num_kv_heads, attn.head_dim):
             raise ValueError(f"cross group {g.name!r} keeps {g.spec.num_kv_heads}x{g.spec.head_dim} KV heads, the "
                              f"model has {attn.num_kv_heads}x{attn.head_dim}")
         self.layout = manager.layout
         self.B = g.tokens_per_page
-        self.views = {layer: manager.layout.kv_view(self.gi, j) for j, layer in enumerate(g.layers)}
+        # the ``paged`` baseline keeps image tokens in every layer: only the cross layers' slots are used
+        self.views = {layer: manager.layout.kv_view(self.gi, g.layers.index(layer))
+                      for layer in model.cross_attention_layers}
         self.runs = 0
         self.seconds = 0.0
 

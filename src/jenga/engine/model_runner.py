@@ -48,12 +48,17 @@ class ModelRunner:
         self.kv_views: list[Tensor | None] = [None] * n_layers
         self.group_layers: list[list[int]] = [[] for _ in self.groups]
         own = model_name or self.groups[0].spec.model  # a draft + target pool holds both models' groups
+        # cross-attention layers keep the images' K/V (``cross``); a pool that also gives them text slots
+        # (the ``paged`` baseline: every layer in one group) leaves those slots unused
+        image_layers = set(getattr(model, "cross_attention_layers", ()))
         self.states = StateBindings(model, manager, n_layers, own)
         for gi, g in enumerate(self.groups):
             if (gi in self.states.groups or g.spec.model != own or not isinstance(g.spec, AttentionSpec)
                     or g.kind == "cross"):  # cross-attention K/V: the image's, read by ``cross``
                 continue
             for j, layer in enumerate(g.layers):
+                if layer in image_layers:
+                    continue
                 self._check_layer(layer, attn[layer], g)
                 self.kv_views[layer] = layout.kv_view(gi, j)
                 self.group_layers[gi].append(layer)

@@ -4,7 +4,9 @@
   the registry, weights from ``model.safetensors`` or ``model.safetensors.index.json`` shards.
 * :func:`load_weights`: copy tensors into an existing model by HF name, tensor by tensor
   (no full state dict in memory). Multimodal checkpoints (``language_model.`` /
-  ``model.language_model.`` prefixes) load their text decoder; vision weights are skipped.
+  ``model.language_model.`` prefixes) load their text decoder; vision weights are skipped,
+  except by the classes that run the vision tower (v5 names, or the older top-level
+  ``vision_model.`` / ``multi_modal_projector.`` / ``language_model.model.`` names).
   A missing ``lm_head.weight`` is fine when embeddings are tied.
 * :func:`tiny_config` / :func:`randomize_`: small random models for tests (no hub needed).
 """
@@ -28,6 +30,11 @@ PREFIX_REWRITES = (
     ("language_model.model.", "model."),
     ("language_model.lm_head.", "lm_head."),
     ("language_model.", "model."),
+    # pre-v5 checkpoints of the classes that run the vision tower (Llama-3.2-Vision, Gemma-3 VLM)
+    ("language_model.model.", "model.language_model."),
+    ("vision_model.", "model.vision_model."),
+    ("vision_tower.", "model.vision_tower."),
+    ("multi_modal_projector.", "model.multi_modal_projector."),
 )
 
 
@@ -89,8 +96,9 @@ def load_weights(model: nn.Module, path: str | Path, *, strict: bool = True) -> 
         param.copy_(tensor)
         loaded.add(target)
     missing = [n for n in params if n not in loaded]
-    tied = isinstance(model, PagedCausalLM) and model.lm_head.weight is model.model.embed_tokens.weight
-    if tied and "model.embed_tokens.weight" in loaded:
+    head = getattr(model, "lm_head", None) if isinstance(model, PagedCausalLM) else None
+    tied = [n for n, p in params.items() if head is not None and p is head.weight and n != "lm_head.weight"]
+    if tied and tied[0] in loaded:  # tied embeddings (``model.embed_tokens`` or a VLM's decoder's)
         missing = [n for n in missing if n != "lm_head.weight"]
     if strict and missing:
         raise KeyError(f"checkpoint {path} lacks {len(missing)} parameters, e.g. {missing[:5]}")
