@@ -21,7 +21,7 @@ duplicate prefix copies are waste).  Waste = 1 - needed / held over all steps.  
 hit tokens / prompt tokens of first admissions (re-admissions after a preemption apart); *best*
 is what a cache that never evicts would hit.  us/step = perf_counter around the manager calls only
 (lookup, allocate, token commit incl. block hashing, free).  GC = the longest garbage-collector
-pause during the run (``gc.callbacks``).  Traces: ``manager_traces.TRACES``; budgets: the
+pause during the run (``gc.callbacks``; start-up's heap is frozen first, see ``frozen_heap``).  Traces: ``manager_traces.TRACES``; budgets: the
 simulator's (0.9 x GPU memory - bf16 weights, smallest TP that fits; Jamba on one H200).
 """
 
@@ -33,6 +33,7 @@ import sys
 import time
 import zlib
 from collections import deque
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 from manager_sides import JengaSide, VllmSide
@@ -70,6 +71,19 @@ class GCWatch:
 
     def __exit__(self, *exc):
         gc.callbacks.remove(self)
+
+
+@contextmanager
+def frozen_heap():
+    """``gc.freeze()`` what start-up made (vLLM, torch, the trace), as a server does after loading
+    (vLLM's engine core freezes its heap after start-up): a full collection then walks only what
+    the run itself keeps alive, not the ~10^6 objects of the imported libraries."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def simulate(side, model, reqs, budget: int, max_running: int) -> dict:
@@ -194,8 +208,7 @@ def run_row(row: str, a) -> dict:
     if not a.no_vllm:
         sides.append(VllmSide(model, memory, a.budget, None if a.retention == "dense" else int(a.retention)))
     for side in sides:
-        gc.collect()
-        with GCWatch() as w:
+        with GCWatch() as w, frozen_heap():
             m = simulate(side, model, reqs, a.budget, a.max_running)
         m["gc_ms"] = 1e3 * w.longest
         out[side.name] = m
@@ -211,6 +224,8 @@ def micro(name: str, a) -> list[str]:
     memory, _ = budget_of(name, a.memory_gib)
     out = [name]
     for side in [JengaSide(model, memory)] + ([] if a.no_vllm else [VllmSide(model, memory, a.budget)]):
+        gc.collect()
+        gc.freeze()  # as in a run (frozen_heap)
         t0 = time.perf_counter()
         side.add("h", list(range(1, 128_001)))
         t_add = time.perf_counter() - t0
@@ -226,6 +241,7 @@ def micro(name: str, a) -> list[str]:
         t0 = time.perf_counter()
         side.free("f")
         out += [f"{1e3 * t_add:.2f}", f"{1e3 * (time.perf_counter() - t0):.2f}"]
+        gc.unfreeze()
     return out
 
 

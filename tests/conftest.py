@@ -133,7 +133,9 @@ def snapshot(mgr: KVCacheManager) -> dict:
     for rid, r in mgr.requests.items():
         reqs[rid] = dict(
             tokens=list(r.tokens), computed=r.num_computed, scheduled=r.num_scheduled,
-            lookahead=r.num_lookahead, hit=r.hit, pins=sorted(r.pins, key=repr), hashes=list(r.hashes),
+            lookahead=r.num_lookahead, hit=r.hit, pins=sorted(r.pins, key=repr),
+            # block hashes are a lazily filled cache of (tokens, salt, images): compare those
+            salt=r.salt_root, images=r.images,
             groups=[dict(pages=list(gs.pages), registered=gs.registered, released=gs.released,
                          image_pages=copy.deepcopy(gs.image_pages), pending=dict(gs.pending),
                          to_fill=set(gs.to_fill), initialized=gs.initialized, work=gs.work, read=gs.read,

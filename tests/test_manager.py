@@ -603,22 +603,32 @@ def test_readded_request_reuses_block_hashes_only_when_unchanged():
 
     spec = ModelSpec("m", (LayerGroup("full", FullAttentionSpec("m", "bf16", 1, 8), (0,)),), max_model_len=4096)
     mgr = KVCacheManager(spec, 1 << 20, tokens_per_page=16, fit_pages=False)
+
+    def add(tokens, salt=None):
+        """add_request; the hashes it reused from the memo, then all of them (hashing is lazy:
+        lookup and append_tokens hash what they reach, jenga.prompt_hashes)."""
+        mgr.add_request("r", tokens, cache_salt=salt)
+        req = mgr.requests["r"]
+        reused = list(req.hashes)
+        mgr._hash_upto(req, len(tokens) // 16)
+        return reused, list(req.hashes)
+
     prompt = list(range(100))
-    mgr.add_request("r", prompt)
+    assert add(prompt)[0] == []  # nothing hashed before a lookup needs it
     first = list(mgr.requests["r"].hashes)
     mgr.free("r")
-    mgr.add_request("r", prompt + [5] * 30)  # preempted, back with its generated tokens
+    reused, hashes = add(prompt + [5] * 30)  # preempted, back with its generated tokens
     fresh: list[bytes] = []
     extend_block_hashes(fresh, prompt + [5] * 30, 16, root_hash(None))
-    assert mgr.requests["r"].hashes == fresh and fresh[:6] == first
+    assert reused == first and hashes == fresh and fresh[:6] == first
     mgr.free("r")
-    mgr.add_request("r", prompt, cache_salt="tenant-b")  # another salt: nothing reused
+    reused, hashes = add(prompt, "tenant-b")  # another salt: nothing reused
     salted: list[bytes] = []
     extend_block_hashes(salted, prompt, 16, root_hash("tenant-b"))
-    assert mgr.requests["r"].hashes == salted and salted[0] != first[0]
+    assert reused == [] and hashes == salted and salted[0] != first[0]
     mgr.free("r")
     changed = [7] + prompt[1:]
-    mgr.add_request("r", changed)  # different tokens: nothing reused
+    reused, hashes = add(changed)  # different tokens: nothing reused
     mine: list[bytes] = []
     extend_block_hashes(mine, changed, 16, root_hash(None))
-    assert mgr.requests["r"].hashes == mine
+    assert reused == [] and hashes == mine

@@ -37,6 +37,13 @@ class EvictionSource(ABC):
         the large page returns to the pool.  Returns its id, or ``None`` if ``E`` is empty.
         """
 
+    def evict_large_many(self, m: int) -> list[int]:
+        """``evict_large()`` up to ``m`` times; the freed large page ids in order."""
+        out = []
+        while len(out) < m and (large := self.evict_large()) is not None:
+            out.append(large)
+        return out
+
     @abstractmethod
     def evict_small(self, group: int) -> int | None:
         """Evict the cached page of ``group`` with the smallest key outside ``E``.
@@ -175,11 +182,23 @@ class LargePageAllocator:
             if tagged:
                 self._take_many(group, min(tagged), n - len(out), out)
                 continue
-            whole = min((n - len(out)) // k, quota - carved, len(self._free_large))
-            if whole > 0 and not prefer_shared and (self.caps is None or self.owned[group] + whole <= self.caps[group]):
-                self._carve_whole(group, tag, whole, out)  # what steps 2 + 1 do, k pages at a time
-                carved += whole
-                continue
+            whole = min((n - len(out)) // k, quota - carved)
+            if whole > 0 and not prefer_shared and self.caps is None:
+                # what steps 2 (or 3) + 1 do, k pages at a time: fresh large pages, else the
+                # fully evictable ones in eviction order, each carved as it is freed
+                if self._free_large:
+                    whole = min(whole, len(self._free_large))
+                    self._carve_whole(group, tag, [heapq.heappop(self._free_large) for _ in range(whole)], out)
+                    carved += whole
+                    continue
+                if self.evictor is not None:
+                    freed = self.evictor.evict_large_many(whole)
+                    if freed:
+                        assert sorted(freed) == sorted(self._free_large), "evicted pages are not all the free ones"
+                        self._free_large.clear()
+                        self._carve_whole(group, tag, freed, out)
+                        carved += len(freed)
+                        continue
             before = self.num_carved
             out.append(self.allocate(group, tag, carved < quota, prefer_shared or n - len(out) <= quarter))
             carved += self.num_carved - before
@@ -207,10 +226,9 @@ class LargePageAllocator:
         self.n_used[large] += c
         self.used_small[group] += c
 
-    def _carve_whole(self, group: int, tag: object, m: int, out: list[int]) -> None:
-        """Carve the ``m`` lowest free large pages for ``group`` and take all their pages."""
-        k, free, state = self.k[group], self._free_large, self.state[group]
-        larges = [heapq.heappop(free) for _ in range(m)]
+    def _carve_whole(self, group: int, tag: object, larges: list[int], out: list[int]) -> None:
+        """Carve ``larges`` (just taken from the pool) for ``group`` and take all their pages."""
+        k, state, m = self.k[group], self.state[group], len(larges)
         group_of, tag_of, n_used = self.group_of, self.tag_of, self.n_used
         used = bytes([USED]) * k
         for large in larges:

@@ -26,6 +26,9 @@ class PageLedger(PageOps):
     def hold_run(self, group: int, pages: list[int]) -> None:
         """``hold`` each page (a hit on a run of distinct cached pages); the log gets one
         ``(group, pages, keys)`` entry for the run."""
+        if self._recording is not None:  # a lookup: held later (``jenga.deferred_hold``)
+            self._recording.append((group, list(pages)))
+            return
         ref, log = self.ref[group], self._log
         if self.index.uses is not None:
             self.index.count_uses(group, pages)
@@ -40,6 +43,9 @@ class PageLedger(PageOps):
             log.append((group, list(pages), keys))
 
     def hold(self, group: int, page: int) -> None:
+        if self._recording is not None:
+            self._recording.append((group, page))
+            return
         ref = self.ref[group]
         if self.index.uses is not None:
             self.index.count_use(group, page)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from jenga.accounting import ByteAccounting
 from jenga.allocator import LargePageAllocator
 from jenga.cache_control import CacheControl
+from jenga.deferred_hold import DeferredHold
 from jenga.errors import (
     DuplicateRequestError,
     InsufficientMemoryError,
@@ -28,7 +29,7 @@ from jenga.ledger import PageLedger
 from jenga.pagesize import manager_page_plan, with_base_page
 from jenga.prefix.evictor import PrefixEvictor
 from jenga.prefix.hash_memo import HashMemo
-from jenga.prefix.hashing import ImageRef, extend_block_hashes, root_hash
+from jenga.prefix.hashing import ImageRef, root_hash
 from jenga.prefix.index import PrefixIndex
 from jenga.prefix.policies import (
     OUT_OF_RANGE_AGE,
@@ -41,6 +42,7 @@ from jenga.prefix.policies import (
     policy_for,
 )
 from jenga.prefix.reuse_evictor import ReuseEvictor
+from jenga.prompt_hashes import PromptHashes
 from jenga.request import GroupState, Request
 from jenga.specs import LayerGroup, ModelSpec
 from jenga.stats import CacheStats, collect_stats
@@ -54,7 +56,7 @@ EVICTORS = {"lru": PrefixEvictor, "reuse": ReuseEvictor}
 REPEAT_MEMO_SIZE = 256  # freed ids remembered as having run (a re-add is a repeat lookup)
 
 
-class KVCacheManager(PageLedger, CacheControl, ByteAccounting):
+class KVCacheManager(DeferredHold, PromptHashes, PageLedger, CacheControl, ByteAccounting):
     """Jenga's KV-cache manager for one (possibly composite) model.
 
     ``memory_bytes`` is the KV budget; it is cut into ``floor(memory / S) - 1`` large
@@ -125,6 +127,7 @@ class KVCacheManager(PageLedger, CacheControl, ByteAccounting):
         full = [p for p in self.policies if type(p) is FullPolicy]
         partial = any(isinstance(p, (SlidingPolicy, MambaPolicy)) for p in self.policies)
         self._junction_policies = full if full and partial else None
+        self._full_bound = self._bound_policy()  # bounds how far a lookup hashes (jenga.prompt_hashes)
         self._shared = list(self._state_group)  # per allocate: fill shared large pages first
         self.now = 0
         self.prefix_hit_tokens = 0
@@ -177,8 +180,7 @@ class KVCacheManager(PageLedger, CacheControl, ByteAccounting):
         root = root_hash(checked_salt(cache_salt)) if self.caching else b""
         repeat = self._ran.pop(request_id, False)
         if self.caching:
-            hashes = self._hash_memo.recall(request_id, tokens, root, self.block, tuple(refs))
-            extend_block_hashes(hashes, tokens, self.block, root, refs)
+            hashes = self._hash_memo.recall(request_id, tokens, root, self.block, tuple(refs))  # the rest: lazily
         req = Request(request_id, tokens, len(tokens), tuple(refs), hashes,
                       [GroupState() for _ in self.model.groups])
         req.salt_root, req.repeat = root, repeat
@@ -198,20 +200,16 @@ class KVCacheManager(PageLedger, CacheControl, ByteAccounting):
         self._release_hit(req)
         if not self.caching:
             return 0
-        top = min(len(req.tokens) - 1, len(req.hashes) * self.block)
+        top = min(len(req.tokens) - 1, len(req.tokens) // self.block * self.block)
         if max_tokens is not None:
             top = max(0, min(top, max_tokens))
+        top = self._hash_for_lookup(req, top)
         cand = self._fixed_point(req, top, self.policies)
         if self._junction_policies is not None:
             junction = self._fixed_point(req, top, self._junction_policies)
             req.junction = junction // self.block * self.block if junction > cand else 0
-        self._log = []
-        try:
-            for pol, gs in zip(self.policies, req.groups, strict=True):
-                pol.hit(req, gs, cand, self)
-        finally:
-            req.pins, self._log = self._log, None
         req.hit = req.num_computed = cand
+        self._record_hit(req)  # held once anything else happens (jenga.deferred_hold)
         return cand
 
     def _fixed_point(self, req: Request, cand: int, policies: list[Policy]) -> int:
@@ -224,7 +222,9 @@ class KVCacheManager(PageLedger, CacheControl, ByteAccounting):
                 return cand
 
     def _release_hit(self, req: Request) -> None:
-        if req.pins:
+        if self._pending is req:
+            self._forget_pending(req)
+        elif req.pins:
             self._unhold(req.pins)
         req.pins = []
         req.groups = [GroupState() for _ in self.model.groups]
@@ -274,6 +274,9 @@ class KVCacheManager(PageLedger, CacheControl, ByteAccounting):
 
     def _allocate_slow(self, req: Request, n: int, lookahead: int, end: int) -> PageTables | None:
         old_lookahead, req.num_lookahead = req.num_lookahead, lookahead
+        if self._pending is req and self._hit_cannot_fit(req, end):
+            req.num_lookahead = old_lookahead
+            return None
         need, log = self._plan(req, end)
         quota = self._quota_for(need) if any(need) else need
         if quota is None:
@@ -364,8 +367,8 @@ class KVCacheManager(PageLedger, CacheControl, ByteAccounting):
         tokens.extend(token_ids)
         computed = req.num_computed = req.num_computed + req.num_scheduled - num_rejected
         req.num_scheduled = 0
-        if self.caching and len(tokens) >= (len(req.hashes) + 1) * self.block:
-            extend_block_hashes(req.hashes, tokens, self.block, req.salt_root, req.images)
+        if self.caching and computed >= (len(req.hashes) + 1) * self.block:
+            self._hash_upto(req, computed // self.block)  # the computed blocks join the index now
         if computed >= req.next_event:
             next_event = NEVER
             for pol, gs in req.pairs or zip(self.policies, req.groups, strict=True):
@@ -387,7 +390,9 @@ class KVCacheManager(PageLedger, CacheControl, ByteAccounting):
     def free(self, request_id: object) -> None:
         """Drop the request; its registered pages stay cached (evictable), the rest are free."""
         req = self._req(request_id)
-        if req.pins:
+        if self._pending is req:
+            self._forget_pending(req)
+        elif req.pins:
             self._unhold(req.pins)
             req.pins = []
         else:

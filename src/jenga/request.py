@@ -43,6 +43,8 @@ class Request:
     last_access: int = 0
     hit: int = 0  # tokens the last lookup found (pinned until allocate)
     pins: list[tuple] = field(default_factory=list)  # the hold log: (group, page, key) or (group, pages, keys)
+    reserve: list | None = None  # the lookup's holds, recorded but not done yet (jenga.deferred_hold)
+    reserve_cached: int | None = None  # bytes of cached pages among them (computed when first asked)
     limit: int = 0  # allocate may end below this without new pages (fast path)
     tables: PageTables | None = None
     counted: bool = False  # prefix hit statistics recorded

@@ -1,21 +1,23 @@
 """Checks of caller input, run before any state changes (each raises a typed ``JengaError``).
 
 Token ids: ``checked_token_ids`` is on the decode hot path (``append_tokens`` once per request
-per step), so the common case -- a list of Python ints in range -- costs one ``type`` per id in
-C (``map``/``set``) plus ``min``/``max``; only a list that fails it is walked in Python, to
-convert numpy integers or to name the first bad id and its position.
+per step), so the common case -- a list of Python ints in range -- costs a C conversion to a
+``uint32`` array (it rejects non-integers and ids out of range) and one ``type`` per id in C;
+only a list that fails it is walked in Python, to convert numpy integers or to name the first
+bad id and its position.
 """
 
 from __future__ import annotations
 
 import operator
+from array import array
 from collections.abc import Mapping
 from typing import Any
 
 from jenga.errors import ConfigError, InvalidArgumentError, JengaError
 
 TOKEN_ID_LIMIT = 1 << 32  # token ids are in [0, 2**32)
-_INTS = {int}
+assert array("I").itemsize == 4, "the fast token-id check needs a 4-byte unsigned int"
 
 
 def checked_token_ids(ids: Any, what: str) -> list[int]:
@@ -26,8 +28,15 @@ def checked_token_ids(ids: Any, what: str) -> list[int]:
         if isinstance(ids, (str, bytes, Mapping)) or not hasattr(ids, "__iter__"):
             raise InvalidArgumentError(f"{what}: token ids must be a sequence of ints, got {type(ids).__name__}")
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)  # numpy / torch: Python ints
-    if not ids or (set(map(type, ids)) == _INTS and min(ids) >= 0 and max(ids) < TOKEN_ID_LIMIT):
+    if not ids:
         return ids
+    try:
+        array("I", ids)  # in C: each id an int (or has __index__) in [0, 2**32)
+    except (TypeError, OverflowError):
+        pass  # named below
+    else:
+        if list(map(type, ids)).count(int) == len(ids):
+            return ids
     out = []
     for pos, t in enumerate(ids):
         try:

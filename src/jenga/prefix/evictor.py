@@ -26,7 +26,8 @@ class PrefixEvictor(EvictionSource):
         n = len(allocator.k)
         self.keys: list[dict[int, Key]] = [{} for _ in range(n)]
         self._heaps: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
-        # per group: (t, -plen, version, large) of fully evictable large pages, lazily cleaned
+        # per group: (t, -plen, large, version) of fully evictable large pages, lazily cleaned
+        # (ties go to the lower large page id; the version only marks stale entries)
         self._large_heaps: list[list[tuple[int, int, int, int]]] = [[] for _ in range(n)]
         self._large_ver = [0] * allocator.num_large
         # entries pushed since each heap was last compacted, and its size right after
@@ -87,6 +88,11 @@ class PrefixEvictor(EvictionSource):
         """``(release_time, -prefix length)`` of each of ``pages`` (``keys``: their keys)."""
         return keys
 
+    def rekeyed(self, group: int, pages: list[int]) -> list[int]:
+        """The CACHED pages among ``pages`` whose key would change if they were held and
+        given back now (their use counts changed); none here: the key is the release time."""
+        return []
+
     def forget(self, group: int, page: int) -> None:
         """The page left the cache (hit or evicted)."""
 
@@ -139,13 +145,12 @@ class PrefixEvictor(EvictionSource):
         heap, ver, in_e = self._large_heaps[group], self._large_ver, self.alloc.in_e
         while heap:
             e = heap[0]
-            if e[2] == ver[e[3]] and in_e[e[3]]:
+            if e[3] == ver[e[2]] and in_e[e[2]]:
                 return e
             heapq.heappop(heap)
         return None
 
     def evict_large(self, group: int | None = None) -> int | None:
-        alloc = self.alloc
         if group is None:
             tops = [(e, g) for g in range(len(self._large_heaps)) if (e := self._top(g)) is not None]
             if not tops:
@@ -155,7 +160,28 @@ class PrefixEvictor(EvictionSource):
             if self._top(group) is None:
                 return None
             g = group
-        found = heapq.heappop(self._large_heaps[g])[3]
+        return self._evict_top(g)
+
+    def evict_large_many(self, m: int) -> list[int]:
+        """``evict_large()`` up to ``m`` times; the freed large pages in eviction order."""
+        out = []
+        heaps, ngroups = self._large_heaps, range(len(self._large_heaps))
+        while len(out) < m:
+            best = None
+            for g in ngroups:
+                if heaps[g]:
+                    e = self._top(g)
+                    if e is not None and (best is None or (e, g) < best):
+                        best = (e, g)
+            if best is None:
+                break
+            out.append(self._evict_top(best[1]))
+        return out
+
+    def _evict_top(self, g: int) -> int:
+        """Evict the large page at the top of group ``g``'s heap (checked valid)."""
+        alloc = self.alloc
+        found = heapq.heappop(self._large_heaps[g])[2]
         k = alloc.k[g]
         state, keys, index = alloc.state[g], self.keys[g], self.index
         for page in range(found * k, (found + 1) * k):
@@ -184,12 +210,12 @@ class PrefixEvictor(EvictionSource):
                 t, n = keys[large]
             else:
                 t, n = max(keys[p] for p in range(large * k, (large + 1) * k) if state[p] == CACHED)
-            push(heap, (t, n, v, large))
+            push(heap, (t, n, large, v))
             count += 1
         self._large_pushed[group] += count
         if self._large_pushed[group] > self._large_base[group] + 1024:  # drop stale entries now and then
             in_e = alloc.in_e
-            heap[:] = [e for e in heap if e[2] == ver[e[3]] and in_e[e[3]]]
+            heap[:] = [e for e in heap if e[3] == ver[e[2]] and in_e[e[2]]]
             heapq.heapify(heap)
             self._large_pushed[group], self._large_base[group] = 0, len(heap)
 

@@ -54,13 +54,14 @@ def _framed(image: ImageRef, block_start: int) -> bytes:
 
 
 def extend_block_hashes(hashes: list[bytes], tokens: Sequence[int], block: int, root: bytes,
-                        images: Sequence[ImageRef] = ()) -> None:
-    """Append to ``hashes`` the hashes of every full block of ``tokens`` not yet hashed.
+                        images: Sequence[ImageRef] = (), stop: int | None = None) -> None:
+    """Append to ``hashes`` the hashes of every full block of ``tokens`` not yet hashed
+    (of the first ``stop`` blocks only, when given).
 
     Changes ``hashes`` in place; one blake3 call per block, tokens packed with numpy.
     """
     start = len(hashes)
-    end = len(tokens) // block
+    end = len(tokens) // block if stop is None else min(stop, len(tokens) // block)
     if end <= start:
         return
     arr = np.asarray(tokens[start * block:end * block], dtype=np.int64)

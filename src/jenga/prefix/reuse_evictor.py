@@ -56,5 +56,16 @@ class ReuseEvictor(PrefixEvictor):
         times = self.times[group]
         return [(times.pop(page), key[1]) for page, key in zip(pages, keys, strict=True)]
 
+    def rekeyed(self, group: int, pages: list[int]) -> list[int]:
+        keys, uses, key_of = self.keys[group], self.index.uses[group], self.index.key_of[group]
+        out = []
+        for page in pages:
+            key = keys.get(page)
+            if key is None or key[0] < 0 or key[0] > PROTECTED // 2:
+                continue  # held by others, aged, or protected already (use counts only grow)
+            if uses.get(key_of[page], 0) >= 2:
+                out.append(page)
+        return out
+
     def forget(self, group: int, page: int) -> None:
         self.times[group].pop(page, None)

@@ -26,6 +26,9 @@ class FullPolicy(Policy):
         m = tpp // self.block
         hashes, table = req.hashes, ops.index_table(self.gi)
         j = cand // tpp  # try p = j * tpp: pages [first_needed(p) // tpp, j) must be cached
+        if type(self) is FullPolicy:  # every page from 0: the hit ends at the first miss
+            found = list(map(table.__contains__, hashes[m - 1:j * m:m]))
+            return (found.index(False) if not all(found) else j) * tpp
         while j > 0:
             lo = self.first_needed(j * tpp) // tpp
             i = j - 1
@@ -40,7 +43,7 @@ class FullPolicy(Policy):
         n = p // self.tpp
         lo = self.first_needed(p) // self.tpp
         table, m, hashes = ops.index_table(self.gi), self.tpp // self.block, req.hashes
-        found = [table.get(hashes[(i + 1) * m - 1]) for i in range(lo, n)]
+        found = list(map(table.get, hashes[lo * m + m - 1:n * m:m]))
         assert None not in found, f"group {self.gi}: a hit page vanished"
         ops.hold_run(self.gi, found)
         gs.pages = [None] * lo + found

@@ -1,0 +1,136 @@
+"""A lookup's hit, held lazily: recorded by ``lookup``, held once anything could see or change it.
+
+``lookup`` promises that the pages of its hit stay put until ``allocate`` or ``free``.  Holding
+them at once costs a reference, an evictor key and an allocator state change per page, and a
+scheduler looks up a waiting long prompt on every step only to find it does not fit and free
+it again (thousands of pages held and given back per step).  So ``lookup`` only records which
+pages its hit holds (the policies' ``hold`` calls), and the manager holds them for real the
+first time anything reads or changes its page structures (``alloc``, ``index``, ``evictor``,
+``ref`` are properties that hold a pending hit first).  Two calls need not: an ``allocate`` of
+that request that cannot fit even if every free and unpinned cached byte were its own returns
+``None`` at once, and ``free`` (or a new ``lookup``) of it gives the hit back with the effect a
+hold and its undo have: the hit pages' use counts (the reuse evictor's input) go up by one and
+a cached page whose eviction class that changes is keyed again; all other keys are unchanged.
+"""
+
+from __future__ import annotations
+
+from jenga.request import Request
+
+
+class DeferredHold:
+    """Mixin of :class:`jenga.manager.KVCacheManager` (module doc)."""
+
+    _pending: Request | None = None  # the request whose recorded hit is not held yet
+    _recording: list | None = None  # while ``lookup`` runs the policies' ``hit``: the holds
+
+    @property
+    def alloc(self):
+        if self._pending is not None:
+            self._hold_pending()
+        return self._alloc
+
+    @alloc.setter
+    def alloc(self, value) -> None:
+        self._alloc = value
+
+    @property
+    def index(self):
+        if self._pending is not None:
+            self._hold_pending()
+        return self._index
+
+    @index.setter
+    def index(self, value) -> None:
+        self._index = value
+
+    @property
+    def evictor(self):
+        if self._pending is not None:
+            self._hold_pending()
+        return self._evictor
+
+    @evictor.setter
+    def evictor(self, value) -> None:
+        self._evictor = value
+
+    @property
+    def ref(self):
+        if self._pending is not None:
+            self._hold_pending()
+        return self._ref
+
+    @ref.setter
+    def ref(self, value) -> None:
+        self._ref = value
+
+    def _record_hit(self, req: Request) -> None:
+        """Run the policies' ``hit`` for ``req.hit`` tokens, recording their holds."""
+        if self._pending is not None:
+            self._hold_pending()
+        rec: list = []
+        self._recording = rec
+        try:
+            for pol, gs in zip(self.policies, req.groups, strict=True):
+                pol.hit(req, gs, req.hit, self)
+        finally:
+            self._recording = None
+        req.reserve = rec or None
+        req.reserve_cached = None
+        if rec:
+            self._pending = req
+
+    def _hold_pending(self) -> None:
+        """Hold the pending hit for real (``req.pins`` gets the log to undo it)."""
+        req, self._pending = self._pending, None
+        self._log = log = []
+        try:
+            for group, pages in req.reserve:
+                if type(pages) is list:
+                    self.hold_run(group, pages)
+                else:
+                    self.hold(group, pages)
+        finally:
+            self._log = None
+        req.pins, req.reserve = log, None
+
+    def _forget_pending(self, req: Request) -> None:
+        """Give back ``req``'s pending hit: what holding it and undoing the hold would do."""
+        self._pending = None
+        runs = [(g, pages if type(pages) is list else [pages]) for g, pages in req.reserve]
+        req.reserve = None
+        index, evictor = self._index, self._evictor
+        if index.uses is None:
+            return  # holding and undoing leaves every key as it was
+        for group, pages in runs:
+            index.count_uses(group, pages)
+        for group, pages in runs:
+            stale = evictor.rekeyed(group, pages)
+            if stale:  # held and given back, these get a new key (their use count crossed 2)
+                ref = self._ref[group]
+                keys = evictor.touch_many(group, stale)
+                for page in stale:
+                    ref[page] += 1
+                self._unhold([(group, stale, keys)])
+
+    def _hit_cannot_fit(self, req: Request, end: int) -> bool:
+        """True when the first ``allocate`` of ``req`` up to ``end`` surely fails: its new pages
+        need more bytes than are free plus cached outside its pending hit (then holding the hit
+        would be undone at once).  Reads the structures without holding the hit."""
+        if req.images:
+            return False  # image policies may hold cached pages while planning
+        alloc, ref, keys = self._alloc, self._ref, self._evictor.keys
+        pb = alloc.page_bytes
+        need = 0
+        for pol, gs in zip(self.policies, req.groups, strict=True):
+            need += pol.plan(req, gs, end, self) * pb[pol.gi]
+        if req.reserve_cached is None:
+            held = 0
+            for group, pages in req.reserve:
+                r = ref[group]
+                held += ([r[p] for p in pages].count(0) if type(pages) is list else r[pages] == 0) * pb[group]
+            req.reserve_cached = held
+        avail = alloc.num_free_large * alloc.large_bytes - req.reserve_cached
+        for g, p in enumerate(pb):
+            avail += (alloc.free_small[g] + alloc.hidden_free[g] + len(keys[g])) * p
+        return need > avail
