@@ -28,6 +28,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from jenga.errors import InvalidArgumentError
+from jenga.integrity import held_pages
 from jenga.prefix.policies import ChunkedPolicy, FullPolicy, ImagePolicy, MambaPolicy, SlidingPolicy
 from jenga.specs import (
     AttentionSpec,
@@ -343,6 +345,13 @@ class ManagerMachine(RuleBasedStateMachine):
         live, req = self.live[r], self.mgr.requests[r]
         start, n, _la, to_fill, ckpts = live.step
         tokens = req.tokens
+        # pages this step reads that another live request's pending step fills: that step
+        # is in the same batch (the engine writes the batch's K/V before attention)
+        for gp in set(holdings(live.table).values()):
+            owner = self._pending_owner(gp, r)
+            if owner is not None and self.live[owner].step is not None:
+                self.seen["same-step share"] += 1
+                self._append(owner, 0)
         # the engine writes K/V of tokens [start, start + n) ...
         for gt in live.table.groups:
             g = gt.group
@@ -367,8 +376,53 @@ class ManagerMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ checks
     def _free(self, r):
+        if self._dependents(r):
+            # r's pages being filled this step are shared by a request looked up after r's
+            # allocate: dropping r's step would leave them unwritten, so free refuses
+            before = snapshot(self.mgr)
+            with pytest.raises(InvalidArgumentError, match="already shared"):
+                self.mgr.free(r)
+            assert snapshot(self.mgr) == before, "a refused free changed the manager"
+            self.seen["free refused"] += 1
+            self._append(r, 0)  # the step runs; then r can go
         self.mgr.free(r)
         del self.live[r]
+
+    def _pending(self, r) -> dict[tuple[int, int], dict[int, int]]:
+        """(group, page) -> {slot: token} that live request ``r``'s allocated, not yet
+        computed step will write into token pages."""
+        live, out = self.live[r], {}
+        if live.step is None:
+            return out
+        start, n = live.step[0], live.step[1]
+        tokens = self.mgr.requests[r].tokens
+        for gt in live.table.groups:
+            if isinstance(gt, TokenTable):
+                for pos in range(start, min(start + n, len(tokens))):
+                    out.setdefault((gt.group, gt.page_ids[pos // TPP]), {})[pos % TPP] = tokens[pos]
+        return out
+
+    def _pending_owner(self, gp, but) -> int | None:
+        for r in self.live:
+            if r != but and gp in self._pending(r):
+                return r
+        return None
+
+    def _dependents(self, r) -> list[int]:
+        """Live requests holding a page ``r``'s pending step fills (and ``r`` registered)."""
+        pending = [gp for gp in self._pending(r) if self.mgr.index.is_registered(*gp)
+                   and self.live[r].roles.get(("t", gp[0], 0)) != (gp, "hit")]
+        return [o for o in self.live if o != r
+                and any(gp in held_pages(self.mgr, self.mgr.requests[o]) for gp in pending)]
+
+    def _content(self, gp, reader) -> dict | object:
+        """What page ``gp`` holds once the steps run: what was written, plus what another
+        live request's pending step writes there (a page being filled in the same step)."""
+        held = self.shadow.get(gp)
+        owner = self._pending_owner(gp, reader)
+        if owner is None:
+            return held
+        return {**(held if isinstance(held, dict) else {}), **self._pending(owner)[gp]}
 
     def _free_all_and_refill(self):
         for r in list(self.live):
@@ -409,7 +463,14 @@ class ManagerMachine(RuleBasedStateMachine):
                 role = "fresh"
             live.roles[slot] = (gp, role)
             if role == "fresh":
-                assert not self.mgr.index.is_registered(*gp), f"fresh page {gp} is still in the prefix index"
+                if kind == "t" and self.mgr.index.is_registered(*gp):
+                    # registered at allocate: a full block of known tokens this step computes
+                    known = min(live.step[0] + live.step[1], len(req.tokens))
+                    assert self.caching and live.step[0] < (slot[2] + 1) * TPP <= known, \
+                        f"fresh page {gp} (slot {slot}) registered before its tokens are known and scheduled"
+                    self.seen["registered at allocate"] += 1
+                else:
+                    assert not self.mgr.index.is_registered(*gp), f"fresh page {gp} is still in the prefix index"
                 self.shadow.pop(gp, None)
             else:
                 self._check_reused(live, req, slot, gp)
@@ -418,7 +479,7 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def _check_reused(self, live, req, slot, gp):
         """A reused page holds exactly what this request would have written into it."""
-        held = self.shadow.get(gp)
+        held = self._content(gp, live.rid)
         if slot[0] == "t":
             i = slot[2]
             expect = {s: req.tokens[i * TPP + s] for s in range(TPP)}
@@ -456,7 +517,7 @@ class ManagerMachine(RuleBasedStateMachine):
                 for pos in range(lo, end):
                     assert gt.page_ids[pos // TPP] is not None, f"group {g}: token {pos} has no page"
                 for pos in range(lo, start):
-                    got = self.shadow.get((g, gt.page_ids[pos // TPP]), {}).get(pos % TPP)
+                    got = self._content((g, gt.page_ids[pos // TPP]), live.rid).get(pos % TPP)
                     assert got == req.tokens[pos], f"group {g}: position {pos} holds {got}, not {req.tokens[pos]}"
                 for pos in range(start, start + n):  # written pages are the request's own
                     slot = ("t", g, pos // TPP)

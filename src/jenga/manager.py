@@ -4,15 +4,19 @@ A request's way through it: ``add_request`` (hash the prompt's full blocks once)
 ``lookup`` (each group's policy proposes the longest valid hit; the manager iterates to
 the longest length every group accepts and holds those pages) -> ``allocate`` (count the
 pages each group needs, check them against free + evictable memory *before* touching
-anything, then take pages in the request-aware order) -> the engine runs the step ->
-``append_tokens`` (the step's tokens count as computed; full pages join the prefix index;
-pages that left the window or chunk go to the evictor) -> ``free``.
+anything, then take pages in the request-aware order; attention pages of full blocks of known
+tokens join the prefix index at once, so a request admitted later in the same step shares
+them) -> the engine runs the step -> ``append_tokens`` (the step's tokens count as computed;
+the remaining full pages join the index; pages that left the window or chunk go to the
+evictor) -> ``free``.  A step dropped before its commit unregisters what it would have
+filled (:mod:`jenga.aborted_fill`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from jenga.aborted_fill import FillAbort
 from jenga.accounting import ByteAccounting
 from jenga.allocator import LargePageAllocator
 from jenga.cache_control import CacheControl
@@ -56,7 +60,7 @@ EVICTORS = {"lru": PrefixEvictor, "reuse": ReuseEvictor}
 REPEAT_MEMO_SIZE = 256  # freed ids remembered as having run (a re-add is a repeat lookup)
 
 
-class KVCacheManager(DeferredHold, PromptHashes, PageLedger, CacheControl, ByteAccounting):
+class KVCacheManager(DeferredHold, PromptHashes, PageLedger, CacheControl, ByteAccounting, FillAbort):
     """Jenga's KV-cache manager for one (possibly composite) model.
 
     ``memory_bytes`` is the KV budget; it is cut into ``floor(memory / S) - 1`` large
@@ -285,9 +289,13 @@ class KVCacheManager(DeferredHold, PromptHashes, PageLedger, CacheControl, ByteA
             return None
         self._tag, self._quota = req.request_id, quota
         self._shared = self._prefer_shared(req)
+        if self.caching:  # the step's full blocks of known tokens join the index at allocate
+            self._hash_upto(req, min(end - lookahead, len(req.tokens)) // self.block)
         for pol, gs in req.pairs or zip(self.policies, req.groups, strict=True):
             pol.grow(req, gs, end, self)
         self._tag = None
+        if self.index.events is not None:
+            self.index.events.flush(req)  # pages registered at allocate
         if not req.counted:
             req.counted = True
             self.prefix_query_tokens += req.prompt_len
@@ -364,7 +372,10 @@ class KVCacheManager(DeferredHold, PromptHashes, PageLedger, CacheControl, ByteA
         if len(tokens) + len(token_ids) > self._max_tokens:
             raise SequenceTooLongError(f"request {request_id!r}: appending {len(token_ids)} tokens passes "
                                        f"the model's max length {self.model.max_model_len}")
+        aborted = self._aborted_fill(req, req.num_computed + req.num_scheduled - num_rejected) if num_rejected else None
         tokens.extend(token_ids)
+        if aborted:
+            self._abort_fill(req, aborted, req.num_computed + req.num_scheduled - num_rejected)
         computed = req.num_computed = req.num_computed + req.num_scheduled - num_rejected
         req.num_scheduled = 0
         if self.caching and computed >= (len(req.hashes) + 1) * self.block:
@@ -390,6 +401,9 @@ class KVCacheManager(DeferredHold, PromptHashes, PageLedger, CacheControl, ByteA
     def free(self, request_id: object) -> None:
         """Drop the request; its registered pages stay cached (evictable), the rest are free."""
         req = self._req(request_id)
+        aborted = self._aborted_fill(req, req.num_computed) if req.num_scheduled else None
+        if aborted:
+            self._abort_fill(req, aborted, req.num_computed)
         if self._pending is req:
             self._forget_pending(req)
         elif req.pins:

@@ -69,5 +69,17 @@ class PrefixIndex:
         if self.events is not None:
             self.events.removed(group, key)
 
+    def unregister(self, group: int, page: int) -> None:
+        """A page registered before it was written leaves the index unwritten (its fill was
+        aborted): it never counted as a use."""
+        if self.uses is not None:
+            key = self.key_of[group][page]
+            n = self.uses[group].get(key, 0) - 1
+            if n > 0:
+                self.uses[group][key] = n
+            else:
+                self.uses[group].pop(key, None)
+        self.drop(group, page)
+
     def __len__(self) -> int:
         return sum(len(t) for t in self.table)

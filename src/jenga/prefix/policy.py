@@ -110,6 +110,14 @@ class Policy(ABC):
     def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
         """``req.num_computed`` advanced: register full pages, release what left range."""
 
+    def unfilled(self, req: Request, gs: GroupState, computed: int, ops: PageOps) -> list[int]:
+        """Registered pages of this request whose fill was aborted (tokens from ``computed``
+        on will not be written); the manager unregisters them, then calls ``rewind``."""
+        return []
+
+    def rewind(self, req: Request, gs: GroupState, computed: int) -> None:
+        """Forget registrations past ``computed`` (after ``unfilled``'s pages left the index)."""
+
     @abstractmethod
     def free(self, req: Request, gs: GroupState, ops: PageOps) -> None:
         """Drop every page the request holds, keyed by its last access."""

@@ -59,15 +59,41 @@ class FullPolicy(Policy):
             pages.extend(ops.take_run(self.gi, n))
         if gs.table is None:
             gs.table = TokenTable(self.gi, self.tpp, pages)
+        if ops.caching:  # findable from allocation on: a request admitted later in this step shares them
+            self.register_upto(req, gs, end - req.num_lookahead, ops)
+
+    def register_upto(self, req: Request, gs: GroupState, pos: int, ops: PageOps) -> None:
+        """Offer the index every held page of a full block of known tokens below ``pos``.
+
+        Called at allocate with the step's end (the engine writes the whole batch's K/V
+        before attention in each layer, so a page filled in this step may serve another
+        request of the same step) and at commit; ``unfilled`` undoes it when the fill is
+        aborted."""
+        tpp, pages, gi = self.tpp, gs.pages, self.gi
+        full = min(pos // tpp, len(req.hashes) * self.block // tpp, len(pages))
+        for i in range(gs.registered, full):
+            if pages[i] is not None:
+                ops.register(gi, pages[i], self.page_key(req, i))
+        gs.registered = max(gs.registered, full)
+
+    def unfilled(self, req: Request, gs: GroupState, computed: int, ops: PageOps) -> list[int]:
+        """Pages this request registered whose tokens are not all computed: ``computed`` is
+        where the committed tokens end after a fill was aborted (a free or a rejection
+        before the step's commit).  ``rewind`` then forgets them."""
+        table, pages, out = ops.index_table(self.gi), gs.pages, []
+        for i in range(max(computed // self.tpp, gs.released), min(gs.registered, len(pages))):
+            page = pages[i]
+            if page is not None and table.get(self.page_key(req, i)) == page:
+                out.append(page)
+        return out
+
+    def rewind(self, req: Request, gs: GroupState, computed: int) -> None:
+        gs.registered = min(gs.registered, computed // self.tpp)
 
     def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
-        tpp, pages, gi = self.tpp, gs.pages, self.gi
+        tpp, pages = self.tpp, gs.pages
         if ops.caching:
-            full = min(req.num_computed // tpp, len(req.hashes) * self.block // tpp, len(pages))
-            for i in range(gs.registered, full):
-                if pages[i] is not None:
-                    ops.register(gi, pages[i], self.page_key(req, i))
-            gs.registered = max(gs.registered, full)
+            self.register_upto(req, gs, req.num_computed, ops)
         lo = self.keep_from(req.num_computed) // tpp
         if lo > gs.released:  # out of window / chunk: the first pages to be evicted
             self.release_range(req, gs, min(lo, len(pages)), ops)
