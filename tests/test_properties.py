@@ -165,6 +165,7 @@ class Live:
 
 class ManagerMachine(RuleBasedStateMachine):
     spec_name = "full+swa"
+    eviction = "lru"
     seen: Counter = Counter()  # what the run exercised (per test: see test_random_request_streams)
 
     def __init__(self):
@@ -178,7 +179,7 @@ class ManagerMachine(RuleBasedStateMachine):
         self.spec = SPECS[self.spec_name]
         num_large = min_large(self.spec_name) + extra
         self.num_large, self.caching = num_large, caching
-        self.mgr = make_manager(self.spec, num_large, tokens_per_page=TPP, caching=caching)
+        self.mgr = make_manager(self.spec, num_large, tokens_per_page=TPP, caching=caching, eviction=self.eviction)
         self.live: dict[int, Live] = {}
         self.shadow: dict[tuple[int, int], object] = {}
         self.next_id = 0
@@ -571,6 +572,17 @@ def test_random_request_streams(spec_name):
     machine = type(f"Machine_{spec_name}", (ManagerMachine,), {"spec_name": spec_name, "seen": seen})
     run_state_machine_as_test(machine, settings=SETTINGS)
     print(spec_name, dict(seen))
+
+
+@pytest.mark.parametrize("spec_name", ["full+swa", "full+mamba", "every-kind"])
+def test_random_request_streams_with_reuse_eviction(spec_name):
+    """The same machine with jenga's default order (``eviction="reuse"``): protected pages,
+    admission that leaves them alone, and the evictor's class-3 counters (``check_integrity``)."""
+    seen: Counter = Counter()
+    machine = type(f"MachineReuse_{spec_name}", (ManagerMachine,),
+                   {"spec_name": spec_name, "seen": seen, "eviction": "reuse"})
+    run_state_machine_as_test(machine, settings=SETTINGS)
+    print(spec_name, "reuse", dict(seen))
     # the streams really exercised hits, eviction and (where one request can fill the
     # memory: not the shrunk Jamba, whose large page holds 70 tokens) failed allocations
     assert seen["hit"] > 0 and seen["evicted"] > 0, dict(seen)

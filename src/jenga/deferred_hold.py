@@ -9,8 +9,8 @@ first time anything reads or changes its page structures (``alloc``, ``index``, 
 ``ref`` are properties that hold a pending hit first).  Two calls need not: an ``allocate`` of
 that request that cannot fit even if every free and unpinned cached byte were its own returns
 ``None`` at once, and ``free`` (or a new ``lookup``) of it gives the hit back with the effect a
-hold and its undo have: the hit pages' use counts (the reuse evictor's input) go up by one and
-a cached page whose eviction class that changes is keyed again; all other keys are unchanged.
+hold and its undo have: none (a hit let go before its allocate is not a use, so use counts and
+keys stay as they were).
 """
 
 from __future__ import annotations
@@ -95,23 +95,10 @@ class DeferredHold:
         req.pins, req.reserve = log, None
 
     def _forget_pending(self, req: Request) -> None:
-        """Give back ``req``'s pending hit: what holding it and undoing the hold would do."""
+        """Give back ``req``'s pending hit: what holding it and undoing the hold would do
+        (nothing: a hit let go before its allocate is not a use, see ``_undo_holds``)."""
         self._pending = None
-        runs = [(g, pages if type(pages) is list else [pages]) for g, pages in req.reserve]
         req.reserve = None
-        index, evictor = self._index, self._evictor
-        if index.uses is None:
-            return  # holding and undoing leaves every key as it was
-        for group, pages in runs:
-            index.count_uses(group, pages)
-        for group, pages in runs:
-            stale = evictor.rekeyed(group, pages)
-            if stale:  # held and given back, these get a new key (their use count crossed 2)
-                ref = self._ref[group]
-                keys = evictor.touch_many(group, stale)
-                for page in stale:
-                    ref[page] += 1
-                self._unhold([(group, stale, keys)])
 
     def _hit_cannot_fit(self, req: Request, end: int) -> bool:
         """True when the first ``allocate`` of ``req`` up to ``end`` surely fails: its new pages

@@ -31,6 +31,9 @@ def check_manager(mgr) -> None:
     requests; a page a request holds twice, a USED page nobody holds, a CACHED page
     outside the index or the evictor, or an index entry on a FREE page all fail."""
     totals = mgr.alloc.check_integrity()
+    check = getattr(mgr.evictor, "check", None)
+    if check is not None:
+        check()
     assert totals["free"] + totals["used"] + totals["cached"] == mgr.alloc.num_large * mgr.alloc.large_bytes
     refs: Counter = Counter()
     for req in mgr.requests.values():

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from jenga.aborted_fill import FillAbort
 from jenga.accounting import ByteAccounting
-from jenga.allocator import LargePageAllocator
+from jenga.allocator import LargePageAllocator, Supply
 from jenga.cache_control import CacheControl
 from jenga.deferred_hold import DeferredHold
 from jenga.errors import (
@@ -120,6 +120,7 @@ class KVCacheManager(DeferredHold, PromptHashes, PageLedger, CacheControl, ByteA
         # others; used when a pin (lookup hit) is undone after those others have left
         self._released_key: dict[tuple[int, int], tuple[int, int]] = {}
         self.requests: dict[object, Request] = {}
+        self._allocated = 0  # live requests past their first allocate
         self._max_tokens = model.max_model_len + 1
         self._hash_memo = HashMemo()  # freed requests' block hashes, for a re-add
         self._ran: dict[object, bool] = {}  # freed request ids that had run (their re-add is a repeat)
@@ -225,11 +226,23 @@ class KVCacheManager(DeferredHold, PromptHashes, PageLedger, CacheControl, ByteA
             if cand == start:
                 return cand
 
+    def _undo_holds(self, log: list) -> None:
+        """``_unhold`` for holds that did not become a use (a rolled-back plan, a hit let go
+        before its allocate): the reuse counts they added are taken back."""
+        index = self.index
+        if index.uses is not None:
+            for group, page, _key in log:
+                if type(page) is list:  # a run from hold_run
+                    index.uncount_uses(group, page)
+                else:
+                    index.uncount_use(group, page)
+        self._unhold(log)
+
     def _release_hit(self, req: Request) -> None:
         if self._pending is req:
             self._forget_pending(req)
         elif req.pins:
-            self._unhold(req.pins)
+            self._undo_holds(req.pins)
         req.pins = []
         req.groups = [GroupState() for _ in self.model.groups]
         req.hit = req.num_computed = 0
@@ -282,7 +295,7 @@ class KVCacheManager(DeferredHold, PromptHashes, PageLedger, CacheControl, ByteA
             req.num_lookahead = old_lookahead
             return None
         need, log = self._plan(req, end)
-        quota = self._quota_for(need) if any(need) else need
+        quota = self._quota_of(req, need)
         if quota is None:
             self._rollback(req, log)
             req.num_lookahead = old_lookahead
@@ -307,6 +320,7 @@ class KVCacheManager(DeferredHold, PromptHashes, PageLedger, CacheControl, ByteA
         req.num_scheduled += n
         req.last_access = self.now
         if req.tables is None:
+            self._allocated += 1
             req.tables = PageTables(req.request_id, 0, 0, 0, [gs.table for gs in req.groups])
             req.pairs = self._active(req)
         t = req.tables
@@ -327,7 +341,7 @@ class KVCacheManager(DeferredHold, PromptHashes, PageLedger, CacheControl, ByteA
 
     def _rollback(self, req: Request, log: list) -> None:
         """Undo a ``_plan`` that will not be followed by growing."""
-        self._unhold(log)
+        self._undo_holds(log)
         for gs in req.groups:
             gs.pending.clear()
 
@@ -339,10 +353,34 @@ class KVCacheManager(DeferredHold, PromptHashes, PageLedger, CacheControl, ByteA
         return [state or req.prompt_len <= (k // 4) * pol.tpp
                 for state, k, pol in zip(self._state_group, self.alloc.k, self.policies, strict=True)]
 
-    def _quota_for(self, need: list[int]) -> list[int] | None:
+    def _quota_of(self, req: Request, need: list[int]) -> list[int] | None:
+        """``_quota_for`` for ``req``'s allocation; a first allocation (an admission) while
+        other requests hold pages may not evict a page the evictor protects (one reused at
+        least twice, ``eviction="reuse"``): the request waits for running ones to finish
+        instead of evicting a hot prefix (its window, on a sliding model) that the next
+        requests would miss.  Alone, a request may evict anything (it could never run else)."""
+        if not any(need):
+            return need
+        quota = self._quota_for(need)
+        if quota is None or req.tables is not None:
+            return quota
+        prot = getattr(self.evictor, "protected_supply", None)
+        if prot is None:
+            return quota
+        outside, e_prot = prot()
+        if not e_prot and not any(outside):
+            return quota
+        if not self._allocated:
+            return quota  # no other request has pages
+        sup = self.alloc.supply()
+        sup = Supply(sup.free_small, tuple(c - o for c, o in zip(sup.cached_small, outside, strict=True)),
+                     sup.whole_large - e_prot)
+        return self._quota_for(need, sup)
+
+    def _quota_for(self, need: list[int], sup: Supply | None = None) -> list[int] | None:
         """Large pages each group may take (steps 2-3), or ``None`` if ``need`` can't fit."""
         k = self.alloc.k
-        sup = self.alloc.supply()
+        sup = sup or self.alloc.supply()
         most = [cdiv(x, kg) for x, kg in zip(need, k, strict=True)]
         if sup.whole_large >= sum(most):
             return most
@@ -407,12 +445,14 @@ class KVCacheManager(DeferredHold, PromptHashes, PageLedger, CacheControl, ByteA
         if self._pending is req:
             self._forget_pending(req)
         elif req.pins:
-            self._unhold(req.pins)
+            self._undo_holds(req.pins)
             req.pins = []
         else:
             for pol, gs in zip(self.policies, req.groups, strict=True):
                 pol.free(req, gs, self)
         del self.requests[request_id]
+        if req.tables is not None:
+            self._allocated -= 1
         if self.caching:
             self._hash_memo.remember(request_id, req.tokens, req.hashes, req.salt_root, req.images)
         if req.counted or req.repeat:

@@ -38,6 +38,20 @@ class PrefixIndex:
             key = key_of[page]
             uses[key] = uses.get(key, 0) + 1
 
+    def uncount_use(self, group: int, page: int) -> None:
+        """Take back ``count_use`` (the hold did not become a use)."""
+        uses, key = self.uses[group], self.key_of[group][page]
+        n = uses.get(key, 0) - 1
+        if n > 0:
+            uses[key] = n
+        else:
+            uses.pop(key, None)
+
+    def uncount_uses(self, group: int, pages: list[int]) -> None:
+        """``uncount_use`` for each of ``pages``."""
+        for page in pages:
+            self.uncount_use(group, page)
+
     def get(self, group: int, key: bytes) -> int | None:
         return self.table[group].get(key)
 
@@ -73,12 +87,7 @@ class PrefixIndex:
         """A page registered before it was written leaves the index unwritten (its fill was
         aborted): it never counted as a use."""
         if self.uses is not None:
-            key = self.key_of[group][page]
-            n = self.uses[group].get(key, 0) - 1
-            if n > 0:
-                self.uses[group][key] = n
-            else:
-                self.uses[group].pop(key, None)
+            self.uncount_use(group, page)
         self.drop(group, page)
 
     def __len__(self) -> int:

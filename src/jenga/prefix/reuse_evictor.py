@@ -31,13 +31,29 @@ class ReuseEvictor(PrefixEvictor):
     def __init__(self, allocator, index):
         super().__init__(allocator, index)
         self.times: list[dict[int, int]] = [{} for _ in allocator.k]  # page -> its release time
+        self.protected: list[set[int]] = [set() for _ in allocator.k]  # cached pages of class 3
+        self._prot_in: dict[int, int] = {}  # large page -> class-3 pages in it
+        self._prot_out = [0] * len(allocator.k)  # per group: class-3 pages outside E
+        self._e_prot = 0  # large pages in E holding a class-3 page
         index.track_uses()
 
+    # class-3 pages are tracked per large page, so an admission can ask what it may evict
+    # without touching them (``protected_supply``) in O(groups)
+    def _mark(self, group: int, page: int, delta: int) -> None:
+        large = page // self.alloc.k[group]
+        n = self._prot_in.get(large, 0) + delta
+        if n:
+            self._prot_in[large] = n
+        else:
+            del self._prot_in[large]
+        if self.alloc.in_e[large]:
+            if n == 0 or (n == delta and delta > 0):
+                self._e_prot += 1 if delta > 0 else -1
+        else:
+            self._prot_out[group] += delta
+
     def priority(self, group: int, page: int, last_access: int) -> int:
-        self.times[group][page] = last_access
-        if last_access < 0 or self.index.uses_of(group, page) < 2:
-            return last_access
-        return PROTECTED - last_access
+        return self.priorities(group, [(page, 0)], last_access)[0]
 
     def priorities(self, group: int, pages: list[tuple[int, int]], last_access: int) -> list[int]:
         times = self.times[group]
@@ -47,12 +63,28 @@ class ReuseEvictor(PrefixEvictor):
             return [last_access] * len(pages)
         uses, key_of = self.index.uses[group], self.index.key_of[group]
         protected = PROTECTED - last_access
-        return [protected if uses.get(key_of[page], 0) >= 2 else last_access for page, _ in pages]
+        out = [protected if uses.get(key_of[page], 0) >= 2 else last_access for page, _ in pages]
+        prot = self.protected[group]
+        for (page, _), t in zip(pages, out, strict=True):
+            if t == protected and page not in prot:  # pages being cached: their large page is not in E
+                prot.add(page)
+                self._mark(group, page, 1)
+        return out
+
+    def _unprotect(self, group: int, page: int) -> None:
+        prot = self.protected[group]
+        if page in prot:
+            prot.discard(page)
+            self._mark(group, page, -1)
 
     def release_time(self, group: int, page: int, key: tuple[int, int]) -> int:
+        self._unprotect(group, page)
         return self.times[group].pop(page)
 
     def release_keys(self, group: int, pages: list[int], keys: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        if self.protected[group]:
+            for page in pages:
+                self._unprotect(group, page)
         times = self.times[group]
         return [(times.pop(page), key[1]) for page, key in zip(pages, keys, strict=True)]
 
@@ -69,3 +101,48 @@ class ReuseEvictor(PrefixEvictor):
 
     def forget(self, group: int, page: int) -> None:
         self.times[group].pop(page, None)
+        self._unprotect(group, page)
+
+    def on_larges_evictable(self, group: int, larges) -> None:
+        if self._prot_in:
+            prot_in = self._prot_in
+            for large in larges:
+                n = prot_in.get(large, 0)
+                if n:
+                    self._prot_out[group] -= n
+                    self._e_prot += 1
+        super().on_larges_evictable(group, larges)
+
+    def on_large_unevictable(self, large: int) -> None:
+        self.on_larges_unevictable((large,))
+
+    def on_larges_unevictable(self, larges) -> None:
+        if self._prot_in:
+            prot_in, group_of = self._prot_in, self.alloc.group_of
+            for large in larges:
+                n = prot_in.get(large, 0)
+                if n:
+                    self._prot_out[group_of[large]] += n
+                    self._e_prot -= 1
+        super().on_larges_unevictable(list(larges))
+
+    def protected_supply(self) -> tuple[list[int], int]:
+        """(per group: class-3 pages outside fully evictable large pages, fully evictable
+        large pages holding a class-3 page): what ``supply()`` counts that an allocation
+        must leave alone to evict no page reused at least twice."""
+        return self._prot_out, self._e_prot
+
+    def check(self) -> None:
+        """Recount the class-3 counters (for ``check_integrity``)."""
+        alloc, inside, out, e = self.alloc, {}, [0] * len(self.protected), set()
+        for g, pages in enumerate(self.protected):
+            k = alloc.k[g]
+            for page in pages:
+                assert page in self.keys[g] and self.keys[g][page][0] >= PROTECTED // 2, f"{g}:{page} not class 3"
+                inside[page // k] = inside.get(page // k, 0) + 1
+                if alloc.in_e[page // k]:
+                    e.add(page // k)
+                else:
+                    out[g] += 1
+        assert inside == self._prot_in and out == self._prot_out and len(e) == self._e_prot, \
+            f"class-3 counters {self._prot_in, self._prot_out, self._e_prot} != {inside, out, len(e)}"
