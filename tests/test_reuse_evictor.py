@@ -44,3 +44,70 @@ def test_one_off_pages_go_first_oldest_first_then_reused_newest_first():
     assert mgr.allocate("z", 4).groups[0].page_ids == [5, 3, 2, 4]
     assert sorted(cached_keys(mgr, 0)) == [0, 1]  # the reused pages outlive them all
     mgr.check_integrity()
+
+
+def protected_setup():
+    """8 pages; prefix [1, 2] served twice (its pages 0, 1 are reused: protected; pages 2, 3
+    are one-off), then request r running on the free pages 4..7."""
+    mgr = make_manager(model(group("full", full(), 1)), 8, eviction="reuse")
+    serve(mgr, "x", [1, 2, 3], [0])  # pages 0, 1, 2
+    serve(mgr, "x2", [1, 2, 4], [0])  # hits 0, 1; its own page 3
+    assert sorted(mgr.evictor.protected[0]) == [0, 1]
+    mgr.add_request("r", [20, 21, 22, 23, 24])
+    assert mgr.lookup("r") == 0
+    assert mgr.allocate("r", 4).groups[0].page_ids == [4, 5, 6, 7]
+    mgr.append_tokens("r", [])
+    return mgr
+
+
+def test_admission_does_not_evict_reused_pages_while_others_run():
+    mgr = protected_setup()
+    mgr.add_request("z", [30, 31, 32])
+    assert mgr.lookup("z") == 0
+    assert not mgr.can_allocate("z", 3)  # only by evicting page 0 or 1 of the reused prefix
+    assert mgr.allocate("z", 3) is None
+    assert mgr.allocate("z", 2).groups[0].page_ids == [2, 3]  # one-off pages, oldest first, are fine
+    assert sorted(mgr.evictor.protected[0]) == [0, 1]
+    mgr.check_integrity()
+
+
+def test_running_requests_may_still_evict_reused_pages():
+    mgr = protected_setup()
+    mgr.add_request("z", [30, 31])
+    mgr.lookup("z")
+    mgr.allocate("z", 2)  # pages 2, 3: only protected pages are left
+    t = mgr.allocate("r", 1)  # r grows (not an admission): it takes the tail of the prefix
+    assert t.groups[0].page_ids == [4, 5, 6, 7, 1]
+    assert sorted(mgr.evictor.protected[0]) == [0]
+    mgr.check_integrity()
+
+
+def test_a_request_alone_may_evict_reused_pages():
+    mgr = protected_setup()
+    mgr.free("r")  # nobody else holds pages now
+    mgr.add_request("z", [30, 31, 32, 33, 34, 35, 36, 37])
+    assert mgr.lookup("z") == 0
+    t = mgr.allocate("z", 8)
+    assert t is not None and sorted(t.groups[0].page_ids) == list(range(8))
+    assert not mgr.evictor.protected[0]
+    mgr.check_integrity()
+
+
+def test_a_hit_on_the_reused_prefix_is_admitted():
+    mgr = protected_setup()
+    mgr.add_request("y", [1, 2, 9])
+    assert mgr.lookup("y") == 2  # holds pages 0, 1: no longer evictable, so not in the way
+    assert mgr.allocate("y", 1).groups[0].page_ids == [0, 1, 2]
+    mgr.check_integrity()
+
+
+def test_a_lookup_let_go_before_its_allocate_is_not_a_use():
+    mgr = make_manager(model(group("full", full(), 1)), 8, eviction="reuse")
+    serve(mgr, "x", [1, 2, 3], [0])
+    for i in range(3):  # a waiting request looked up and sent back, step after step
+        mgr.add_request(f"w{i}", [1, 2, 5])
+        assert mgr.lookup(f"w{i}") == 2
+        mgr.free(f"w{i}")
+    assert [mgr.index.uses_of(0, p) for p in (0, 1)] == [1, 1]
+    assert not mgr.evictor.protected[0]
+    mgr.check_integrity()
