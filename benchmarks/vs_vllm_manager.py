@@ -208,7 +208,7 @@ def run_row(row: str, a) -> dict:
     if not a.no_vllm:
         sides.append(VllmSide(model, memory, a.budget, None if a.retention == "dense" else int(a.retention)))
     for side in sides:
-        with GCWatch() as w, frozen_heap():
+        with frozen_heap(), GCWatch() as w:
             m = simulate(side, model, reqs, a.budget, a.max_running)
         m["gc_ms"] = 1e3 * w.longest
         out[side.name] = m

@@ -18,67 +18,15 @@ from __future__ import annotations
 
 import heapq
 import math
-from abc import ABC, abstractmethod
 from functools import reduce
-from typing import NamedTuple
 
-FREE, USED, CACHED = 0, 1, 2
+from jenga.allocator_check import check_allocator
+from jenga.evictable_set import EvictableSet
+from jenga.eviction_source import CACHED, FREE, USED, EvictionSource, Supply
 
+__all__ = ["CACHED", "FREE", "USED", "EvictionSource", "LargePageAllocator", "Supply"]
 
-class EvictionSource(ABC):
-    """What the allocator asks of the evictor (implemented by ``jenga.prefix.evictor``)."""
-
-    @abstractmethod
-    def evict_large(self, group: int | None = None) -> int | None:
-        """Evict every cached page of the fully evictable large page with the smallest key
-        (of ``group`` only, when given).
-
-        Changes: the pages become FREE (through ``LargePageAllocator.evict_cached``), so
-        the large page returns to the pool.  Returns its id, or ``None`` if ``E`` is empty.
-        """
-
-    def evict_large_many(self, m: int) -> list[int]:
-        """``evict_large()`` up to ``m`` times; the freed large page ids in order."""
-        out = []
-        while len(out) < m and (large := self.evict_large()) is not None:
-            out.append(large)
-        return out
-
-    @abstractmethod
-    def evict_small(self, group: int) -> int | None:
-        """Evict the cached page of ``group`` with the smallest key outside ``E``.
-
-        Returns the now-FREE small page id, or ``None`` when there is none.
-        """
-
-    @abstractmethod
-    def on_large_evictable(self, large: int) -> None:
-        """``large`` entered ``E``."""
-
-    def on_larges_evictable(self, group: int, larges: list[int]) -> None:
-        """Each of ``larges`` (of ``group``) entered ``E``."""
-        for large in larges:
-            self.on_large_evictable(large)
-
-    def on_larges_unevictable(self, larges: list[int]) -> None:
-        """Each of ``larges`` left ``E``."""
-        for large in larges:
-            self.on_large_unevictable(large)
-
-    @abstractmethod
-    def on_large_unevictable(self, large: int) -> None:
-        """``large`` left ``E`` (a page was touched, or it was evicted / emptied)."""
-
-
-class Supply(NamedTuple):
-    """Pages an allocation may draw on without breaking a whole large page."""
-
-    free_small: tuple[int, ...]  # per group: free slots outside E
-    cached_small: tuple[int, ...]  # per group: cached pages outside E
-    whole_large: int  # free large pages + fully evictable large pages
-
-
-class LargePageAllocator:
+class LargePageAllocator(EvictableSet):
     """The large-page pool and per-group small-page carving, with request tags."""
 
     def __init__(self, page_bytes: list[int], num_large: int):
@@ -402,130 +350,6 @@ class LargePageAllocator:
             heapq.heappush(slots, slot)
         self.free_small[group] += 1
 
-    def _settle(self, large: int) -> None:
-        """Return an all-free large page to the pool; keep ``E`` membership exact."""
-        group = self.group_of[large]
-        if self.n_used[large] == 0 and self.n_cached[large] == 0:
-            self._leave_e(large)
-            slots = self._slots[group].get(large)
-            assert slots is not None and len(slots) == self.k[group], f"large {large} empty but slots {slots}"
-            self._hide_slots(group, large)
-            self.free_small[group] -= self.k[group]
-            self.group_of[large] = -1
-            self.owned[group] -= 1
-            self.tag_of[large] = None
-            heapq.heappush(self._free_large, large)
-        elif self.n_used[large] == 0:
-            self._enter_e(large)
-        else:
-            self._leave_e(large)
-
-    def _enter_e(self, large: int) -> None:
-        if self.in_e[large]:
-            return
-        group = self.group_of[large]
-        self.in_e[large] = 1
-        self.num_e += 1
-        self.e_count[group] += 1
-        self.cached_small[group] -= self.n_cached[large]
-        slots = self._slots[group].get(large)
-        if slots is not None:
-            self._hide_slots(group, large)
-            self._hidden[large] = slots
-            self.free_small[group] -= len(slots)
-            self.hidden_free[group] += len(slots)
-        if self.evictor is not None:
-            self.evictor.on_large_evictable(large)
-
-    def _enter_e_many(self, group: int, larges: list[int]) -> None:
-        """``_enter_e`` for large pages of ``group`` that have no USED page left."""
-        in_e, n_cached, slots_of, hidden = self.in_e, self.n_cached, self._slots[group], self._hidden
-        entered = []
-        cached = hidden_slots = 0
-        for large in larges:
-            if in_e[large]:
-                continue
-            in_e[large] = 1
-            entered.append(large)
-            cached += n_cached[large]
-            if large in slots_of:
-                slots = self._hide_slots(group, large)
-                hidden[large] = slots
-                hidden_slots += len(slots)
-        self.num_e += len(entered)
-        self.e_count[group] += len(entered)
-        self.cached_small[group] -= cached
-        self.free_small[group] -= hidden_slots
-        self.hidden_free[group] += hidden_slots
-        if self.evictor is not None and entered:
-            self.evictor.on_larges_evictable(group, entered)
-
-    def _leave_e(self, large: int) -> None:
-        if not self.in_e[large]:
-            return
-        group = self.group_of[large]
-        self.in_e[large] = 0
-        self.num_e -= 1
-        self.e_count[group] -= 1
-        self.cached_small[group] += self.n_cached[large]
-        slots = self._hidden.pop(large, None)
-        if slots is not None:
-            self._show_slots(group, large, slots)
-            self.free_small[group] += len(slots)
-            self.hidden_free[group] -= len(slots)
-        if self.evictor is not None:
-            self.evictor.on_large_unevictable(large)
-
-    def _left_e(self, group: int, larges: list[int]) -> None:
-        """``_leave_e`` for large pages of ``group`` whose E flag was just cleared."""
-        n_cached, hidden, show = self.n_cached, self._hidden, self._show_slots
-        cached = shown = 0
-        for large in larges:
-            cached += n_cached[large]
-            slots = hidden.pop(large, None)
-            if slots is not None:
-                show(group, large, slots)
-                shown += len(slots)
-        self.num_e -= len(larges)
-        self.e_count[group] -= len(larges)
-        self.cached_small[group] += cached
-        self.free_small[group] += shown
-        self.hidden_free[group] -= shown
-        if self.evictor is not None:
-            self.evictor.on_larges_unevictable(larges)
-
-    # ----------------------------------------------------------------- checks
     def check_integrity(self) -> dict[str, int]:
         """Recount every page from ``state``; assert all counters agree.  Returns totals."""
-        totals = {"free": 0, "used": 0, "cached": 0}
-        seen_free_large = set(self._free_large)
-        assert len(seen_free_large) == len(self._free_large), "a large page is twice in the pool"
-        for large in range(self.num_large):
-            g = self.group_of[large]
-            if g == -1:
-                assert large in seen_free_large, f"unowned large page {large} not in the pool"
-                assert self.n_used[large] == self.n_cached[large] == 0, f"free large {large} has pages"
-                continue
-            assert large not in seen_free_large, f"owned large page {large} in the pool"
-            k = self.k[g]
-            st = self.state[g][large * k:(large + 1) * k]
-            used, cached = st.count(USED), st.count(CACHED)
-            assert (used, cached) == (self.n_used[large], self.n_cached[large]), \
-                f"large {large}: counted {used}/{cached}, recorded {self.n_used[large]}/{self.n_cached[large]}"
-            assert used + cached > 0, f"large {large} all free but still owned by group {g}"
-            assert bool(self.in_e[large]) == (used == 0), f"large {large}: E flag {self.in_e[large]}, used {used}"
-            slots = self._hidden.get(large) if self.in_e[large] else self._slots[g].get(large)
-            free_slots = sorted(slots or [])
-            expect = [i for i in range(k) if st[i] == FREE]
-            assert free_slots == expect, f"large {large}: free slots {free_slots} != {expect}"
-            totals["used"] += used * self.page_bytes[g]
-            totals["cached"] += cached * self.page_bytes[g]
-            totals["free"] += (k - used - cached) * self.page_bytes[g]
-        totals["free"] += len(self._free_large) * self.large_bytes
-        assert sum(totals.values()) == self.num_large * self.large_bytes, f"bytes do not add up: {totals}"
-        for g in range(len(self.k)):
-            n_used = self.state[g].count(USED)
-            assert n_used == self.used_small[g], f"group {g}: {n_used} used pages, counter {self.used_small[g]}"
-            vis = sum(len(v) for v in self._slots[g].values())
-            assert vis == self.free_small[g], f"group {g}: visible free {vis} != {self.free_small[g]}"
-        return totals
+        return check_allocator(self)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from jenga.allocator import CACHED, FREE, USED
+from jenga.eviction_source import CACHED, FREE, USED
 
 
 def held_pages(mgr, req, *, images: bool = True) -> list[tuple[int, int]]:

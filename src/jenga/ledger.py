@@ -117,6 +117,9 @@ class PageLedger(PageOps):
     def register(self, group: int, page: int, key: bytes) -> bool:
         return self.index.register(group, page, key)
 
+    def register_run(self, group: int, pages: list[int | None], keys: list[bytes]) -> None:
+        self.index.register_many(group, pages, keys)
+
     def find(self, group: int, key: bytes) -> int | None:
         return self.index.get(group, key)
 

@@ -74,6 +74,27 @@ class PrefixIndex:
                 del uses[next(iter(uses))]
         return True
 
+    def register_many(self, group: int, pages: list[int | None], keys: list[bytes]) -> None:
+        """``register`` each (page, key) pair in order; ``None`` pages are skipped."""
+        table, key_of, events = self.table[group], self.key_of[group], self.events
+        uses = self.uses[group] if self.uses is not None else None
+        kept = self.USES_KEPT
+        for page, key in zip(pages, keys, strict=True):
+            if page is None:
+                continue
+            if key in table or page in key_of:
+                if uses is not None and key in table:
+                    uses[key] = uses.get(key, 0) + 1  # computed again
+                continue
+            table[key] = page
+            key_of[page] = key
+            if events is not None:
+                events.stored(group, key)
+            if uses is not None:
+                uses[key] = uses.pop(key, 0) + 1  # re-inserted: the newest key
+                if len(uses) > kept:
+                    del uses[next(iter(uses))]
+
     def is_registered(self, group: int, page: int) -> bool:
         return page in self.key_of[group]
 

@@ -63,6 +63,12 @@ class PageOps(ABC):
     def register(self, group: int, page: int, key: bytes) -> bool:
         """Offer a fully written page to the prefix index; False if the key is taken."""
 
+    def register_run(self, group: int, pages: list[int | None], keys: list[bytes]) -> None:
+        """``register`` each (page, key) pair; ``None`` pages are skipped."""
+        for page, key in zip(pages, keys, strict=True):
+            if page is not None:
+                self.register(group, page, key)
+
     @abstractmethod
     def find(self, group: int, key: bytes) -> int | None:
         """The registered page holding ``key``, if any."""
