@@ -64,10 +64,22 @@ def test_admission_does_not_evict_reused_pages_while_others_run():
     mgr = protected_setup()
     mgr.add_request("z", [30, 31, 32])
     assert mgr.lookup("z") == 0
+    # one page of headroom per running request (r) stays among the evictable one-off pages 2, 3
+    assert not mgr.can_allocate("z", 2)
+    assert mgr.allocate("z", 2) is None
+    assert mgr.allocate("z", 1).groups[0].page_ids == [2]  # one-off pages, oldest first, are fine
+    assert sorted(mgr.evictor.protected[0]) == [0, 1]
+    mgr.check_integrity()
+
+
+def test_without_headroom_admission_may_take_every_one_off_page():
+    mgr = protected_setup()
+    mgr.admission_margin = 0
+    mgr.add_request("z", [30, 31, 32])
+    assert mgr.lookup("z") == 0
     assert not mgr.can_allocate("z", 3)  # only by evicting page 0 or 1 of the reused prefix
     assert mgr.allocate("z", 3) is None
-    assert mgr.allocate("z", 2).groups[0].page_ids == [2, 3]  # one-off pages, oldest first, are fine
-    assert sorted(mgr.evictor.protected[0]) == [0, 1]
+    assert mgr.allocate("z", 2).groups[0].page_ids == [2, 3]
     mgr.check_integrity()
 
 
@@ -75,9 +87,10 @@ def test_running_requests_may_still_evict_reused_pages():
     mgr = protected_setup()
     mgr.add_request("z", [30, 31])
     mgr.lookup("z")
-    mgr.allocate("z", 2)  # pages 2, 3: only protected pages are left
-    t = mgr.allocate("r", 1)  # r grows (not an admission): it takes the tail of the prefix
-    assert t.groups[0].page_ids == [4, 5, 6, 7, 1]
+    mgr.allocate("z", 1)  # page 2
+    mgr.allocate("r", 1)  # r grows into page 3: only protected pages are left
+    t = mgr.allocate("z", 1)  # z grows (not an admission): it takes the tail of the prefix
+    assert t.groups[0].page_ids == [2, 1]
     assert sorted(mgr.evictor.protected[0]) == [0]
     mgr.check_integrity()
 

@@ -78,6 +78,9 @@ class KVCacheManager(DeferredHold, PromptHashes, PageLedger, CacheControl, ByteA
     """
 
     name = "jenga"
+    #: pages per token group and running request an admission leaves evictable beside the
+    #: protected ones (see ``_quota_of``)
+    admission_margin = 1
     default_eviction = "reuse"
 
     def __init__(self, model: ModelSpec, memory_bytes: int | str, *, tokens_per_page: int = 16,
@@ -358,7 +361,9 @@ class KVCacheManager(DeferredHold, PromptHashes, PageLedger, CacheControl, ByteA
         other requests hold pages may not evict a page the evictor protects (one reused at
         least twice, ``eviction="reuse"``): the request waits for running ones to finish
         instead of evicting a hot prefix (its window, on a sliding model) that the next
-        requests would miss.  Alone, a request may evict anything (it could never run else)."""
+        requests would miss; and it leaves ``admission_margin`` pages per token group and
+        running request evictable for their growth.  Alone, a request may evict anything (it
+        could never run else)."""
         if not any(need):
             return need
         quota = self._quota_for(need)
@@ -375,6 +380,12 @@ class KVCacheManager(DeferredHold, PromptHashes, PageLedger, CacheControl, ByteA
         sup = self.alloc.supply()
         sup = Supply(sup.free_small, tuple(c - o for c, o in zip(sup.cached_small, outside, strict=True)),
                      sup.whole_large - e_prot)
+        # headroom: running requests grow by decode pages next, which must not come from
+        # protected pages either (each evicted window page kills a whole window's hit)
+        margin = self.admission_margin * self._allocated
+        if margin and self._quota_for([n + margin * (not st) for n, st in zip(need, self._state_group, strict=True)],
+                                      sup) is None:
+            return None
         return self._quota_for(need, sup)
 
     def _quota_for(self, need: list[int], sup: Supply | None = None) -> list[int] | None:
