@@ -266,6 +266,17 @@ class LargePageAllocator(EvictableSet):
     def to_cached_many(self, group: int, pages) -> None:
         """USED -> CACHED for each page (one pass; large pages settled once at the end)."""
         state, k, n_used, n_cached = self.state[group], self.k[group], self.n_used, self.n_cached
+        if k == 1:  # each page is its own large page: it holds one used page, then one cached
+            for page in pages:
+                assert state[page] == USED, f"cache of {group}:{page} in state {state[page]}"
+                state[page] = CACHED
+                n_used[page] = 0
+                n_cached[page] = 1
+            self.used_small[group] -= len(pages)
+            self.cached_small[group] += len(pages)
+            if pages:
+                self._enter_e_many(group, pages)
+            return
         emptied = []
         count = 0
         for page in pages:

@@ -15,7 +15,7 @@ keys stay as they were).
 
 from __future__ import annotations
 
-from jenga.request import Request
+from jenga.request import GroupState, Request
 
 
 class DeferredHold:
@@ -121,3 +121,24 @@ class DeferredHold:
         for g, p in enumerate(pb):
             avail += (alloc.free_small[g] + alloc.hidden_free[g] + len(keys[g])) * p
         return need > avail
+
+    def _undo_holds(self, log: list) -> None:
+        """``_unhold`` for holds that did not become a use (a rolled-back plan, a hit let go
+        before its allocate): the reuse counts they added are taken back."""
+        index = self.index
+        if index.uses is not None:
+            for group, page, _key in log:
+                if type(page) is list:  # a run from hold_run
+                    index.uncount_uses(group, page)
+                else:
+                    index.uncount_use(group, page)
+        self._unhold(log)
+
+    def _release_hit(self, req: Request) -> None:
+        if self._pending is req:
+            self._forget_pending(req)
+        elif req.pins:
+            self._undo_holds(req.pins)
+        req.pins = []
+        req.groups = [GroupState() for _ in self.model.groups]
+        req.hit = req.num_computed = 0

@@ -51,6 +51,16 @@ class EvictableSet:
     def _enter_e_many(self, group: int, larges: list[int]) -> None:
         """``_enter_e`` for large pages of ``group`` that have no USED page left."""
         in_e, n_cached, slots_of, hidden = self.in_e, self.n_cached, self._slots[group], self._hidden
+        if self.k[group] == 1:  # one page each, just cached: no free slot, not in E yet
+            for large in larges:
+                assert not in_e[large] and n_cached[large] == 1, f"large {large} entering E twice"
+                in_e[large] = 1
+            self.num_e += len(larges)
+            self.e_count[group] += len(larges)
+            self.cached_small[group] -= len(larges)
+            if self.evictor is not None:
+                self.evictor.on_larges_evictable(group, larges)
+            return
         entered = []
         cached = hidden_slots = 0
         for large in larges:

@@ -79,11 +79,11 @@ class PageLedger(PageOps):
         released = self._released_key
         to_cache: list[tuple[int, int]] = []
         to_free: list[int] = []
-        for i in range(start, stop):
-            page = pages[i]
+        seg = pages[start:stop]
+        pages[start:stop] = [None] * len(seg)
+        for i, page in enumerate(seg, start):
             if page is None:
                 continue
-            pages[i] = None
             r = ref[page] - 1
             assert r >= 0, f"drop of unreferenced page {group}:{page}"
             ref[page] = r

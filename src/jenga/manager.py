@@ -18,7 +18,8 @@ from collections.abc import Sequence
 
 from jenga.aborted_fill import FillAbort
 from jenga.accounting import ByteAccounting
-from jenga.allocator import LargePageAllocator, Supply
+from jenga.allocation_quota import AllocationQuota
+from jenga.allocator import LargePageAllocator
 from jenga.cache_control import CacheControl
 from jenga.deferred_hold import DeferredHold
 from jenga.errors import (
@@ -42,7 +43,6 @@ from jenga.prefix.policies import (
     MambaPolicy,
     Policy,
     SlidingPolicy,
-    cdiv,
     policy_for,
 )
 from jenga.prefix.reuse_evictor import ReuseEvictor
@@ -60,7 +60,8 @@ EVICTORS = {"lru": PrefixEvictor, "reuse": ReuseEvictor}
 REPEAT_MEMO_SIZE = 256  # freed ids remembered as having run (a re-add is a repeat lookup)
 
 
-class KVCacheManager(DeferredHold, PromptHashes, PageLedger, CacheControl, ByteAccounting, FillAbort):
+class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, CacheControl, ByteAccounting,
+                     FillAbort):
     """Jenga's KV-cache manager for one (possibly composite) model.
 
     ``memory_bytes`` is the KV budget; it is cut into ``floor(memory / S) - 1`` large
@@ -229,27 +230,6 @@ class KVCacheManager(DeferredHold, PromptHashes, PageLedger, CacheControl, ByteA
             if cand == start:
                 return cand
 
-    def _undo_holds(self, log: list) -> None:
-        """``_unhold`` for holds that did not become a use (a rolled-back plan, a hit let go
-        before its allocate): the reuse counts they added are taken back."""
-        index = self.index
-        if index.uses is not None:
-            for group, page, _key in log:
-                if type(page) is list:  # a run from hold_run
-                    index.uncount_uses(group, page)
-                else:
-                    index.uncount_use(group, page)
-        self._unhold(log)
-
-    def _release_hit(self, req: Request) -> None:
-        if self._pending is req:
-            self._forget_pending(req)
-        elif req.pins:
-            self._undo_holds(req.pins)
-        req.pins = []
-        req.groups = [GroupState() for _ in self.model.groups]
-        req.hit = req.num_computed = 0
-
     def allocate(self, request_id: object, num_new_tokens: int, *, num_lookahead: int = 0,
                  num_placeholders: int = 0) -> PageTables | None:
         """Pages for tokens ``[computed, computed + num_new_tokens + num_lookahead)``.
@@ -330,76 +310,6 @@ class KVCacheManager(DeferredHold, PromptHashes, PageLedger, CacheControl, ByteA
         t.num_computed, t.num_new, t.num_lookahead = req.num_computed, req.num_scheduled, lookahead
         req.limit = min(pol.limit(req, gs, self) for pol, gs in req.pairs)
         return t
-
-    def _plan(self, req: Request, end: int) -> tuple[list[int], list]:
-        """Pages each group needs to cover ``[0, end)``, and the log of cached pages held."""
-        need = [0] * len(self.policies)
-        self._log = log = []
-        try:
-            for pol, gs in req.pairs or zip(self.policies, req.groups, strict=True):
-                need[pol.gi] = pol.plan(req, gs, end, self)
-        finally:
-            self._log = None
-        return need, log
-
-    def _rollback(self, req: Request, log: list) -> None:
-        """Undo a ``_plan`` that will not be followed by growing."""
-        self._undo_holds(log)
-        for gs in req.groups:
-            gs.pending.clear()
-
-    def _prefer_shared(self, req: Request) -> list[bool]:
-        """Groups where this request should fill other requests' large pages before taking
-        a fresh one: its lone state page, and token groups where its whole prompt covers
-        at most a quarter of a large page (a fresh one would stay mostly empty; the paper's
-        co-freeing gain needs a request that fills its large pages)."""
-        return [state or req.prompt_len <= (k // 4) * pol.tpp
-                for state, k, pol in zip(self._state_group, self.alloc.k, self.policies, strict=True)]
-
-    def _quota_of(self, req: Request, need: list[int]) -> list[int] | None:
-        """``_quota_for`` for ``req``'s allocation; a first allocation (an admission) while
-        other requests hold pages may not evict a page the evictor protects (one reused at
-        least twice, ``eviction="reuse"``): the request waits for running ones to finish
-        instead of evicting a hot prefix (its window, on a sliding model) that the next
-        requests would miss; and it leaves ``admission_margin`` pages per token group and
-        running request evictable for their growth.  Alone, a request may evict anything (it
-        could never run else)."""
-        if not any(need):
-            return need
-        quota = self._quota_for(need)
-        if quota is None or req.tables is not None:
-            return quota
-        prot = getattr(self.evictor, "protected_supply", None)
-        if prot is None:
-            return quota
-        outside, e_prot = prot()
-        if not e_prot and not any(outside):
-            return quota
-        if not self._allocated:
-            return quota  # no other request has pages
-        sup = self.alloc.supply()
-        sup = Supply(sup.free_small, tuple(c - o for c, o in zip(sup.cached_small, outside, strict=True)),
-                     sup.whole_large - e_prot)
-        # headroom: running requests grow by decode pages next, which must not come from
-        # protected pages either (each evicted window page kills a whole window's hit)
-        margin = self.admission_margin * self._allocated
-        if margin and self._quota_for([n + margin * (not st) for n, st in zip(need, self._state_group, strict=True)],
-                                      sup) is None:
-            return None
-        return self._quota_for(need, sup)
-
-    def _quota_for(self, need: list[int], sup: Supply | None = None) -> list[int] | None:
-        """Large pages each group may take (steps 2-3), or ``None`` if ``need`` can't fit."""
-        k = self.alloc.k
-        sup = sup or self.alloc.supply()
-        most = [cdiv(x, kg) for x, kg in zip(need, k, strict=True)]
-        if sup.whole_large >= sum(most):
-            return most
-        least = [cdiv(max(0, x - f - c), kg)
-                 for x, f, c, kg in zip(need, sup.free_small, sup.cached_small, k, strict=True)]
-        if sup.whole_large >= sum(least):
-            return least
-        return None
 
     def append_tokens(self, request_id: object, token_ids: Sequence[int], *, num_rejected: int = 0) -> None:
         """The allocated tokens were computed, except the last ``num_rejected`` (draft

@@ -10,6 +10,7 @@ page in it is older than what other large pages hold.
 from __future__ import annotations
 
 import heapq
+from itertools import repeat
 
 from jenga.allocator import CACHED, EvictionSource, LargePageAllocator
 from jenga.prefix.index import PrefixIndex
@@ -49,24 +50,26 @@ class PrefixEvictor(EvictionSource):
     def add_many(self, group: int, pages: list[tuple[int, int]], last_access: int) -> None:
         """``add`` for many (page, prefix length) pairs with one access time."""
         keys = self.keys[group]
-        if self._plain:
-            for page, plen in pages:
-                keys[page] = (last_access, -plen)
-        else:
-            for (page, plen), t in zip(pages, self.priorities(group, pages, last_access), strict=True):
-                keys[page] = (t, -plen)
+        ids = [page for page, _ in pages]
+        negs = [-plen for _, plen in pages]
+        prios = repeat(last_access) if self._plain else self.priorities(group, pages, last_access)
+        keys.update(zip(ids, zip(prios, negs, strict=False), strict=True))  # prios may be repeat()
         if self._small_order[group]:
             heap = self._heaps[group]
-            push = heapq.heappush
-            for page, _ in pages:
-                t, n = keys[page]
-                push(heap, (t, n, page))
+            entries = [(*keys[page], page) for page in ids]
+            if len(entries) > len(heap) // 8:
+                heap.extend(entries)
+                heapq.heapify(heap)
+            else:
+                push = heapq.heappush
+                for e in entries:
+                    push(heap, e)
             self._pushed[group] += len(pages)
             if self._pushed[group] > self._base[group] + 1024:  # drop stale entries now and then
                 heap[:] = [(t, n, p) for t, n, p in heap if keys.get(p) == (t, n)]
                 heapq.heapify(heap)
                 self._pushed[group], self._base[group] = 0, len(heap)
-        self.alloc.to_cached_many(group, [page for page, _ in pages])
+        self.alloc.to_cached_many(group, ids)
 
     # ------------------------------------------------ eviction order hooks
     #: True when ``priority`` is the release time itself (plain LRU: the fast path)
@@ -202,16 +205,22 @@ class PrefixEvictor(EvictionSource):
         k = alloc.k[group]
         state, keys = alloc.state[group], self.keys[group]
         heap = self._large_heaps[group]
-        push = heapq.heappush
-        count = 0
+        entries = []
         for large in larges:
             v = ver[large] = ver[large] + 1
             if k == 1:
                 t, n = keys[large]
             else:
                 t, n = max(keys[p] for p in range(large * k, (large + 1) * k) if state[p] == CACHED)
-            push(heap, (t, n, large, v))
-            count += 1
+            entries.append((t, n, large, v))
+        count = len(entries)
+        if count > len(heap) // 8:
+            heap.extend(entries)
+            heapq.heapify(heap)
+        else:
+            push = heapq.heappush
+            for e in entries:
+                push(heap, e)
         self._large_pushed[group] += count
         if self._large_pushed[group] > self._large_base[group] + 1024:  # drop stale entries now and then
             in_e = alloc.in_e

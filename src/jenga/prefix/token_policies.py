@@ -71,9 +71,9 @@ class FullPolicy(Policy):
         aborted."""
         tpp, pages, gi = self.tpp, gs.pages, self.gi
         full = min(pos // tpp, len(req.hashes) * self.block // tpp, len(pages))
-        for i in range(gs.registered, full):
-            if pages[i] is not None:
-                ops.register(gi, pages[i], self.page_key(req, i))
+        lo, m = gs.registered, tpp // self.block
+        if full > lo:  # page i's key is page_key(req, i)
+            ops.register_run(gi, pages[lo:full], req.hashes[(lo + 1) * m - 1:full * m:m])
         gs.registered = max(gs.registered, full)
 
     def unfilled(self, req: Request, gs: GroupState, computed: int, ops: PageOps) -> list[int]:
