@@ -21,7 +21,8 @@ duplicate prefix copies are waste).  Waste = 1 - needed / held over all steps.  
 hit tokens / prompt tokens of first admissions (re-admissions after a preemption apart); *best*
 is what a cache that never evicts would hit.  us/step = perf_counter around the manager calls only
 (lookup, allocate, token commit incl. block hashing, free).  GC = the longest garbage-collector
-pause during the run (``gc.callbacks``; start-up's heap is frozen first, see ``frozen_heap``).  Traces: ``manager_traces.TRACES``; budgets: the
+pause during the run (``gc.callbacks``; start-up's heap is frozen first, see ``frozen_heap``).  Steps = scheduler steps to serve the whole trace (a request an admission
+policy makes wait shows here).  Traces: ``manager_traces.TRACES``; budgets: the
 simulator's (0.9 x GPU memory - bf16 weights, smallest TP that fits; Jamba on one H200).
 """
 
@@ -263,16 +264,16 @@ def fmt(res: dict) -> list[str]:
     rehit = f"{_pct(j['rehit'] / j['requery'])}" if j["requery"] else "-"
     if v is None:
         return [res["row"], f"- / {hit(j)} ({_pct(res['best'])})", rehit, f"- / {jw}", strand,
-                f"- / {j['us_step']:.0f}", "-", f"{j['gc_ms']:.1f}", f"- / {j['preempt']}"]
+                f"- / {j['us_step']:.0f}", "-", f"{j['gc_ms']:.1f}", f"- / {j['preempt']}", f"- / {j['steps']}"]
     ratio = j["us_step"] / max(v["us_step"], 1e-9)
     return [res["row"], f"{hit(v)} / {hit(j)} ({_pct(res['best'])})", rehit, f"{waste(v)} / {jw}", strand,
             f"{v['us_step']:.0f} / {j['us_step']:.0f}", f"{ratio:.2f}x", f"{j['gc_ms']:.1f}",
-            f"{v['preempt']} / {j['preempt']}"]
+            f"{v['preempt']} / {j['preempt']}", f"{v['steps']} / {j['steps']}"]
 
 
 HEADER = ["model:trace", "prefix hit vLLM / jenga (best)", "jenga hit after preempt",
           "waste vLLM / jenga (+stranded)", "stranded / pool", "us/step vLLM / jenga", "jenga/vLLM time",
-          "jenga GC ms", "preempt vLLM / jenga"]
+          "jenga GC ms", "preempt vLLM / jenga", "steps vLLM / jenga"]
 
 
 def main(argv=None) -> int:
