@@ -98,3 +98,17 @@ def test_window_before_the_junction_is_kept_when_the_hit_failed():
     mgr.add_request("c", P + [300])
     assert mgr.lookup("c") == 10
     mgr.check_integrity()
+
+
+def test_long_prompt_keeps_tail_checkpoints_one_two_four_blocks_before_its_end():
+    mgr = make_manager(hybrid(8), 256)
+    doc = list(range(1000, 1066))  # 66 tokens: a prompt of >= 8 intervals gets tail checkpoints
+    serve(mgr, "a", doc + [1, 2, 3, 4], [5])  # prompt end 70: tail at 69, 68, 66
+    assert sorted(-k[1] for k in cached_keys(mgr, 1).values()) == [8, 16, 24, 32, 40, 48, 56, 64, 66, 68, 69, 70]
+    mgr.add_request("b", doc + [7, 7, 7, 7])
+    assert mgr.lookup("b") == 66  # the second question resumes at the document's end
+    mgr.free("b")
+    before = set(cached_keys(mgr, 1))
+    serve(mgr, "c", list(range(2000, 2030)), [1])  # 30 tokens < 8 intervals: periodic and end only
+    assert sorted(-k[1] for p, k in cached_keys(mgr, 1).items() if p not in before) == [8, 16, 24, 30]
+    mgr.check_integrity()

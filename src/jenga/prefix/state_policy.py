@@ -44,9 +44,23 @@ class MambaPolicy(Policy):
             ops.hold(self.gi, page)
             gs.read, gs.read_pos = page, p
 
-    def _marks(self, req: Request) -> tuple[int, int]:
-        """The junction and prompt-end checkpoint positions (block multiples)."""
-        return req.junction, req.prompt_len // self.block * self.block
+    #: a prompt of at least this many checkpoint intervals also gets tail checkpoints
+    TAIL_FROM = 8
+
+    def _marks(self, req: Request) -> tuple[int, ...]:
+        """The junction and prompt-end checkpoint positions (block multiples); a long prompt
+        adds checkpoints 1, 2, 4, ... blocks before its end (below one interval): a later
+        prompt that branches off shortly before this one's end (another question on the same
+        document) then resumes within a factor of two of its branch point, not up to an
+        interval before it.  Short prompts skip them (a state page is large next to them)."""
+        end = req.prompt_len // self.block * self.block
+        if req.prompt_len < self.TAIL_FROM * self.every:
+            return req.junction, end
+        marks, d = [req.junction, end], self.block
+        while d < self.every:
+            marks.append(end - d)
+            d *= 2
+        return tuple(marks)
 
     def _new_checkpoints(self, req: Request, end: int) -> list[int] | range:
         """Checkpoint positions in ``(start, end - lookahead]``."""
