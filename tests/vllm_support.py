@@ -45,6 +45,17 @@ def hf_config(family: str):
                                sliding_window=64)
     if family == "llama":
         return tf.LlamaConfig(**_COMMON, num_hidden_layers=2)
+    if family == "qwen3_next":  # 3 Gated DeltaNet layers : 1 gated full-attention layer (runs in bf16 on CPU)
+        return tf.Qwen3NextConfig(**_COMMON, num_hidden_layers=4, decoder_sparse_step=2,
+                                  layer_types=["linear_attention", "full_attention"] + ["linear_attention"] * 2,
+                                  linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=64,
+                                  linear_value_head_dim=64, linear_conv_kernel_dim=4, num_experts=4,
+                                  num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                                  partial_rotary_factor=0.5)
+    if family == "falcon_h1":  # attention and Mamba-2 side by side in both layers (fp32 on CPU)
+        return tf.FalconH1Config(**_COMMON, num_hidden_layers=2, mamba_n_heads=4, mamba_d_head=32, mamba_d_ssm=128,
+                                 mamba_n_groups=2, mamba_d_state=32, mamba_d_conv=4, mamba_chunk_size=16,
+                                 mamba_rms_norm=True)
     raise ValueError(family)
 
 
@@ -122,17 +133,20 @@ def run_all(llm) -> dict[str, list[list[int]]]:
     return {name: greedy(llm, prompts) for name, prompts in w.items()}
 
 
-def compare(family: str, root: Path, *, tight_blocks: int, tight_kw: dict | None = None) -> dict:
+def compare(family: str, root: Path, *, tight_blocks: int, tight_kw: dict | None = None,
+            engine_kw: dict | None = None, stock_kw: dict | None = None) -> dict:
     """Stock vLLM (ample memory) gives the reference tokens of every workload; jenga runs
-    ``first`` + ``shared`` with ample memory and ``pressure`` with ``tight_blocks`` of budget."""
+    ``first`` + ``shared`` with ample memory and ``pressure`` with ``tight_blocks`` of budget.
+    ``engine_kw`` goes to every engine (e.g. the dtype), ``stock_kw`` to the stock one only."""
     path = model_dir(family, root)
     w = workloads()
-    stock = engine(path, jenga=False)
+    kw = engine_kw or {}
+    stock = engine(path, jenga=False, **{**kw, **(stock_kw or {})})
     ref = run_all(stock)
     close(stock)
-    ample = engine(path, jenga=True)
+    ample = engine(path, jenga=True, **kw)
     got = {k: greedy(ample, w[k]) for k in ("first", "shared")}
-    tight = engine(path, jenga=True, num_blocks=tight_blocks, max_model_len=320, **(tight_kw or {}))
+    tight = engine(path, jenga=True, num_blocks=tight_blocks, max_model_len=320, **{**kw, **(tight_kw or {})})
     got["pressure"] = greedy(tight, w["pressure"])
     return dict(ref=ref, got=got, ample=scheduler(ample), tight=scheduler(tight), engines=(ample, tight))
 

@@ -177,6 +177,14 @@ class MambaSpec(CacheSpec):
 
 
 @dataclass(frozen=True)
+class CopyForwardMambaSpec(MambaSpec):
+    """A state whose engine writes a checkpoint as the final state of the step that reaches
+    it and copies it into the work page at the start of the *next* step (vLLM's "align"
+    Mamba protocol), so the checkpoint a request last reached stays held by it until that
+    next step has been committed (``CopyForwardMambaPolicy``)."""
+
+
+@dataclass(frozen=True)
 class LayerGroup:
     """Layers sharing one spec; one small page covers all of them.
 

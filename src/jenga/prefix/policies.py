@@ -7,10 +7,11 @@ from collections.abc import Callable
 
 from jenga.prefix.image_policies import ImagePolicy, VisionPolicy
 from jenga.prefix.policy import NEVER, OUT_OF_RANGE_AGE, PageOps, Policy, cdiv
-from jenga.prefix.state_policy import MambaPolicy
+from jenga.prefix.state_policy import CopyForwardMambaPolicy, MambaPolicy
 from jenga.prefix.token_policies import ChunkedPolicy, FullPolicy, SlidingPolicy
 from jenga.specs import (
     ChunkedLocalSpec,
+    CopyForwardMambaSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     LayerGroup,
@@ -19,7 +20,7 @@ from jenga.specs import (
     VisionEmbeddingSpec,
 )
 
-__all__ = ["NEVER", "OUT_OF_RANGE_AGE", "POLICIES", "ChunkedPolicy", "FullPolicy", "ImagePolicy", "MambaPolicy",
+__all__ = ["NEVER", "OUT_OF_RANGE_AGE", "POLICIES", "ChunkedPolicy", "CopyForwardMambaPolicy", "FullPolicy", "ImagePolicy", "MambaPolicy",
            "PageOps", "Policy", "SlidingPolicy", "VisionPolicy", "cdiv", "policy_for"]
 
 POLICIES: dict[type, Callable[[int, LayerGroup, int], Policy]] = {
@@ -27,6 +28,7 @@ POLICIES: dict[type, Callable[[int, LayerGroup, int], Policy]] = {
     SlidingWindowSpec: SlidingPolicy,
     ChunkedLocalSpec: ChunkedPolicy,
     MambaSpec: MambaPolicy,
+    CopyForwardMambaSpec: CopyForwardMambaPolicy,
     CrossAttentionSpec: ImagePolicy,
     VisionEmbeddingSpec: VisionPolicy,
 }

@@ -134,3 +134,29 @@ class MambaPolicy(Policy):
 
     def held_pages(self, gs: GroupState) -> int:
         return (gs.work is not None) + (gs.read is not None) + len(gs.checkpoints)
+
+
+class CopyForwardMambaPolicy(MambaPolicy):
+    """``MambaPolicy`` for an engine that copies a checkpoint forward one step late.
+
+    vLLM's align-mode worker writes the state after ``t`` tokens into the checkpoint page
+    of the step ending at ``t`` and copies it into the work page when the next step starts.
+    So at the commit where ``t`` becomes the computed length, the checkpoint is registered
+    (findable for hits) but stays held by the request as its ``read`` page (the copy source
+    of the next step); it is dropped at the following commit, like a prefix hit's page."""
+
+    def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
+        if gs.read is not None:
+            ops.drop(self.gi, gs.read, ops.now, gs.read_pos)
+            gs.read = None
+            gs.table.read_page = None
+        done = [pos for pos in gs.checkpoints if pos <= req.num_computed]
+        for pos in done:
+            page = gs.checkpoints.pop(pos)
+            if pos // self.block <= len(req.hashes):
+                ops.register(self.gi, page, self.key(req, pos))
+            if pos == req.num_computed:
+                gs.read, gs.read_pos = page, pos
+                gs.table.read_page = page
+            else:
+                ops.drop(self.gi, page, ops.now, pos)

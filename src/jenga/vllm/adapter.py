@@ -21,7 +21,7 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 
 from jenga.events import AllBlocksCleared, BlockRemoved, BlockStored
 from jenga.manager import KVCacheManager
-from jenga.tables import TokenTable
+from jenga.tables import StateTable, TokenTable
 from jenga.vllm.plan import VllmPlan
 
 NULL_BLOCK = 0
@@ -63,6 +63,10 @@ class JengaKVCacheAdapter:
         self.num_groups = len(self.manager.model.groups)
         self.empty_kv_cache_blocks = Blocks(tuple([] for _ in range(self.num_groups)))
         self._sent: dict[str, list[int]] = {}  # request id -> block ids already sent, per group
+        # state groups: vLLM's Mamba mode per group ("align" / "none"; None for token groups) and,
+        # per request, each state group's block-table row as sent (vLLM's worker keeps it append-only)
+        self.state_mode = [getattr(g.kv_cache_spec, "mamba_cache_mode", None) for g in kv_cache_config.kv_cache_groups]
+        self._rows: dict[str, dict[int, list[int]]] = {}
         self.num_preempted_or_freed = 0
         if enable_kv_cache_events:
             self.manager.enable_kv_events()
@@ -74,6 +78,31 @@ class JengaKVCacheAdapter:
             return [NULL_BLOCK if p is None else p * scale + off for p in table.page_ids[start:]]
         raise AssertionError(f"jenga.vllm: no vLLM block table for {type(table).__name__}")
 
+    def _state_row(self, req, table: StateTable) -> list[int]:
+        """A state group's block-table row, extended to the tokens allocated so far.
+
+        "none": one column, the work page (updated in place).  "align": column ``i`` is
+        where the state after a step ending in block ``i`` lives, and vLLM's worker copies
+        the previous step's column into the current one when they differ: a checkpoint
+        page at its position's column, the prefix-hit page at the hit's column, the work
+        page everywhere else."""
+        g = table.group
+        row = self._rows.setdefault(req.request_id, {}).setdefault(g, [])
+        scale, off = self.plan.exec_scale[g], self.plan.exec_offset
+        if self.state_mode[g] == "none":
+            if not row:
+                row.append(table.work_page * scale + off)
+            return row
+        block = self.manager.block
+        for i in range(len(row), -(-req.start // block)):
+            pos = (i + 1) * block
+            page = table.checkpoints.get(pos)
+            if page is None:
+                hit = table.read_page is not None and pos == req.num_computed
+                page = table.read_page if hit else table.work_page
+            row.append(page * scale + off)
+        return row
+
     def _blocks(self, request_id: str, *, only_new: bool) -> Blocks:
         req = self.manager.requests.get(request_id)
         if req is None:
@@ -82,11 +111,27 @@ class JengaKVCacheAdapter:
         sent = self._sent.setdefault(request_id, [0] * self.num_groups)
         out = []
         for g, t in enumerate(tables):
-            n = len(t.page_ids)
-            out.append(self._exec_ids(t, sent[g] if only_new else 0))
+            if isinstance(t, StateTable):
+                row = self._state_row(req, t)
+                n, ids = len(row), row[sent[g]:] if only_new else list(row)
+            else:
+                n, ids = len(t.page_ids), self._exec_ids(t, sent[g] if only_new else 0)
+            out.append(ids)
             if only_new:
                 sent[g] = n
         return Blocks(tuple(out))
+
+    def _check_step_ends(self, req, start: int) -> None:
+        """vLLM's worker writes a state only at a step's end: every checkpoint jenga placed
+        in this allocation must be the step's last position (vLLM's align-mode scheduler
+        stops prefill chunks at the prompt's last block boundary and at the junction)."""
+        end = req.start
+        for t in req.tables.groups:
+            if isinstance(t, StateTable):
+                inside = [p for p in t.checkpoints if start < p < end]
+                if inside:
+                    raise AssertionError(f"jenga.vllm: {req.request_id}: state checkpoints {inside} fall inside the "
+                                         f"step [{start}, {end}); vLLM's worker would never write them")
 
     def _tables(self, req) -> list[TokenTable]:
         if req.tables is not None:
@@ -138,7 +183,10 @@ class JengaKVCacheAdapter:
         else:
             hit = self.manager.lookup(request.request_id, max_tokens=0)
         self._sent.pop(request.request_id, None)
-        return self._blocks(request.request_id, only_new=False), hit, 0
+        self._rows.pop(request.request_id, None)
+        # the junction (where the prompt leaves the cached prefix) is vLLM's shared-prefix
+        # boundary: its align-mode scheduler ends a prefill step there, where jenga checkpoints
+        return self._blocks(request.request_id, only_new=False), hit, req.junction
 
     def allocate_slots(self, request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks=None, num_lookahead_tokens: int = 0,
@@ -167,6 +215,7 @@ class JengaKVCacheAdapter:
         unknown = max(0, start + num_new_tokens - len(req.tokens))
         if mgr.allocate(rid, num_new_tokens, num_lookahead=lookahead, num_placeholders=unknown) is None:
             return None
+        self._check_step_ends(req, start)
         return self._blocks(rid, only_new=True)
 
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
@@ -179,6 +228,7 @@ class JengaKVCacheAdapter:
             self.manager.free(rid)
             self.num_preempted_or_freed += 1
         self._sent.pop(rid, None)
+        self._rows.pop(rid, None)
 
     def remove_skipped_blocks(self, request_id, processed_computed_tokens, num_prompt_tokens=None) -> None:
         pass  # jenga releases out-of-window pages when their tokens are committed

@@ -8,8 +8,9 @@
   gcd of the groups' page sizes, the exec-id unit) and ``layer_stride`` = the group's
   per-layer page, so page ``p`` of group ``g`` is exec block ``p * P_g / u`` and the
   workers' ``as_strided`` views address it with no change to worker or kernel code.
-  ``num_blocks`` is the number of units the large pages cover, so every view stays
-  inside the buffer (jenga's slack large page is the headroom).
+  ``num_blocks`` covers the highest exec id, so every view stays inside the buffer.  With
+  state groups the pages start ``P_max`` bytes in (exec id ``p * P_g / u + P_max / u``):
+  vLLM's null block 0, where state kernels write padded rows, then touches no page.
 * ``uniform`` (``JENGA_VLLM_LAYOUT=uniform``): vLLM's own groups and layout; jenga
   decides blocks, hits and eviction only (page ``p`` is vLLM block ``p + 1``; block 0 is
   vLLM's null block).
@@ -28,7 +29,7 @@ from functools import reduce
 from vllm.v1 import kv_cache_interface as kvi
 
 from jenga.errors import InvalidArgumentError
-from jenga.pagesize import fit_page_sizes, with_base_page
+from jenga.pagesize import manager_page_plan, with_base_page
 from jenga.specs import ModelSpec
 from jenga.vllm.specs import UnsupportedInVllm, model_of_groups
 
@@ -88,7 +89,10 @@ def uniform_plan(cfg, max_model_len: int) -> VllmPlan:
         if isinstance(spec, kvi.UniformTypeKVCacheSpecs):
             spec = next(iter(spec.kv_cache_specs.values()))
         groups.append((g.layer_names, spec))
-    model = model_of_groups(groups, name="vllm", max_model_len=max_model_len)
+    tpp = min(s.block_size for _, s in groups)
+    _check_state_blocks(groups, tpp)
+    model = model_of_groups(groups, name="vllm", max_model_len=max_model_len,
+                            checkpoint_interval=no_periodic_checkpoints(max_model_len, tpp))
     padded = []
     for g in model.groups:
         pad = block_bytes - g.useful_page_bytes
@@ -97,15 +101,41 @@ def uniform_plan(cfg, max_model_len: int) -> VllmPlan:
                                     f"do not fill vLLM's {block_bytes} B blocks evenly")
         padded.append(dataclasses.replace(g, pad_bytes=pad))
     model = dataclasses.replace(model, groups=tuple(padded))
-    tpp = model.groups[0].tokens_per_page
-    if any(g.tokens_per_page != tpp for g in model.groups):
+    if any(g.tokens_per_page != tpp for g in model.groups if g.spec.per_token):
         raise UnsupportedInVllm("jenga.vllm uniform layout: vLLM groups with different block sizes")
     return VllmPlan("uniform", model, cfg.num_blocks * block_bytes, tpp, False,
                     (1,) * len(model.groups), 1)
 
 
+def _no_internal_checkpoints(spec):
+    """A Mamba spec whose worker writes a state only at a step's end (never an "internal"
+    prefill checkpoint into another block-table column, which jenga's pages do not plan)."""
+    if isinstance(spec, kvi.MambaSpec) and spec.num_prefill_checkpoint_blocks:
+        return dataclasses.replace(spec, num_prefill_checkpoint_blocks=0, prefill_checkpoint_alignment=None)
+    return spec
+
+
 def _normalized(spec, block_size: int):
+    """The worker's spec of a jenga group: jenga's tokens per page, no vLLM padding.  A
+    state's block size stays vLLM's (its block-table columns are positions / block size)."""
+    if isinstance(spec, kvi.MambaSpec):
+        return dataclasses.replace(_no_internal_checkpoints(spec), page_size_padded=None)
     return dataclasses.replace(spec, block_size=block_size, page_size_padded=None)
+
+
+def no_periodic_checkpoints(max_model_len: int, block: int) -> int:
+    """jenga's state checkpoint interval inside vLLM: past the longest sequence.  vLLM's worker
+    writes a state only where a step ends; its scheduler ends prefill steps at the prompt's
+    last block boundary and the shared-prefix junction (jenga's own checkpoint marks), not
+    at every interval inside one long chunk."""
+    return (max_model_len // block + 1) * block
+
+
+def _check_state_blocks(groups, base: int) -> None:
+    for _, spec in groups:
+        if isinstance(spec, kvi.MambaSpec) and spec.mamba_cache_mode == "align" and spec.block_size != base:
+            raise UnsupportedInVllm(f"jenga.vllm: Mamba block size {spec.block_size} differs from the attention "
+                                    f"block size {base}; jenga's state checkpoints sit on its token pages")
 
 
 def page_layer_plan(cfg, max_model_len: int) -> tuple[VllmPlan, object]:
@@ -117,22 +147,31 @@ def page_layer_plan(cfg, max_model_len: int) -> tuple[VllmPlan, object]:
     for name, s in layers:
         by_spec.setdefault(_normalized(s, base), []).append(name)
     groups = [(names, spec) for spec, names in by_spec.items()]
-    model = model_of_groups(groups, name="vllm", max_model_len=max_model_len)
-    fitted = fit_page_sizes(with_base_page(model, base), max_ratio=MAX_LCM_RATIO).model
+    _check_state_blocks(groups, base)
+    model = model_of_groups(groups, name="vllm", max_model_len=max_model_len,
+                            checkpoint_interval=no_periodic_checkpoints(max_model_len, base))
+    fitted = manager_page_plan(with_base_page(model, base), MAX_LCM_RATIO).model
     S = fitted.lcm_page_bytes
-    num_large = raw // S - 1
+    unit = reduce(math.gcd, (g.page_bytes for g in fitted.groups))
+    pages = [g.page_bytes for g in fitted.groups]
+    # vLLM's block 0 is its null block: padded rows of a state kernel write their state there.
+    # With state groups, jenga's pages start ``sink = P_max`` bytes in, so exec id 0 of every
+    # view (bytes [0, P_g)) touches no page; the views of the largest pages then need
+    # ``2 P_max - P_min`` bytes past the last large page, which may cost a large page.
+    # Without state groups nothing writes block 0: pages start at 0 (the slack page is the headroom).
+    sink = max(pages) if any(not g.spec.per_token for g in fitted.groups) else 0
+    num_large = min(raw // S - 1, (raw - sink - max(pages) + min(pages)) // S)
     if num_large < 1:
         raise UnsupportedInVllm(f"jenga.vllm: vLLM's KV budget of {raw} B holds no large page of {S} B plus a "
                                 "slack page; give the KV cache more memory")
-    unit = reduce(math.gcd, (g.page_bytes for g in fitted.groups))
     new_groups, tensors = [], []
     for (names, spec), g in zip(groups, fitted.groups, strict=True):
         new_groups.append(kvi.KVCacheGroupSpec(names, _normalized(spec, g.tokens_per_page)))
         tensors.append(kvi.KVCacheTensor(size=raw, layers=list(names), layer_stride=g.layer_page_bytes,
                                          block_stride=unit, offset=0))
-    new_cfg = dataclasses.replace(cfg, num_blocks=num_large * S // unit, kv_cache_tensors=tensors,
-                                  kv_cache_groups=new_groups)
-    plan = VllmPlan("pages", model, raw, base, True, tuple(g.page_bytes // unit for g in fitted.groups), 0)
+    num_blocks = (num_large * S - min(pages) + sink) // unit + 1  # the highest exec id + 1
+    new_cfg = dataclasses.replace(cfg, num_blocks=num_blocks, kv_cache_tensors=tensors, kv_cache_groups=new_groups)
+    plan = VllmPlan("pages", model, (num_large + 1) * S, base, True, tuple(p // unit for p in pages), sink // unit)
     return plan, new_cfg
 
 
@@ -140,6 +179,9 @@ def rewrite_config(cfg, max_model_len: int):
     """The config the workers and the scheduler get, with the plan attached as ``jenga_plan``."""
     if layout_name() == "uniform":
         plan = uniform_plan(cfg, max_model_len)
+        groups = [dataclasses.replace(g, kv_cache_spec=_no_internal_checkpoints(g.kv_cache_spec))
+                  for g in cfg.kv_cache_groups]
+        cfg = dataclasses.replace(cfg, kv_cache_groups=groups)
     else:
         plan, cfg = page_layer_plan(cfg, max_model_len)
     cfg.jenga_plan = plan

@@ -11,6 +11,8 @@ from __future__ import annotations
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from jenga.capacity import fits, max_context_tokens, pages_for_context
+from jenga.errors import InsufficientMemoryError
 from jenga.vllm.adapter import JengaKVCacheAdapter
 from jenga.vllm.plan import layout_name, uniform_plan
 from jenga.vllm.specs import UnsupportedInVllm
@@ -29,11 +31,34 @@ def refuse_unsupported(vllm_config) -> None:
         (vllm_config.parallel_config.pipeline_parallel_size > 1, "pipeline parallelism"),
         (vllm_config.parallel_config.decode_context_parallel_size > 1, "decode context parallelism"),
         (vllm_config.scheduler_config.watermark > 0, "a KV-cache watermark"),
+        (getattr(vllm_config.cache_config, "use_replayssm", False),
+         "ReplaySSM Mamba decode kernels (they write states outside the block-table columns jenga plans)"),
     ]
     for bad, what in checks:
         if bad:
             raise UnsupportedInVllm(f"jenga.vllm does not support {what}; run without scheduler_cls="
                                     "'jenga.vllm.JengaScheduler' for it")
+
+
+#: state pages one request may hold in one step: its work page, the checkpoint it copies from
+#: (a hit, or the one its last step ended on), the checkpoint its previous step is still
+#: writing (async scheduling) and the one this step ends on
+STATE_PAGES_PER_STEP = 4
+
+
+def check_max_model_len_fits(mgr, max_model_len: int) -> None:
+    """Refuse at engine start a budget in which one request of ``max_model_len`` tokens can
+    never be allocated (vLLM's own start-time check counts vLLM's blocks, not jenga's pages);
+    otherwise the scheduler would wait for memory forever."""
+    pages = pages_for_context(mgr, max_model_len)
+    pages = [p + (STATE_PAGES_PER_STEP - 1) * (not g.spec.per_token) for p, g in zip(pages, mgr.model.groups,
+                                                                                   strict=True)]
+    if not fits(mgr, pages):
+        longest = max_context_tokens(mgr)
+        raise InsufficientMemoryError(
+            f"jenga.vllm: the KV budget ({mgr.alloc.num_large} large pages of {mgr.large_page_bytes} B) cannot hold "
+            f"one request of max_model_len={max_model_len} tokens (jenga's pages per group {pages}; about "
+            f"{longest} tokens fit); give the KV cache more memory or lower max_model_len")
 
 
 class JengaScheduler(Scheduler):
@@ -58,6 +83,7 @@ class JengaScheduler(Scheduler):
         self.kv_cache_manager = JengaKVCacheAdapter(
             plan, kv_cache_config, max_model_len=self.max_model_len, enable_caching=self.cache_config.enable_prefix_caching,
             log_stats=self.log_stats, enable_kv_cache_events=self.enable_kv_cache_events)
+        check_max_model_len_fits(self.kv_cache_manager.manager, self.max_model_len)
         self.num_preemptions = 0
 
     def _preempt_request(self, request, *args, **kwargs) -> None:

@@ -61,10 +61,29 @@ def jenga_spec(spec, model: str, *, checkpoint_interval: int) -> js.CacheSpec:
         if type(spec) is kvi.FullAttentionSpec:
             return js.FullAttentionSpec(**kw)  # also vLLM's "sliding stored as full" when HMA is off
     if isinstance(spec, kvi.MambaSpec):
-        raise UnsupportedInVllm(f"jenga.vllm does not serve state layers ({spec.mamba_type}) inside vLLM yet: "
-                                "their pages follow vLLM's Mamba block tables, which jenga's checkpoints "
-                                "do not map onto")
+        return state_spec(spec, model, checkpoint_interval=checkpoint_interval)
     raise UnsupportedInVllm(f"jenga.vllm: no jenga cache kind for vLLM's {name}")
+
+
+#: vLLM's ``mamba_cache_mode`` -> the jenga state spec whose page rules match its worker:
+#: "align" (prefix caching on) copies the state reached by a step forward at the next step;
+#: "none" (prefix caching off) keeps one state slot per request, updated in place
+STATE_SPECS = {"align": js.CopyForwardMambaSpec, "none": js.MambaSpec}
+
+
+def state_spec(spec, model: str, *, checkpoint_interval: int) -> js.MambaSpec:
+    """A vLLM ``MambaSpec`` (Mamba-1/2, Gated DeltaNet, short conv) as a jenga state spec."""
+    if spec.mamba_cache_mode not in STATE_SPECS:
+        raise UnsupportedInVllm(f"jenga.vllm: mamba_cache_mode={spec.mamba_cache_mode!r} has no jenga state "
+                                f"protocol; use one of {sorted(STATE_SPECS)}")
+    if spec.num_speculative_blocks:
+        raise UnsupportedInVllm("jenga.vllm: speculative Mamba blocks (MTP / EAGLE on a hybrid) are not supported")
+    if spec.num_heads != 1 or spec.tokens_per_state != -1:
+        raise UnsupportedInVllm(f"jenga.vllm: per-head or token-sized state pages ({spec.mamba_type}) are not "
+                                "supported")
+    dtypes = tuple(dtype_name(d) for d in spec.dtypes)
+    return STATE_SPECS[spec.mamba_cache_mode](model, dtype=dtypes[0], shapes=tuple(tuple(s) for s in spec.shapes),
+                                              dtypes=dtypes, checkpoint_interval=checkpoint_interval)
 
 
 def model_of_groups(groups: list[tuple[list[str], object]], *, name: str, max_model_len: int,

@@ -1,0 +1,150 @@
+"""Drive a vLLM ``AsyncScheduler`` (stock or jenga's) with a deterministic stand-in model runner,
+the way vLLM's own scheduler tests do (tests/v1/core/test_async_scheduler.py), so async
+scheduling runs with real in-flight placeholder tokens on a machine whose vLLM platform turns
+it off (vLLM's CPU platform sets ``async_scheduling = False``).
+
+The engine loop is ``EngineCore.step_with_batch_queue``'s: schedule step ``k + 1`` before the
+output of step ``k`` reaches the scheduler (a queue of two batches).  The runner executes a
+batch as soon as it is scheduled, like the worker: it knows the tokens it sampled, the
+scheduler does not until ``update_from_output``.  It keeps a KV store keyed by (group, block
+id, slot): every computed token writes ``(position, token id)`` through the block table the
+scheduler sent, and every step first reads back all earlier positions of the request through
+that table and checks them (a prefix hit must point at pages holding exactly those tokens; no
+other request may have overwritten a live page).  The sampled token is a hash of the tokens
+read back, so a wrong page would also change the output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+
+from vllm import SamplingParams
+from vllm.engine.arg_utils import EngineArgs
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
+from vllm.v1.core.kv_cache_utils import (
+    get_kv_cache_configs,
+    get_request_block_hasher,
+    init_none_hash,
+    resolve_kv_cache_block_sizes,
+)
+from vllm.v1.kv_cache_interface import FullAttentionSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+
+VOCAB = 500
+
+
+def async_config(path: str, **kw):
+    """vLLM's config for ``path`` with async scheduling switched on after the platform's check."""
+    args = dict(model=path, dtype="float32", block_size=32, max_model_len=512, max_num_seqs=8, seed=0,
+                enable_prefix_caching=True, enforce_eager=True)
+    args.update(kw)
+    cfg = EngineArgs(**args).create_engine_config()
+    cfg.scheduler_config.async_scheduling = True
+    return cfg
+
+
+def kv_config(vllm_config, num_layers: int, num_blocks: int):
+    """vLLM's own KV-cache config for ``num_layers`` full-attention layers and ``num_blocks`` blocks."""
+    mc = vllm_config.model_config
+    specs = {f"model.layers.{i}.self_attn.attn": FullAttentionSpec(
+        block_size=vllm_config.cache_config.block_size, num_kv_heads=mc.get_total_num_kv_heads(),
+        head_size=mc.get_head_size(), dtype=mc.dtype) for i in range(num_layers)}
+    page = next(iter(specs.values())).page_size_bytes
+    resolve_kv_cache_layout(vllm_config, [["LBNHC"]], specs.values())  # the engine core does this first
+    cfg = get_kv_cache_configs(vllm_config, [specs], [num_blocks * page * num_layers])[0]
+    vllm_config.cache_config.num_gpu_blocks = cfg.num_blocks  # as the engine core records it
+    return cfg
+
+
+def make_scheduler(cls, vllm_config, kv_cache_config):
+    block, hash_block = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+    return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+               structured_output_manager=StructuredOutputManager(vllm_config), block_size=block,
+               hash_block_size=hash_block), hash_block
+
+
+class FakeRunner:
+    """Executes scheduler outputs against a KV store (see the module docstring)."""
+
+    def __init__(self, kv_cache_config):
+        self.block_sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
+        self.kv: dict[tuple[int, int, int], tuple[int, int]] = {}
+        self.tokens: dict[str, list[int]] = {}
+        self.prompt_len: dict[str, int] = {}
+        self.tables: dict[str, list[list[int]]] = {}
+        self.checked = 0
+
+    def _slot(self, g: int, table: list[int], pos: int) -> tuple[int, int, int]:
+        bs = self.block_sizes[g]
+        return g, table[pos // bs], pos % bs
+
+    def execute(self, out) -> ModelRunnerOutput:
+        starts = {}
+        for r in out.scheduled_new_reqs:
+            self.tokens[r.req_id] = list(r.prompt_token_ids)
+            self.prompt_len[r.req_id] = len(r.prompt_token_ids)
+            self.tables[r.req_id] = [list(b) for b in r.block_ids]
+            starts[r.req_id] = r.num_computed_tokens
+        c = out.scheduled_cached_reqs
+        for i, rid in enumerate(c.req_ids):
+            if rid in c.resumed_req_ids:  # preempted and back: the scheduler's tokens, new tables
+                self.tokens[rid] = self.tokens[rid][:self.prompt_len[rid] + c.num_output_tokens[i]]
+                self.tables[rid] = [list(b) for b in c.new_block_ids[i]]
+            elif c.new_block_ids[i] is not None:
+                for table, new in zip(self.tables[rid], c.new_block_ids[i], strict=True):
+                    table.extend(new)
+            starts[rid] = c.num_computed_tokens[i]
+        req_ids, sampled = [], []
+        for rid, n in out.num_scheduled_tokens.items():
+            start, toks, tables = starts[rid], self.tokens[rid], self.tables[rid]
+            seen = []
+            for g, table in enumerate(tables):  # every earlier position, read back through the table
+                got = [self.kv.get(self._slot(g, table, q)) for q in range(start)]
+                assert got == [(q, toks[q]) for q in range(start)], f"{rid}: group {g} pages hold other tokens"
+                seen = [t for _, t in got]
+            self.checked += start
+            for p in range(start, start + n):
+                for g, table in enumerate(tables):
+                    self.kv[self._slot(g, table, p)] = (p, toks[p])
+            req_ids.append(rid)
+            if start + n == len(toks):  # the last known token computed: sample the next one
+                digest = hashlib.blake2b(repr(seen + toks[start:start + n]).encode(), digest_size=8).digest()
+                tok = 3 + int.from_bytes(digest, "little") % (VOCAB - 3)
+                toks.append(tok)
+                sampled.append([tok])
+            else:
+                sampled.append([])
+        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                 sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={}, pooler_output=[])
+
+
+def run(scheduler, hash_block: int, kv_cache_config, prompts, *, max_tokens: int = 24, arrivals=None):
+    """Serve ``prompts`` (request ``i`` added before step ``arrivals[i]``) with two batches in flight.
+    Returns (generated tokens per request, the runner, steps taken, placeholder tokens scheduled)."""
+    hash_fn = get_hash_fn_by_name(scheduler.cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    hasher = get_request_block_hasher(hash_block, hash_fn)
+    reqs = [Request(f"r{i}", list(p), SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+                    None, block_hasher=hasher) for i, p in enumerate(prompts)]
+    arrivals = arrivals or [0] * len(reqs)
+    runner, queue, step, placeholders = FakeRunner(kv_cache_config), deque(), 0, 0
+    pending = sorted(range(len(reqs)), key=lambda i: arrivals[i])
+    while pending or scheduler.has_requests() or queue:
+        while pending and arrivals[pending[0]] <= step:
+            scheduler.add_request(reqs[pending.pop(0)])
+        out = scheduler.schedule()
+        step += 1
+        if out.total_num_scheduled_tokens:
+            # a request scheduled again while its previous step is in flight computes a token whose id
+            # the scheduler does not know yet (its second output placeholder)
+            placeholders += sum(r.num_output_placeholders >= 2 for r in reqs if r.request_id in out.num_scheduled_tokens)
+            queue.append((out, runner.execute(out)))
+        if queue and (len(queue) == 2 or not out.total_num_scheduled_tokens):
+            done, result = queue.popleft()
+            scheduler.update_from_output(done, result)
+        assert step < 10_000, "no progress"
+    return [list(r.output_token_ids) for r in reqs], runner, step, placeholders
