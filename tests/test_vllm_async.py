@@ -31,7 +31,7 @@ def prompts():
     return ps, [0] + [4] * len(w["shared"]) + [8] * len(w["pressure"])
 
 
-@pytest.fixture(scope="module", params=[("ample", 512), ("tight", 24)], ids=lambda p: p[0])
+@pytest.fixture(scope="module", params=[("ample", 512), ("tight", 20)], ids=lambda p: p[0])
 def runs(request, tmp_path_factory):
     path = model_dir("llama", tmp_path_factory.getbasetemp())
     ps, arrivals = prompts()
