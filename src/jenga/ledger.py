@@ -8,6 +8,7 @@ It works on the manager's allocator, index, evictor and per-group reference coun
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import compress
 
 from jenga.prefix.policy import PageOps
 
@@ -81,6 +82,22 @@ class PageLedger(PageOps):
         to_free: list[int] = []
         seg = pages[start:stop]
         pages[start:stop] = [None] * len(seg)
+        if caching and not released and seg and None not in seg \
+                and list(map(ref.__getitem__, seg)).count(1) == len(seg):
+            # the common free: every page's last reference; registered ones go to the evictor
+            for page in seg:
+                ref[page] = 0
+            negs = range(-(start + 1) * tokens_per_page, -(stop + 1) * tokens_per_page, -tokens_per_page)
+            reg = list(map(key_of.__contains__, seg))
+            if reg.count(True) == len(seg):
+                self.evictor.add_run(group, seg, negs, last_access)
+                return
+            self.evictor.add_run(group, list(compress(seg, reg)), list(compress(negs, reg)), last_access)
+            release = self.alloc.release
+            for page, r in zip(seg, reg, strict=True):
+                if not r:
+                    release(group, page)
+            return
         for i, page in enumerate(seg, start):
             if page is None:
                 continue

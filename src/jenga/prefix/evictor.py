@@ -49,10 +49,12 @@ class PrefixEvictor(EvictionSource):
 
     def add_many(self, group: int, pages: list[tuple[int, int]], last_access: int) -> None:
         """``add`` for many (page, prefix length) pairs with one access time."""
+        self.add_run(group, [page for page, _ in pages], [-plen for _, plen in pages], last_access)
+
+    def add_run(self, group: int, ids: list[int], negs, last_access: int) -> None:
+        """``add_many`` for pages ``ids`` with ``-prefix length`` in ``negs`` (a sequence)."""
         keys = self.keys[group]
-        ids = [page for page, _ in pages]
-        negs = [-plen for _, plen in pages]
-        prios = repeat(last_access) if self._plain else self.priorities(group, pages, last_access)
+        prios = repeat(last_access) if self._plain else self.priorities_of(group, ids, last_access)
         keys.update(zip(ids, zip(prios, negs, strict=False), strict=True))  # prios may be repeat()
         if self._small_order[group]:
             heap = self._heaps[group]
@@ -64,7 +66,7 @@ class PrefixEvictor(EvictionSource):
                 push = heapq.heappush
                 for e in entries:
                     push(heap, e)
-            self._pushed[group] += len(pages)
+            self._pushed[group] += len(ids)
             if self._pushed[group] > self._base[group] + 1024:  # drop stale entries now and then
                 heap[:] = [(t, n, p) for t, n, p in heap if keys.get(p) == (t, n)]
                 heapq.heapify(heap)
@@ -82,6 +84,10 @@ class PrefixEvictor(EvictionSource):
     def priorities(self, group: int, pages: list[tuple[int, int]], last_access: int) -> list[int]:
         """``priority`` of each (page, prefix length) pair."""
         return [self.priority(group, page, last_access) for page, _ in pages]
+
+    def priorities_of(self, group: int, ids: list[int], last_access: int) -> list[int]:
+        """``priorities`` for page ids."""
+        return self.priorities(group, [(page, 0) for page in ids], last_access)
 
     def release_time(self, group: int, page: int, key: Key) -> int:
         """The release time behind a key (``touch`` hands it back for an undo)."""

@@ -18,6 +18,8 @@ Within a class, ties go to the longer prefix first, as in the base evictor (alig
 
 from __future__ import annotations
 
+from itertools import repeat
+
 from jenga.prefix.evictor import PrefixEvictor
 
 PROTECTED = 1 << 61  # priorities of class 3 are PROTECTED - release time
@@ -56,16 +58,19 @@ class ReuseEvictor(PrefixEvictor):
         return self.priorities(group, [(page, 0)], last_access)[0]
 
     def priorities(self, group: int, pages: list[tuple[int, int]], last_access: int) -> list[int]:
+        return self.priorities_of(group, [page for page, _ in pages], last_access)
+
+    def priorities_of(self, group: int, ids: list[int], last_access: int) -> list[int]:
         times = self.times[group]
-        for page, _ in pages:
-            times[page] = last_access
+        times.update(zip(ids, repeat(last_access)))
         if last_access < 0:
-            return [last_access] * len(pages)
+            return [last_access] * len(ids)
         uses, key_of = self.index.uses[group], self.index.key_of[group]
         protected = PROTECTED - last_access
-        out = [protected if uses.get(key_of[page], 0) >= 2 else last_access for page, _ in pages]
+        counts = list(map(uses.get, map(key_of.__getitem__, ids), repeat(0)))
+        out = [protected if c >= 2 else last_access for c in counts]
         prot = self.protected[group]
-        for (page, _), t in zip(pages, out, strict=True):
+        for page, t in zip(ids, out, strict=True):
             if t == protected and page not in prot:  # pages being cached: their large page is not in E
                 prot.add(page)
                 self._mark(group, page, 1)
