@@ -40,6 +40,7 @@ from jenga.engine.metrics import EngineMetrics
 from jenga.engine.model_runner import ModelRunner
 from jenga.engine.multimodal import attach_images
 from jenga.engine.outputs import RequestOutput
+from jenga.engine.processor_prompts import ProcessorPrompts
 from jenga.engine.sampler import make_generator, sample
 from jenga.engine.sampling_params import SamplingParams
 from jenga.engine.scheduler import Scheduler
@@ -139,6 +140,7 @@ class LLM:
         self.config, self.model = config, net.eval()
         self.generation_defaults = gen
         self.tokenizer = tokenizer or tok
+        self.processor_prompts = ProcessorPrompts(None if is_tiny(model) else model, self.model)  # text + images
         ckpt = {} if state_checkpoint_interval is None else {"mamba_checkpoint_interval": state_checkpoint_interval}
         vlm = getattr(self.model, "multimodal", False)
         spec = ModelSpec.from_hf_config(spec_source, dtype=dtype, tokens_per_page=tokens_per_page,
@@ -222,11 +224,13 @@ class LLM:
 
     def add_request(self, prompt, params: SamplingParams | None = None, *, request_id: object = None,
                     cache_salt: str | None = None) -> Seq:
-        """Queue one prompt (text, token ids or ``{"prompt_token_ids": ...}``); returns its live sequence.
+        """Queue one prompt (text, token ids or ``{"prompt_token_ids": ...}``; text + raw images through the
+        directory's HF processor, :mod:`jenga.engine.processor_prompts`); returns its live sequence.
 
         ``request_id`` defaults to a fresh integer; ``cache_salt`` keeps this request's prefix
         cache apart from requests with another salt.  Raises before queueing anything."""
         params = params or self.default_sampling_params
+        prompt = self.processor_prompts.apply(prompt)  # text / raw images -> ids + the model's image tensors
         text, ids = self._prompt_ids(prompt)
         rid = next(self._ids) if request_id is None else request_id
         if rid in self._live:
