@@ -124,3 +124,13 @@ def test_a_lookup_let_go_before_its_allocate_is_not_a_use():
     assert [mgr.index.uses_of(0, p) for p in (0, 1)] == [1, 1]
     assert not mgr.evictor.protected[0]
     mgr.check_integrity()
+
+
+def test_protected_pages_over_their_share_of_the_pool_no_longer_hold_admission_back():
+    mgr = protected_setup()  # pages 0, 1 protected: a quarter of the 8-page pool
+    mgr.protected_share = 0.2
+    mgr.add_request("z", [30, 31, 32])
+    assert mgr.lookup("z") == 0
+    assert mgr.can_allocate("z", 3)
+    assert mgr.allocate("z", 3).groups[0].page_ids == [2, 3, 1]  # one-off first, then the newest protected
+    mgr.check_integrity()

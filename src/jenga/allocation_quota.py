@@ -47,7 +47,11 @@ class AllocationQuota:
         instead of evicting a hot prefix (its window, on a sliding model) that the next
         requests would miss; and it leaves ``admission_margin`` pages per token group and
         running request evictable for their growth.  Alone, a request may evict anything (it
-        could never run else)."""
+        could never run else); and while protected pages hold more than ``protected_share``
+        of the pool (default half: a
+        reused working set larger than the pool, e.g. a cyclic one) admissions may evict them
+        in the evictor's order (newest first), so new requests keep the rest of the pool and
+        the protected set cannot starve admission."""
         if not any(need):
             return need
         quota = self._quota_for(need)
@@ -61,6 +65,8 @@ class AllocationQuota:
             return quota
         if not self._allocated:
             return quota  # no other request has pages
+        if self.evictor.protected_bytes() > self.protected_share * self.alloc.num_large * self.alloc.large_bytes:
+            return quota  # protected pages hold over their share of the pool: admissions may evict them
         sup = self.alloc.supply()
         sup = Supply(sup.free_small, tuple(c - o for c, o in zip(sup.cached_small, outside, strict=True)),
                      sup.whole_large - e_prot)

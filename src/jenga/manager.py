@@ -82,6 +82,8 @@ class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, Ca
     #: pages per token group and running request an admission leaves evictable beside the
     #: protected ones (see ``_quota_of``)
     admission_margin = 1
+    #: share of the pool beyond which protected pages no longer hold admissions back
+    protected_share = 0.5
     default_eviction = "reuse"
 
     def __init__(self, model: ModelSpec, memory_bytes: int | str, *, tokens_per_page: int = 16,

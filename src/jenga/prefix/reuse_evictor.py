@@ -137,6 +137,11 @@ class ReuseEvictor(PrefixEvictor):
         must leave alone to evict no page reused at least twice."""
         return self._prot_out, self._e_prot
 
+    def protected_bytes(self) -> int:
+        """Bytes of class-3 pages."""
+        pb = self.alloc.page_bytes
+        return sum(len(p) * pb[g] for g, p in enumerate(self.protected))
+
     def check(self) -> None:
         """Recount the class-3 counters (for ``check_integrity``)."""
         alloc, inside, out, e = self.alloc, {}, [0] * len(self.protected), set()
