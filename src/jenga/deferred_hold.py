@@ -102,8 +102,9 @@ class DeferredHold:
 
     def _hit_cannot_fit(self, req: Request, end: int) -> bool:
         """True when the first ``allocate`` of ``req`` up to ``end`` surely fails: its new pages
-        need more bytes than are free plus cached outside its pending hit (then holding the hit
-        would be undone at once).  Reads the structures without holding the hit."""
+        need more bytes than are free plus cached outside its pending hit and, for an admission
+        while others hold pages, outside the protected pages (then holding the hit would be undone
+        at once).  Reads the structures without holding the hit."""
         if req.images:
             return False  # image policies may hold cached pages while planning
         alloc, ref, keys = self._alloc, self._ref, self._evictor.keys
@@ -117,10 +118,17 @@ class DeferredHold:
                 r = ref[group]
                 held += ([r[p] for p in pages].count(0) if type(pages) is list else r[pages] == 0) * pb[group]
             req.reserve_cached = held
-        avail = alloc.num_free_large * alloc.large_bytes - req.reserve_cached
+        avail = alloc.num_free_large * alloc.large_bytes
         for g, p in enumerate(pb):
             avail += (alloc.free_small[g] + alloc.hidden_free[g] + len(keys[g])) * p
-        return need > avail
+        # out of reach: the hit's cached pages, and for an admission while others hold pages the
+        # pages the evictor protects (``_quota_of``); the two may overlap, so the larger counts
+        out = req.reserve_cached
+        prot = getattr(self._evictor, "protected_supply", None)
+        if prot is not None and self._allocated:
+            outside, e_prot = prot()
+            out = max(out, sum(o * p for o, p in zip(outside, pb, strict=True)) + e_prot * alloc.large_bytes)
+        return need > avail - out
 
     def _undo_holds(self, log: list) -> None:
         """``_unhold`` for holds that did not become a use (a rolled-back plan, a hit let go
