@@ -20,7 +20,7 @@ test: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadgroup -m 'not slow' tests
 
 test-vllm-slow: $(STAMP)
-	$(PY) -m pytest -n 2 --dist loadgroup -m slow tests
+	$(PY) -m pytest -n 2 --dist loadgroup tests/test_vllm_server.py tests/test_vllm_tp.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/manager_overhead.py
