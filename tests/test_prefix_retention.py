@@ -112,3 +112,15 @@ def test_long_prompt_keeps_tail_checkpoints_one_two_four_blocks_before_its_end()
     serve(mgr, "c", list(range(2000, 2030)), [1])  # 30 tokens < 8 intervals: periodic and end only
     assert sorted(-k[1] for p, k in cached_keys(mgr, 1).items() if p not in before) == [8, 16, 24, 30]
     mgr.check_integrity()
+
+
+def test_periodic_checkpoints_of_a_prompt_go_first_its_branch_points_stay():
+    mgr = make_manager(hybrid(8), 64, out_of_window_age=1000)
+    serve(mgr, "a", P + [100, 101, 102, 103, 104], [1])  # periodic 8, prompt end 15
+    times = {-k[1]: k[0] for k in cached_keys(mgr, 1).values()}
+    assert sorted(times) == [8, 15]
+    assert times[8] < 0 < times[15]  # 8 is released aged (evicted before any other cached page)
+    mgr.add_request("b", P + [200, 201, 202, 203])
+    assert mgr.lookup("b") == 8  # still a valid hit while it lasts
+    mgr.free("b")
+    mgr.check_integrity()

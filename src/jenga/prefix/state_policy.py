@@ -88,11 +88,14 @@ class MambaPolicy(Policy):
 
     def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
         done = [pos for pos in gs.checkpoints if pos <= req.num_computed]
+        marks = self._marks(req) if done else ()
         for pos in done:
             page = gs.checkpoints.pop(pos)
             if pos // self.block <= len(req.hashes):
                 ops.register(self.gi, page, self.key(req, pos))
-            ops.drop(self.gi, page, ops.now, pos)
+            # a periodic checkpoint that is no branch point goes before other cached pages
+            aged = marks and pos not in marks and pos < req.prompt_len // self.block * self.block
+            ops.drop(self.gi, page, ops.now - ops.out_of_range_age if aged else ops.now, pos)
         if gs.read is not None:
             ops.drop(self.gi, gs.read, ops.now, gs.read_pos)
             gs.read = None
