@@ -125,8 +125,9 @@ class DeferredHold:
         # pages the evictor protects (``_quota_of``); the two may overlap, so the larger counts
         out = req.reserve_cached
         prot = getattr(self._evictor, "protected_supply", None)
-        if prot is not None and self._allocated:
-            outside, e_prot = prot()
+        pool = alloc.num_large * alloc.large_bytes
+        if prot is not None and self._allocated and self._evictor.protected_bytes() <= self.protected_share * pool:
+            outside, e_prot = prot()  # the same conditions as _quota_of's protection
             out = max(out, sum(o * p for o, p in zip(outside, pb, strict=True)) + e_prot * alloc.large_bytes)
         return need > avail - out
 

@@ -1,0 +1,53 @@
+"""The deferred hold's shortcut refuses only allocations that holding the hit first would refuse."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+from conftest import full, group, make_manager, model, sliding
+
+from jenga.manager import KVCacheManager
+
+
+def _checked(mgr: KVCacheManager, seen: list) -> None:
+    """Wrap ``_hit_cannot_fit``: whenever it refuses, a copy that holds the hit and plans
+    the same allocation exactly must find no quota either."""
+    inner = mgr._hit_cannot_fit
+
+    def hit_cannot_fit(req, end):
+        refused = inner(req, end)
+        if refused:
+            twin = copy.deepcopy(mgr)
+            treq = twin.requests[req.request_id]
+            twin._hold_pending()
+            need, _log = twin._plan(treq, end)
+            assert twin._quota_of(treq, need) is None, "pre-check refused an allocation that fits"
+            seen.append(req.request_id)
+        return refused
+
+    mgr._hit_cannot_fit = hit_cannot_fit
+
+
+def test_precheck_refuses_only_what_the_exact_check_refuses():
+    spec = model(group("full", full(), 1), group("swa", sliding(8), 1, first_layer=1))
+    rng = random.Random(7)
+    for eviction in ("reuse", "lru"):
+        mgr = make_manager(spec, 60, tokens_per_page=2, eviction=eviction)
+        seen: list = []
+        _checked(mgr, seen)
+        prefixes = [[rng.randrange(1, 50) for _ in range(rng.randrange(4, 30))] for _ in range(4)]
+        running: list = []
+        for rid in range(120):
+            prompt = rng.choice(prefixes) + [rng.randrange(1, 50) for _ in range(rng.randrange(1, 12))]
+            mgr.add_request(rid, prompt)
+            hit = mgr.lookup(rid)
+            if mgr.allocate(rid, len(prompt) - hit) is None:
+                mgr.free(rid)  # refused: let go, as a scheduler does
+            else:
+                mgr.append_tokens(rid, [rng.randrange(1, 50)])
+                running.append(rid)
+            while len(running) > rng.randrange(2, 8):
+                mgr.free(running.pop(rng.randrange(len(running))))
+            mgr.check_integrity()
+        assert seen, f"{eviction}: the pre-check never refused (the test exercises nothing)"
