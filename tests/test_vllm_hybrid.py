@@ -7,6 +7,8 @@ copies the previous step's column forward).  Greedy tokens equal stock vLLM's wi
 memory (prefix hits: states resumed from jenga checkpoints) and with a budget that forces
 preemption and eviction.
 
+Qwen3-Next also runs in vLLM's own layout (``JENGA_VLLM_LAYOUT=uniform``).
+
 References: stock Falcon-H1 runs with prefix caching off (``mamba_cache_mode="none"``): with
 it on, vLLM 0.32's CPU build fails in its Mamba-2 "internal prefill checkpoint" path (the CPU
 chunk scan returns no intermediate states: ``IndexError`` in ``mamba_mixer2``); jenga's plan
@@ -54,6 +56,13 @@ def runs(request, tmp_path_factory):
         out["nocache_got"] = greedy(nocache, workloads()["first"] + workloads()["shared"])
         out["nocache"] = scheduler(nocache)
         out["engines"] = (*out["engines"], nocache)
+    else:  # vLLM's own layout (JENGA_VLLM_LAYOUT=uniform): jenga decides the state blocks only
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("JENGA_VLLM_LAYOUT", "uniform")
+            uniform = engine(model_dir(family, root), jenga=True, **kw)
+        out["uniform_got"] = greedy(uniform, workloads()["first"]) + greedy(uniform, workloads()["shared"])
+        out["uniform"] = scheduler(uniform)
+        out["engines"] = (*out["engines"], uniform)
     yield out
     for llm in out["engines"]:
         close(llm)
@@ -103,3 +112,15 @@ def test_without_prefix_caching_one_state_page_per_request(runs):
 
 def test_every_page_reclaimed(runs):
     check_reclaimed(runs)
+
+
+def test_uniform_layout_state_blocks_equal_stock(runs):
+    if runs["family"] != "qwen3_next":
+        pytest.skip("run on Qwen3-Next")
+    sched = runs["uniform"]
+    assert sched.kv_cache_manager.plan.layout == "uniform"
+    assert len(sched.jenga.model.groups) == len(sched.kv_cache_config.kv_cache_groups) == 4  # vLLM's 3 + 1
+    assert runs["uniform_got"] == runs["ref"]["first"] + runs["ref"]["shared"]
+    assert sched.jenga.stats().prefix_hit_tokens >= 6 * 96
+    assert sched.jenga.used_bytes == 0
+    sched.jenga.check_integrity()
