@@ -1,5 +1,7 @@
 """vLLM + jenga on tiny Llama-4 text (3 chunked local-attention layers : 1 full, 64-token
-chunks) and gpt-oss (attention sinks; sliding, full, sliding layers, 64-token window):
+chunks), gpt-oss (attention sinks; sliding, full, sliding layers, 64-token window), Gemma-2
+(sliding / full alternating, logit soft-capping) and Mistral with Ministral's interleaved windows
+(3 sliding : 1 full):
 greedy tokens equal stock vLLM's with ample memory and with a budget that forces
 preemption and eviction.  One engine set per model (``xdist_group`` keeps a model's
 tests in one worker)."""
@@ -9,7 +11,8 @@ from __future__ import annotations
 import pytest
 from vllm_support import check_ample, check_reclaimed, check_tight, close, compare
 
-KINDS = {"llama4": ["chunked", "full"], "gptoss": ["full", "sliding"]}
+KINDS = {"llama4": ["chunked", "full"], "gptoss": ["full", "sliding"], "gemma2": ["full", "sliding"],
+         "ministral": ["full", "sliding"]}
 
 
 @pytest.fixture(scope="module", params=[pytest.param(f, marks=pytest.mark.xdist_group(f"vllm-{f}"))

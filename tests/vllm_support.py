@@ -45,6 +45,13 @@ def hf_config(family: str):
                                sliding_window=64)
     if family == "llama":
         return tf.LlamaConfig(**_COMMON, num_hidden_layers=2)
+    if family == "gemma2":  # alternating sliding / full, attention and final logit soft-capping
+        return tf.Gemma2Config(**_COMMON, num_hidden_layers=4, sliding_window=64, query_pre_attn_scalar=64,
+                               layer_types=["sliding_attention", "full_attention"] * 2,
+                               attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+    if family == "ministral":  # Mistral architecture with Ministral-style interleaved windows (vLLM reads layer_types)
+        return tf.MistralConfig(**_COMMON, num_hidden_layers=4, sliding_window=64,
+                                layer_types=["sliding_attention"] * 3 + ["full_attention"])
     if family == "qwen3_next":  # 3 Gated DeltaNet layers : 1 gated full-attention layer (runs in bf16 on CPU)
         return tf.Qwen3NextConfig(**_COMMON, num_hidden_layers=4, decoder_sparse_step=2,
                                   layer_types=["linear_attention", "full_attention"] + ["linear_attention"] * 2,
@@ -71,7 +78,7 @@ def model_dir(family: str, root: Path) -> str:
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.normal_(0, 0.05)
-            if name.endswith("norm.weight") and family != "gemma3":
+            if name.endswith("norm.weight") and family not in ("gemma3", "gemma2"):
                 p.add_(1.0)
     model.save_pretrained(out)
     tok = tiny_tokenizer(512)
