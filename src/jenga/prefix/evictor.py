@@ -18,6 +18,17 @@ from jenga.prefix.index import PrefixIndex
 Key = tuple[int, int]  # (last_access, -prefix_length)
 
 
+
+def _push_all(heap: list, entries: list) -> None:
+    """Add ``entries`` to ``heap``: one heapify for a batch larger than an eighth of it, else pushes."""
+    if len(entries) > len(heap) // 8:
+        heap.extend(entries)
+        heapq.heapify(heap)
+    else:
+        push = heapq.heappush
+        for e in entries:
+            push(heap, e)
+
 class PrefixEvictor(EvictionSource):
     """Holds the key of every CACHED page; evicts small pages per group and whole large pages."""
 
@@ -58,14 +69,7 @@ class PrefixEvictor(EvictionSource):
         keys.update(zip(ids, zip(prios, negs, strict=False), strict=True))  # prios may be repeat()
         if self._small_order[group]:
             heap = self._heaps[group]
-            entries = [(*keys[page], page) for page in ids]
-            if len(entries) > len(heap) // 8:
-                heap.extend(entries)
-                heapq.heapify(heap)
-            else:
-                push = heapq.heappush
-                for e in entries:
-                    push(heap, e)
+            _push_all(heap, [(*keys[page], page) for page in ids])
             self._pushed[group] += len(ids)
             if self._pushed[group] > self._base[group] + 1024:  # drop stale entries now and then
                 heap[:] = [(t, n, p) for t, n, p in heap if keys.get(p) == (t, n)]
@@ -220,13 +224,7 @@ class PrefixEvictor(EvictionSource):
                 t, n = max(keys[p] for p in range(large * k, (large + 1) * k) if state[p] == CACHED)
             entries.append((t, n, large, v))
         count = len(entries)
-        if count > len(heap) // 8:
-            heap.extend(entries)
-            heapq.heapify(heap)
-        else:
-            push = heapq.heappush
-            for e in entries:
-                push(heap, e)
+        _push_all(heap, entries)
         self._large_pushed[group] += count
         if self._large_pushed[group] > self._large_base[group] + 1024:  # drop stale entries now and then
             in_e = alloc.in_e
