@@ -19,7 +19,8 @@ allocations: bytes held by live requests (jenga also with the free slots strande
 carved large pages) and bytes they need (``manager_traces.needed_bytes``: shared blocks once, so
 duplicate prefix copies are waste).  Waste = 1 - needed / held over all steps.  Prefix hit =
 hit tokens / prompt tokens of first admissions (re-admissions after a preemption apart); *best*
-is what a cache that never evicts would hit.  us/step = perf_counter around the manager calls only
+is what a cache that never evicts would hit; *ceiling* (where every block costs the same bytes) is
+what a clairvoyant cache serving one request at a time on this pool would hit (``cache_bound``).  us/step = perf_counter around the manager calls only
 (lookup, allocate, token commit incl. block hashing, free).  GC = the longest garbage-collector
 pause during the run (``gc.callbacks``; start-up's heap is frozen first, see ``frozen_heap``).  Steps = scheduler steps to serve the whole trace (a request an admission
 policy makes wait shows here).  Traces: ``manager_traces.TRACES``; budgets: the
@@ -37,6 +38,7 @@ from collections import deque
 from contextlib import contextmanager
 from types import SimpleNamespace
 
+from cache_bound import belady_serial_hit, bytes_per_block
 from manager_sides import JengaSide, VllmSide
 from manager_traces import TRACES, BlockTrie, needed_bytes
 
@@ -204,7 +206,10 @@ def run_row(row: str, a) -> dict:
     memory, where = budget_of(name, a.memory_gib)
     reqs = scaled(trace, a.scale)
     trie = BlockTrie(reqs)
-    out = dict(row=row, best=trie.best_hit, memory=memory, where=where, n=len(reqs))
+    out = dict(row=row, best=trie.best_hit, memory=memory, where=where, n=len(reqs), ceiling=None)
+    per_block = bytes_per_block(model, max(len(r.tokens) for r in reqs))
+    if per_block is not None and trie.best_hit > 0:
+        out["ceiling"] = belady_serial_hit(reqs, memory // per_block)
     sides = [JengaSide(model, memory)]
     if not a.no_vllm:
         sides.append(VllmSide(model, memory, a.budget, None if a.retention == "dense" else int(a.retention)))
@@ -262,16 +267,17 @@ def fmt(res: dict) -> list[str]:
     jw = f"{waste(j)} ({waste(j, 'stranded')})"
     strand = _pct((j["stranded"] - j["held"]) / j["steps"] / j["pool"])
     rehit = f"{_pct(j['rehit'] / j['requery'])}" if j["requery"] else "-"
+    best = _pct(res["best"]) + ("" if res["ceiling"] is None else f"; {_pct(res['ceiling'])}")
     if v is None:
-        return [res["row"], f"- / {hit(j)} ({_pct(res['best'])})", rehit, f"- / {jw}", strand,
+        return [res["row"], f"- / {hit(j)} ({best})", rehit, f"- / {jw}", strand,
                 f"- / {j['us_step']:.0f}", "-", f"{j['gc_ms']:.1f}", f"- / {j['preempt']}", f"- / {j['steps']}"]
     ratio = j["us_step"] / max(v["us_step"], 1e-9)
-    return [res["row"], f"{hit(v)} / {hit(j)} ({_pct(res['best'])})", rehit, f"{waste(v)} / {jw}", strand,
+    return [res["row"], f"{hit(v)} / {hit(j)} ({best})", rehit, f"{waste(v)} / {jw}", strand,
             f"{v['us_step']:.0f} / {j['us_step']:.0f}", f"{ratio:.2f}x", f"{j['gc_ms']:.1f}",
             f"{v['preempt']} / {j['preempt']}", f"{v['steps']} / {j['steps']}"]
 
 
-HEADER = ["model:trace", "prefix hit vLLM / jenga (best)", "jenga hit after preempt",
+HEADER = ["model:trace", "prefix hit vLLM / jenga (best; ceiling)", "jenga hit after preempt",
           "waste vLLM / jenga (+stranded)", "stranded / pool", "us/step vLLM / jenga", "jenga/vLLM time",
           "jenga GC ms", "preempt vLLM / jenga", "steps vLLM / jenga"]
 

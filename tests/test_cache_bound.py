@@ -1,0 +1,53 @@
+"""``benchmarks/cache_bound.py``: the clairvoyant one-at-a-time ceiling on a tiny cyclic trace,
+where plain LRU would hit nothing, with the exact hits worked out by hand."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from cache_bound import belady_serial_hit, bytes_per_block  # noqa: E402
+from manager_traces import BlockTrie, TraceRequest  # noqa: E402
+
+from jenga.specs import ModelSpec  # noqa: E402
+
+
+def _cyclic(rounds: int = 2) -> list[TraceRequest]:
+    """Articles A, B, C of 4 blocks each, asked in order A B C A B C, one new token each."""
+    arts = [np.arange(1 + 64 * a, 65 + 64 * a, dtype=np.int64) for a in range(3)]
+    reqs = []
+    for r in range(rounds):
+        for a in range(3):
+            q = np.asarray([1000 + 10 * r + a], dtype=np.int64)
+            reqs.append(TraceRequest(f"a{a}r{r}", np.concatenate([arts[a], q]), 1, arrival_step=len(reqs)))
+    BlockTrie(reqs)
+    return reqs
+
+
+def test_cyclic_trace_keeps_what_is_used_soonest():
+    # pool 9 blocks: a running request holds its 4 prompt blocks + 1 private, so two articles fit.
+    # A, B miss; C misses and evicts B (next use 4) before A (3); A hits; B misses and evicts A
+    # (never used again); C hits -> 2 x 64 hit tokens of 6 x 65.
+    assert belady_serial_hit(_cyclic(), 9) == pytest.approx(128 / 390)
+
+
+def test_pool_holding_every_article_hits_every_repeat():
+    assert belady_serial_hit(_cyclic(), 13) == pytest.approx(3 * 64 / 390)
+
+
+def test_pool_smaller_than_one_request_is_refused():
+    with pytest.raises(ValueError, match="needs 5 blocks"):
+        belady_serial_hit(_cyclic(), 4)
+
+
+def test_ceiling_only_where_every_block_costs_the_same():
+    llama = ModelSpec.from_hf_config("llama-3.1-8b", vision=False)
+    assert bytes_per_block(llama, 100_000) == 32 * 4096 * 16
+    ministral = ModelSpec.from_hf_config("ministral-8b", vision=False)  # 32k window
+    assert bytes_per_block(ministral, 22_000) == 36 * 4096 * 16
+    assert bytes_per_block(ministral, 40_000) is None
+    assert bytes_per_block(ModelSpec.from_hf_config("jamba-1.5-mini", vision=False), 100) is None
