@@ -66,8 +66,29 @@ def test_every_bad_manager_input_changes_nothing(name):
     mgr.append_tokens("live", [7])
     assert mgr.requests["live"].num_computed == 15 and mgr.requests["live"].tokens[-1] == 7
     mgr.add_request("ok", np.arange(3, 9), images=[ImageRef(np.int64(1), 2, "dog")])  # numpy ints are ints
-    assert mgr.requests["ok"].tokens == list(range(3, 9)) and type(mgr.requests["ok"].tokens[0]) is int
+    assert mgr.requests["ok"].tokens.tolist() == list(range(3, 9)) and type(mgr.requests["ok"].tokens[0]) is int
     mgr.check_integrity()
+
+
+def test_token_array_is_a_flat_uint32_copy_and_finds_bools_among_zeros_and_ones():
+    from array import array
+
+    from jenga.validation import token_array
+    ids = [0, 1, 5, (1 << 32) - 1, 1]
+    for given in (ids, tuple(ids), np.array(ids, dtype=np.uint64), np.array(ids, dtype=np.int64)):
+        out = token_array(given, "x")
+        assert type(out) is array and out.typecode == "I" and out.tolist() == ids
+    assert token_array(range(3), "x").tolist() == [0, 1, 2]
+    assert token_array([np.int32(1), 0], "x").tolist() == [1, 0]  # numpy 0 / 1 are ids, not bools
+    out = token_array(ids, "x")
+    out.append(9)  # a copy the manager may grow: no view of it is left behind
+    assert ids == [0, 1, 5, (1 << 32) - 1, 1]
+    for bad, pos in (([0, 1, 2, False], 3), ([True] + [1] * 99, 0), ([3] * 50 + [1, 0, True], 52)):
+        with pytest.raises(InvalidArgumentError, match=f"at position {pos}"):
+            token_array(bad, "x")
+    for bad in (np.array([1.0]), np.array([True]), np.array([-1, 2]), np.array([1 << 32]), np.zeros((2, 2), int)):
+        with pytest.raises(InvalidArgumentError, match="token id"):
+            token_array(bad, "x")
 
 
 def test_checked_token_ids_fast_path_returns_the_list_itself():

@@ -52,7 +52,7 @@ from jenga.specs import LayerGroup, ModelSpec
 from jenga.stats import CacheStats, collect_stats
 from jenga.tables import PageTables
 from jenga.units import parse_bytes
-from jenga.validation import TOKEN_ID_LIMIT, checked_images, checked_int, checked_salt, checked_token_ids
+from jenga.validation import TOKEN_ID_LIMIT, checked_images, checked_int, checked_salt, token_array
 
 NEVER = 1 << 62
 #: eviction orders: plain LRU by (release time, -prefix length), or use-count classes
@@ -179,7 +179,7 @@ class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, Ca
             raise InvalidArgumentError(f"request id {request_id!r} is not hashable") from None
         if live:
             raise DuplicateRequestError(f"request id {request_id!r} is already live")
-        tokens = list(checked_token_ids(prompt_token_ids, f"request {request_id!r} prompt"))
+        tokens = token_array(prompt_token_ids, f"request {request_id!r} prompt")  # a copy: flat uint32
         if not tokens:
             raise InvalidArgumentError(f"request {request_id!r}: empty prompt")
         if len(tokens) > self.model.max_model_len:
@@ -329,7 +329,7 @@ class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, Ca
         tokens = req.tokens
         if type(token_ids) is not list or len(token_ids) != 1 or type(token_ids[0]) is not int \
                 or not 0 <= token_ids[0] < TOKEN_ID_LIMIT:  # one sampled id: the decode step
-            token_ids = checked_token_ids(token_ids, f"request {request_id!r} append_tokens")
+            token_ids = token_array(token_ids, f"request {request_id!r} append_tokens")
         if len(tokens) + len(token_ids) > self._max_tokens:
             raise SequenceTooLongError(f"request {request_id!r}: appending {len(token_ids)} tokens passes "
                                        f"the model's max length {self.model.max_model_len}")

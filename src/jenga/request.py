@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 
 from jenga.prefix.hashing import ImageRef
@@ -32,7 +33,7 @@ class GroupState:
 @dataclass(slots=True)
 class Request:
     request_id: object
-    tokens: list[int]
+    tokens: array  # the known token ids, a flat uint32 array (appends are amortised O(1))
     prompt_len: int
     images: tuple[ImageRef, ...]
     hashes: list[bytes]

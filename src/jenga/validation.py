@@ -1,10 +1,10 @@
 """Checks of caller input, run before any state changes (each raises a typed ``JengaError``).
 
-Token ids: ``checked_token_ids`` is on the decode hot path (``append_tokens`` once per request
-per step), so the common case -- a list of Python ints in range -- costs a C conversion to a
-``uint32`` array (it rejects non-integers and ids out of range) and one ``type`` per id in C;
-only a list that fails it is walked in Python, to convert numpy integers or to name the first
-bad id and its position.
+Token ids: a request's ids are kept as a flat ``uint32`` array (``token_array``), so the
+common case -- a list of Python ints in range -- costs one C conversion (it rejects non-integers
+and ids out of range) and a vectorised look at the ids 0 and 1 (where a bool could hide); only
+input that fails it is walked in Python, to convert numpy integers or to name the first bad id
+and its position.
 """
 
 from __future__ import annotations
@@ -14,29 +14,41 @@ from array import array
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from jenga.errors import ConfigError, InvalidArgumentError, JengaError
 
 TOKEN_ID_LIMIT = 1 << 32  # token ids are in [0, 2**32)
 assert array("I").itemsize == 4, "the fast token-id check needs a 4-byte unsigned int"
 
 
-def checked_token_ids(ids: Any, what: str) -> list[int]:
-    """``ids`` if it is a list of ints in ``[0, 2**32)``, else a new list of the same ids (from a
-    tuple, range, numpy array, numpy integers); raises ``InvalidArgumentError`` naming the first bad id, its
-    position and ``what`` (e.g. ``"request 'r1' prompt"``)."""
-    if type(ids) is not list:
-        if isinstance(ids, (str, bytes, Mapping)) or not hasattr(ids, "__iter__"):
-            raise InvalidArgumentError(f"{what}: token ids must be a sequence of ints, got {type(ids).__name__}")
-        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)  # numpy / torch: Python ints
-    if not ids:
-        return ids
+def _fast_array(ids: Any) -> array | None:
+    """``ids`` as a new ``uint32`` array when they are all ints in range, else ``None`` (a check
+    in C for lists and tuples -- the array conversion rejects non-integers and ids out of range,
+    bools are looked for among the ids 0 and 1 only --, and a vectorised one for integer numpy
+    arrays)."""
+    if isinstance(ids, np.ndarray):
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            return None
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= TOKEN_ID_LIMIT):
+            return None
+        out = array("I")
+        out.frombytes(ids.astype(np.uint32, copy=False).tobytes())
+        return out
     try:
-        array("I", ids)  # in C: each id an int (or has __index__) in [0, 2**32)
+        out = array("I", ids)  # in C: each id an int (or has __index__) in [0, 2**32)
     except (TypeError, OverflowError):
-        pass  # named below
-    else:
-        if list(map(type, ids)).count(int) == len(ids):
-            return ids
+        return None
+    if type(ids) is range:
+        return out
+    small = np.flatnonzero(np.frombuffer(out, dtype=np.uint32) <= 1)  # where a bool could hide
+    if small.size and any(type(ids[i]) is not int for i in small.tolist()):
+        return None  # a bool, or a numpy integer 0 / 1: named or converted by the slow path
+    return out
+
+
+def _slow_ids(ids: Any, what: str) -> list[int]:
+    """The ids as Python ints, or ``InvalidArgumentError`` naming the first bad one."""
     out = []
     for pos, t in enumerate(ids):
         try:
@@ -48,6 +60,36 @@ def checked_token_ids(ids: Any, what: str) -> list[int]:
             raise InvalidArgumentError(f"{what}: token id {t} at position {pos} is outside [0, 2**32)")
         out.append(t)
     return out
+
+
+def _as_sequence(ids: Any, what: str) -> Any:
+    """A list, tuple, range or numpy array of the ids (other iterables and tensors: a list)."""
+    if type(ids) in (list, tuple, range) or isinstance(ids, np.ndarray):
+        return ids
+    if isinstance(ids, (str, bytes, Mapping)) or not hasattr(ids, "__iter__"):
+        raise InvalidArgumentError(f"{what}: token ids must be a sequence of ints, got {type(ids).__name__}")
+    return ids.tolist() if hasattr(ids, "tolist") else list(ids)  # torch: Python ints
+
+
+def token_array(ids: Any, what: str) -> array:
+    """A new ``uint32`` array (``array("I")``) of ``ids`` (a list, tuple, range, numpy array, ...)
+    if they are all ints in ``[0, 2**32)`` (numpy integers count, bools do not); raises
+    ``InvalidArgumentError`` naming the first bad id, its position and ``what``.  For a list of
+    Python ints this is one conversion in C plus a vectorised look at the ids 0 and 1."""
+    ids = _as_sequence(ids, what)
+    out = _fast_array(ids)
+    return array("I", _slow_ids(ids, what)) if out is None else out
+
+
+def checked_token_ids(ids: Any, what: str) -> list[int]:
+    """``ids`` if it is a list of ints in ``[0, 2**32)``, else a new list of the same ids (from a
+    tuple, range, numpy array, numpy integers); raises ``InvalidArgumentError`` naming the first bad id, its
+    position and ``what`` (e.g. ``"request 'r1' prompt"``)."""
+    ids = _as_sequence(ids, what)
+    out = _fast_array(ids)
+    if out is None:
+        return _slow_ids(ids, what)
+    return ids if type(ids) is list else out.tolist()
 
 
 def checked_images(images: Any, prompt_len: int, in_sequence: bool, what: str) -> list[tuple[int, int, str]]:

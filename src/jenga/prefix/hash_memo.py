@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 from jenga.prefix.hashing import ImageRef
 
 
@@ -17,14 +19,14 @@ class HashMemo:
         self.size = size
         self._memo: dict[object, tuple] = {}
 
-    def remember(self, request_id: object, tokens: list[int], hashes: list[bytes], root: bytes,
+    def remember(self, request_id: object, tokens: array, hashes: list[bytes], root: bytes,
                  images: tuple[ImageRef, ...]) -> None:
         memo = self._memo
         memo[request_id] = (tokens, hashes, root, images)
         if len(memo) > self.size:
             del memo[next(iter(memo))]  # the oldest
 
-    def recall(self, request_id: object, tokens: list[int], root: bytes, block: int,
+    def recall(self, request_id: object, tokens: array, root: bytes, block: int,
                images: tuple[ImageRef, ...]) -> list[bytes]:
         """The remembered hashes still valid for ``tokens`` (forgotten either way)."""
         memo = self._memo.pop(request_id, None)
@@ -32,6 +34,7 @@ class HashMemo:
             return []
         old_tokens, old_hashes, old_root, old_images = memo
         n = min(len(old_hashes), len(tokens) // block)
-        if old_root != root or old_images != images or tokens[:n * block] != old_tokens[:n * block]:
+        if old_root != root or old_images != images or \
+                tokens[:n * block].tobytes() != old_tokens[:n * block].tobytes():  # uint32 arrays: memcmp
             return []
         return old_hashes[:n]

@@ -12,6 +12,7 @@ advisory), and it runs at GB/s, so one call per page never dominates a step.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -53,25 +54,36 @@ def _framed(image: ImageRef, block_start: int) -> bytes:
             + digest)
 
 
+def _int64_bytes(tokens: Sequence[int], lo: int, hi: int) -> bytes:
+    """Tokens ``[lo, hi)`` as little-endian int64s (a ``uint32`` array: straight from its buffer)."""
+    if isinstance(tokens, array) and tokens.typecode == "I":
+        view = np.frombuffer(tokens, dtype=np.uint32, count=hi - lo, offset=4 * lo)
+        raw = view.astype("<i8").tobytes()
+        del view  # the array may grow again only once no view holds its buffer
+        return raw
+    return np.asarray(tokens[lo:hi], dtype="<i8").tobytes()
+
+
 def extend_block_hashes(hashes: list[bytes], tokens: Sequence[int], block: int, root: bytes,
                         images: Sequence[ImageRef] = (), stop: int | None = None) -> None:
     """Append to ``hashes`` the hashes of every full block of ``tokens`` not yet hashed
     (of the first ``stop`` blocks only, when given).
 
-    Changes ``hashes`` in place; one blake3 call per block, tokens packed with numpy.
+    Changes ``hashes`` in place; one blake3 call per block, the blocks' bytes packed by numpy.
     """
     start = len(hashes)
     end = len(tokens) // block if stop is None else min(stop, len(tokens) // block)
     if end <= start:
         return
-    arr = np.asarray(tokens[start * block:end * block], dtype=np.int64)
-    raw = arr.tobytes()
+    raw = _int64_bytes(tokens, start * block, end * block)
     width = block * 8
     parent = hashes[-1] if hashes else root
     if not images:
-        for off in range(0, (end - start) * width, width):
-            parent = blake3(parent + raw[off:off + width]).digest(DIGEST_BYTES)
-            hashes.append(parent)
+        new = [None] * (end - start)
+        b3 = blake3
+        for j, off in enumerate(range(0, (end - start) * width, width)):
+            parent = new[j] = b3(parent + raw[off:off + width]).digest(DIGEST_BYTES)
+        hashes += new
         return
     for i in range(start, end):
         h = blake3(parent)
