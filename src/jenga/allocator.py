@@ -20,11 +20,15 @@ import heapq
 import math
 from functools import reduce
 
+import numpy as np
+
 from jenga.allocator_check import check_allocator
 from jenga.evictable_set import EvictableSet
 from jenga.eviction_source import CACHED, FREE, USED, EvictionSource, Supply
+from jenga.flat_arrays import view, zeros
 
 __all__ = ["CACHED", "FREE", "USED", "EvictionSource", "LargePageAllocator", "Supply"]
+BULK = 16  # batches longer than this are changed with numpy
 
 class LargePageAllocator(EvictableSet):
     """The large-page pool and per-group small-page carving, with request tags."""
@@ -38,8 +42,10 @@ class LargePageAllocator(EvictableSet):
         n = num_large
         self.group_of: list[int] = [-1] * n
         self.tag_of: list[object] = [None] * n
-        self.n_used = [0] * n
-        self.n_cached = [0] * n
+        # per large page: used / cached small pages, E flag; per group: each small page's state
+        # (flat arrays, with numpy views of the same memory for bulk changes)
+        self.n_used = zeros(n)
+        self.n_cached = zeros(n)
         self.in_e = bytearray(n)
         self.num_e = 0
         self._free_large = list(range(n))  # a heap: lowest id first
@@ -178,15 +184,22 @@ class LargePageAllocator(EvictableSet):
         """Carve ``larges`` (just taken from the pool) for ``group`` and take all their pages."""
         k, state, m = self.k[group], self.state[group], len(larges)
         group_of, tag_of, n_used = self.group_of, self.tag_of, self.n_used
-        used = bytes([USED]) * k
         for large in larges:
             assert group_of[large] == -1, f"large page {large} popped while owned"
             group_of[large] = group
             tag_of[large] = tag
-            n_used[large] = k
-            base = large * k
-            assert not any(state[base:base + k]), f"large page {large} carved with pages in use"
-            state[base:base + k] = used
+        if k == 1 and m > BULK:
+            ids = np.asarray(larges, dtype=np.int64)
+            assert not view(self.state[group])[ids].any(), "large pages carved with pages in use"
+            view(self.state[group])[ids] = USED
+            view(self.n_used)[ids] = 1
+        else:
+            used = bytes([USED]) * k
+            for large in larges:
+                n_used[large] = k
+                base = large * k
+                assert not any(state[base:base + k]), f"large page {large} carved with pages in use"
+                state[base:base + k] = used
         if k == 1:
             out.extend(larges)
         else:
@@ -265,33 +278,41 @@ class LargePageAllocator(EvictableSet):
 
     def to_cached_many(self, group: int, pages) -> None:
         """USED -> CACHED for each page (one pass; large pages settled once at the end)."""
-        state, k, n_used, n_cached = self.state[group], self.k[group], self.n_used, self.n_cached
-        if k == 1:  # each page is its own large page: it holds one used page, then one cached
-            for page in pages:
-                assert state[page] == USED, f"cache of {group}:{page} in state {state[page]}"
-                state[page] = CACHED
-                n_used[page] = 0
-                n_cached[page] = 1
-            self.used_small[group] -= len(pages)
-            self.cached_small[group] += len(pages)
-            if pages:
-                self._enter_e_many(group, pages)
+        k = self.k[group]
+        if len(pages) > BULK:
+            self._to_cached_bulk(group, np.asarray(pages, dtype=np.int64))
             return
+        state, n_used, n_cached = self.state[group], self.n_used, self.n_cached
         emptied = []
-        count = 0
         for page in pages:
             assert state[page] == USED, f"cache of {group}:{page} in state {state[page]}"
             state[page] = CACHED
             large = page // k
             n_used[large] -= 1
             n_cached[large] += 1
-            count += 1
             if n_used[large] == 0:
                 emptied.append(large)
-        self.used_small[group] -= count
-        self.cached_small[group] += count
+        self.used_small[group] -= len(pages)
+        self.cached_small[group] += len(pages)
         if emptied:
             self._enter_e_many(group, emptied)  # they hold cached pages: fully evictable now
+
+    def _to_cached_bulk(self, group: int, pages: np.ndarray) -> None:
+        """``to_cached_many`` with numpy over distinct ``pages``."""
+        state, k = view(self.state[group]), self.k[group]
+        assert (state[pages] == USED).all(), f"cache of group {group} pages not all USED"
+        state[pages] = CACHED
+        if k == 1:
+            larges, counts = pages, 1
+        else:
+            larges, counts = np.unique(pages // k, return_counts=True)
+        view(self.n_used)[larges] -= counts
+        view(self.n_cached)[larges] += counts
+        self.used_small[group] -= len(pages)
+        self.cached_small[group] += len(pages)
+        emptied = larges if k == 1 else larges[view(self.n_used)[larges] == 0]
+        if len(emptied):
+            self._enter_e_many(group, emptied)
 
     def touch_cached(self, group: int, page: int) -> None:
         """CACHED -> USED (a prefix hit).  The caller removed it from the evictor."""
@@ -352,6 +373,25 @@ class LargePageAllocator(EvictableSet):
         self.group_of[large] = -1
         self.tag_of[large] = None
         heapq.heappush(self._free_large, large)
+
+    def evict_whole_many(self, group: int, larges: np.ndarray) -> None:
+        """``evict_whole`` for distinct ``larges`` of a group of one page per large page."""
+        assert self.k[group] == 1, "bulk whole-page eviction is for one page per large page"
+        assert (view(self.in_e)[larges] == 1).all() and not view(self.n_used)[larges].any(), "not fully evictable"
+        m = len(larges)
+        view(self.in_e)[larges] = 0
+        self.num_e -= m
+        self.e_count[group] -= m
+        view(self.state[group])[larges] = 0  # FREE
+        view(self.n_cached)[larges] = 0
+        self.owned[group] -= m
+        group_of, tag_of = self.group_of, self.tag_of
+        ids = larges.tolist()
+        for large in ids:
+            group_of[large] = -1
+            tag_of[large] = None
+        self._free_large.extend(ids)
+        heapq.heapify(self._free_large)
 
     def _add_free_slot(self, group: int, large: int, slot: int) -> None:
         slots = self._slots[group].get(large)

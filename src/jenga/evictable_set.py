@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import heapq
 
+import numpy as np
+
+from jenga.flat_arrays import view
+
 
 class EvictableSet:
     """``E`` membership and the counters it moves (see the module doc)."""
@@ -52,9 +56,13 @@ class EvictableSet:
         """``_enter_e`` for large pages of ``group`` that have no USED page left."""
         in_e, n_cached, slots_of, hidden = self.in_e, self.n_cached, self._slots[group], self._hidden
         if self.k[group] == 1:  # one page each, just cached: no free slot, not in E yet
-            for large in larges:
-                assert not in_e[large] and n_cached[large] == 1, f"large {large} entering E twice"
-                in_e[large] = 1
+            if type(larges) is np.ndarray:
+                assert not view(self.in_e)[larges].any() and (view(self.n_cached)[larges] == 1).all(), "entering E twice"
+                view(self.in_e)[larges] = 1
+            else:
+                for large in larges:
+                    assert not in_e[large] and n_cached[large] == 1, f"large {large} entering E twice"
+                    in_e[large] = 1
             self.num_e += len(larges)
             self.e_count[group] += len(larges)
             self.cached_small[group] -= len(larges)
@@ -63,7 +71,7 @@ class EvictableSet:
             return
         entered = []
         cached = hidden_slots = 0
-        for large in larges:
+        for large in larges.tolist() if type(larges) is np.ndarray else larges:
             if in_e[large]:
                 continue
             in_e[large] = 1

@@ -5,29 +5,64 @@
 group, so on equal times the same tokens leave every group (the tail first).  A large
 page's key is the largest key of its cached pages: it is evicted whole only when every
 page in it is older than what other large pages hold.
+
+Keys live in flat per-group arrays (``key_t``, ``key_n``; a page has a key while it is
+CACHED); the orders are :class:`~jenga.prefix.run_heap.RunHeap` s, one entry per run of
+pages released together, so a free or a bulk eviction costs per run, not per page.
 """
 
 from __future__ import annotations
 
-import heapq
-from itertools import repeat
+from collections.abc import Mapping
+
+import numpy as np
 
 from jenga.allocator import CACHED, EvictionSource, LargePageAllocator
+from jenga.flat_arrays import as_ids, view, zeros
 from jenga.prefix.index import PrefixIndex
+from jenga.prefix.run_heap import SMALL, RunHeap
 
 Key = tuple[int, int]  # (last_access, -prefix_length)
+_LOWEST = np.iinfo(np.int64).min
 
 
+class CachedKeys(Mapping):
+    """A group's evictor keys as a read-only mapping page -> ``(t, -prefix length)`` (CACHED pages)."""
 
-def _push_all(heap: list, entries: list) -> None:
-    """Add ``entries`` to ``heap``: one heapify for a batch larger than an eighth of it, else pushes."""
-    if len(entries) > len(heap) // 8:
-        heap.extend(entries)
-        heapq.heapify(heap)
-    else:
-        push = heapq.heappush
-        for e in entries:
-            push(heap, e)
+    __slots__ = ("_state", "_t", "_n")
+
+    def __init__(self, state: bytearray, t, n):
+        self._state, self._t, self._n = state, t, n
+
+    def __contains__(self, page) -> bool:
+        return type(page) is int and 0 <= page < len(self._state) and self._state[page] == CACHED
+
+    def __getitem__(self, page) -> Key:
+        if page not in self:
+            raise KeyError(page)
+        return self._t[page], self._n[page]
+
+    def __len__(self) -> int:
+        return self._state.count(CACHED)
+
+    def __iter__(self):
+        return iter(np.flatnonzero(view(self._state) == CACHED).tolist())
+
+
+class _CachedWithKey:
+    """An element of a group's small-page order is valid while its page is CACHED with that key."""
+
+    __slots__ = ("state", "t", "n")
+
+    def __init__(self, state: bytearray, t, n):
+        self.state, self.t, self.n = state, t, n
+
+    def one(self, page: int, t: int, n: int, _) -> bool:
+        return self.state[page] == CACHED and self.t[page] == t and self.n[page] == n
+
+    def many(self, pages: np.ndarray, ts: np.ndarray, ns: np.ndarray, _) -> np.ndarray:
+        return (view(self.state)[pages] == CACHED) & (view(self.t)[pages] == ts) & (view(self.n)[pages] == ns)
+
 
 class PrefixEvictor(EvictionSource):
     """Holds the key of every CACHED page; evicts small pages per group and whole large pages."""
@@ -35,63 +70,70 @@ class PrefixEvictor(EvictionSource):
     def __init__(self, allocator: LargePageAllocator, index: PrefixIndex):
         self.alloc = allocator
         self.index = index
-        n = len(allocator.k)
-        self.keys: list[dict[int, Key]] = [{} for _ in range(n)]
-        self._heaps: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
-        # per group: (t, -plen, large, version) of fully evictable large pages, lazily cleaned
-        # (ties go to the lower large page id; the version only marks stale entries)
-        self._large_heaps: list[list[tuple[int, int, int, int]]] = [[] for _ in range(n)]
-        self._large_ver = [0] * allocator.num_large
-        # entries pushed since each heap was last compacted, and its size right after
-        self._pushed = [0] * n
-        self._base = [0] * n
-        self._large_pushed = [0] * n
-        self._large_base = [0] * n
+        a = allocator
+        n = len(a.k)
+        self.key_t = [zeros(a.num_large * k) for k in a.k]  # per page: key (t, n) while CACHED
+        self.key_n = [zeros(a.num_large * k) for k in a.k]
+        self.keys = [CachedKeys(a.state[g], self.key_t[g], self.key_n[g]) for g in range(n)]
         # a group of one small page per large page never evicts small pages: a cached page's
         # large page has no used page, so it is always in E (``evict_small`` finds nothing)
-        self._small_order = [k > 1 for k in allocator.k]
+        self._small_order = [k > 1 for k in a.k]
+        self._heaps = []
+        for g in range(n):
+            valid = _CachedWithKey(a.state[g], self.key_t[g], self.key_n[g])
+            self._heaps.append(RunHeap(valid.one, valid.many))
+        # per group: fully evictable large pages by key; an element is valid while the large
+        # page's version is the one it entered E with (ties go to the lower large page id)
+        self._large_ver = zeros(a.num_large)
+        self._large_heaps = [RunHeap(self._large_check, self._large_check_many) for _ in range(n)]
         self.num_evicted_pages = 0
         allocator.evictor = self
+
+    def _large_check(self, large, t, n, v) -> bool:
+        return self._large_ver[large] == v and self.alloc.in_e[large] == 1
+
+    def _large_check_many(self, larges, ts, ns, vs) -> np.ndarray:
+        return (view(self._large_ver)[larges] == vs) & (view(self.alloc.in_e)[larges] == 1)
 
     # ------------------------------------------------------------ page moves
     def add(self, group: int, page: int, last_access: int, prefix_len: int) -> None:
         """A registered USED page whose last holder left becomes CACHED with this key."""
-        self.add_many(group, [(page, prefix_len)], last_access)
+        self.add_run(group, [page], [-prefix_len], last_access)
 
     def add_many(self, group: int, pages: list[tuple[int, int]], last_access: int) -> None:
         """``add`` for many (page, prefix length) pairs with one access time."""
         self.add_run(group, [page for page, _ in pages], [-plen for _, plen in pages], last_access)
 
-    def add_run(self, group: int, ids: list[int], negs, last_access: int) -> None:
-        """``add_many`` for pages ``ids`` with ``-prefix length`` in ``negs`` (a sequence)."""
-        keys = self.keys[group]
-        prios = repeat(last_access) if self._plain else self.priorities_of(group, ids, last_access)
-        keys.update(zip(ids, zip(prios, negs, strict=False), strict=True))  # prios may be repeat()
-        if self._small_order[group]:
-            heap = self._heaps[group]
-            _push_all(heap, [(*keys[page], page) for page in ids])
-            self._pushed[group] += len(ids)
-            if self._pushed[group] > self._base[group] + 1024:  # drop stale entries now and then
-                heap[:] = [(t, n, p) for t, n, p in heap if keys.get(p) == (t, n)]
-                heapq.heapify(heap)
-                self._pushed[group], self._base[group] = 0, len(heap)
+    def add_run(self, group: int, ids, negs, last_access: int) -> None:
+        """``add_many`` for pages ``ids`` with ``-prefix length`` in ``negs`` (sequences)."""
+        bulk = len(ids) > SMALL
+        if bulk:
+            ids, negs = as_ids(ids), as_ids(negs)
+        prios = last_access if self._plain else self.priorities_of(group, ids, last_access)
+        if bulk:
+            view(self.key_t[group])[ids] = prios
+            view(self.key_n[group])[ids] = negs
+            if self._small_order[group]:
+                ts = np.full(len(ids), prios, dtype=np.int64) if type(prios) is int else prios
+                self._heaps[group].push(ts, negs, ids, ids)
+        else:
+            kt, kn = self.key_t[group], self.key_n[group]
+            ts = [prios] * len(ids) if type(prios) is int else prios
+            for page, t, neg in zip(ids, ts, negs, strict=True):
+                kt[page] = t
+                kn[page] = neg
+            if self._small_order[group]:
+                self._heaps[group].push(ts, negs, ids, ids)
         self.alloc.to_cached_many(group, ids)
 
     # ------------------------------------------------ eviction order hooks
     #: True when ``priority`` is the release time itself (plain LRU: the fast path)
     _plain = True
 
-    def priority(self, group: int, page: int, last_access: int) -> int:
-        """The first part of a page's key (smaller goes first): here its release time."""
+    def priorities_of(self, group: int, ids, last_access: int):
+        """The first part of each page's key (smaller goes first): a list, or one int for all.
+        Only called when ``_plain`` is False (here it is the release time)."""
         return last_access
-
-    def priorities(self, group: int, pages: list[tuple[int, int]], last_access: int) -> list[int]:
-        """``priority`` of each (page, prefix length) pair."""
-        return [self.priority(group, page, last_access) for page, _ in pages]
-
-    def priorities_of(self, group: int, ids: list[int], last_access: int) -> list[int]:
-        """``priorities`` for page ids."""
-        return self.priorities(group, [(page, 0) for page in ids], last_access)
 
     def release_time(self, group: int, page: int, key: Key) -> int:
         """The release time behind a key (``touch`` hands it back for an undo)."""
@@ -106,103 +148,106 @@ class PrefixEvictor(EvictionSource):
         given back now (their use counts changed); none here: the key is the release time."""
         return []
 
-    def forget(self, group: int, page: int) -> None:
-        """The page left the cache (hit or evicted)."""
+    def forget_many(self, group: int, pages) -> None:
+        """The pages left the cache (evicted)."""
 
     def touch(self, group: int, page: int) -> Key:
         """A CACHED page is hit: it becomes USED.  Returns its (release time, -prefix length)
         (to undo with ``add``)."""
-        key = self.keys[group].pop(page)
+        key = self.keys[group][page]
         self.alloc.touch_cached(group, page)
         return self.release_time(group, page, key), key[1]
 
     def touch_many(self, group: int, pages: list[int]) -> list[Key]:
         """``touch`` for distinct CACHED ``pages``; their (release time, -prefix length)."""
-        keys = self.keys[group]
-        out = [keys.pop(page) for page in pages]
+        if len(pages) > SMALL:
+            ids = as_ids(pages)
+            out = list(zip(view(self.key_t[group])[ids].tolist(), view(self.key_n[group])[ids].tolist(), strict=True))
+        else:
+            kt, kn = self.key_t[group], self.key_n[group]
+            out = [(kt[p], kn[p]) for p in pages]
         self.alloc.touch_cached_many(group, pages)
         return self.release_keys(group, pages, out)
 
-    def _drop(self, group: int, page: int) -> None:
-        del self.keys[group][page]
-        self.forget(group, page)
-        self.index.drop(group, page)
-        self.alloc.evict_cached(group, page)
-        self.num_evicted_pages += 1
+    def _drop_pages(self, group: int, pages: list[int]) -> None:
+        """Forget cached ``pages`` (the allocator frees them next)."""
+        self.forget_many(group, pages)
+        self.index.drop_many(group, pages)
+        self.num_evicted_pages += len(pages)
 
     # -------------------------------------------------- EvictionSource hooks
     def evict_small(self, group: int) -> int | None:
         if not self._small_order[group]:
             return None
-        heap, keys, alloc = self._heaps[group], self.keys[group], self.alloc
-        k = alloc.k[group]
+        heap, in_e, k = self._heaps[group], self.alloc.in_e, self.alloc.k[group]
         skipped = []
         found = None
-        while heap:
-            t, neg, page = heapq.heappop(heap)
-            if keys.get(page) != (t, neg):
-                continue  # stale entry
-            if alloc.in_e[page // k]:
-                skipped.append((t, neg, page))  # whole-large candidates stay whole
+        while heap.top() is not None:
+            e = heap.pop()
+            if in_e[e[2] // k]:
+                skipped.append(e)  # whole-large candidates stay whole
                 continue
-            found = page
+            found = e[2]
             break
-        for item in skipped:
-            heapq.heappush(heap, item)
+        if skipped:
+            heap.push(*zip(*skipped, strict=True))
         if found is not None:
             self._drop(group, found)
         return found
 
-    def _top(self, group: int) -> tuple[int, int, int, int] | None:
-        """The valid smallest entry of a group's large-page heap (stale ones dropped)."""
-        heap, ver, in_e = self._large_heaps[group], self._large_ver, self.alloc.in_e
-        while heap:
-            e = heap[0]
-            if e[3] == ver[e[2]] and in_e[e[2]]:
-                return e
-            heapq.heappop(heap)
-        return None
+    def _drop(self, group: int, page: int) -> None:
+        """Evict one CACHED page (its large page may stay carved)."""
+        self._drop_pages(group, [page])
+        self.alloc.evict_cached(group, page)
 
     def evict_large(self, group: int | None = None) -> int | None:
+        heaps = self._large_heaps
         if group is None:
-            tops = [(e, g) for g in range(len(self._large_heaps)) if (e := self._top(g)) is not None]
+            tops = [(e, g) for g in range(len(heaps)) if heaps[g] and (e := heaps[g].top()) is not None]
             if not tops:
                 return None
             _, g = min(tops)
         else:
-            if self._top(group) is None:
+            if heaps[group].top() is None:
                 return None
             g = group
         return self._evict_top(g)
 
     def evict_large_many(self, m: int) -> list[int]:
-        """``evict_large()`` up to ``m`` times; the freed large pages in eviction order."""
-        out = []
-        heaps, ngroups = self._large_heaps, range(len(self._large_heaps))
+        """``evict_large()`` up to ``m`` times; the freed large pages in eviction order.  In a
+        group of one page per large page, a run's pages older than every other candidate
+        go together."""
+        out: list[int] = []
+        heaps, k = self._large_heaps, self.alloc.k
         while len(out) < m:
-            best = None
-            for g in ngroups:
-                if heaps[g]:
-                    e = self._top(g)
-                    if e is not None and (best is None or (e, g) < best):
-                        best = (e, g)
-            if best is None:
+            tops = sorted((e, g) for g in range(len(heaps)) if heaps[g] and (e := heaps[g].top()) is not None)
+            if not tops:
                 break
-            out.append(self._evict_top(best[1]))
+            g = tops[0][1]
+            heap = heaps[g]
+            if k[g] > 1 or m - len(out) == 1:
+                out.append(self._evict_top(g))
+                continue
+            bounds = [e[:3] for e in heap.heap[1:3]]  # the next entries of this heap (maybe stale)
+            if len(tops) > 1:
+                bounds.append(tops[1][0])
+            larges = heap.take(m - len(out), min(bounds) if bounds else None)
+            self._drop_pages(g, larges.tolist())
+            self.alloc.evict_whole_many(g, larges)
+            out.extend(larges.tolist())
         return out
 
     def _evict_top(self, g: int) -> int:
         """Evict the large page at the top of group ``g``'s heap (checked valid)."""
         alloc = self.alloc
-        found = heapq.heappop(self._large_heaps[g])[2]
+        found = self._large_heaps[g].pop()[2]
         k = alloc.k[g]
-        state, keys, index = alloc.state[g], self.keys[g], self.index
-        for page in range(found * k, (found + 1) * k):
-            if state[page] == CACHED:
-                del keys[page]
-                self.forget(g, page)
-                index.drop(g, page)
-                self.num_evicted_pages += 1
+        if k == 1:
+            pages = [found]
+        else:
+            st = view(alloc.state[g])[found * k:(found + 1) * k]
+            pages = (np.flatnonzero(st == CACHED) + found * k).tolist()
+        self._drop_pages(g, pages)
         alloc.evict_whole(found)
         return found
 
@@ -210,33 +255,41 @@ class PrefixEvictor(EvictionSource):
         self.on_larges_evictable(self.alloc.group_of[large], (large,))
 
     def on_larges_evictable(self, group: int, larges) -> None:
-        """``on_large_evictable`` for each of ``larges`` (all of ``group``)."""
-        alloc, ver = self.alloc, self._large_ver
+        """``on_large_evictable`` for each of ``larges`` (all of ``group``): each enters the
+        group's order with the largest key of its cached pages."""
+        alloc = self.alloc
         k = alloc.k[group]
-        state, keys = alloc.state[group], self.keys[group]
-        heap = self._large_heaps[group]
-        entries = []
-        for large in larges:
-            v = ver[large] = ver[large] + 1
-            if k == 1:
-                t, n = keys[large]
-            else:
-                t, n = max(keys[p] for p in range(large * k, (large + 1) * k) if state[p] == CACHED)
-            entries.append((t, n, large, v))
-        count = len(entries)
-        _push_all(heap, entries)
-        self._large_pushed[group] += count
-        if self._large_pushed[group] > self._large_base[group] + 1024:  # drop stale entries now and then
-            in_e = alloc.in_e
-            heap[:] = [e for e in heap if e[3] == ver[e[2]] and in_e[e[2]]]
-            heapq.heapify(heap)
-            self._large_pushed[group], self._large_base[group] = 0, len(heap)
+        if len(larges) <= SMALL:
+            ver, kt, kn, st = self._large_ver, self.key_t[group], self.key_n[group], alloc.state[group]
+            ts, ns, vs = [], [], []
+            for large in larges:
+                ver[large] += 1
+                vs.append(ver[large])
+                t, n = max((kt[p], kn[p]) for p in range(large * k, (large + 1) * k) if st[p] == CACHED)
+                ts.append(t)
+                ns.append(n)
+            self._large_heaps[group].push(ts, ns, larges, vs)
+            return
+        ids = as_ids(larges)
+        view(self._large_ver)[ids] += 1
+        kt, kn = view(self.key_t[group]), view(self.key_n[group])
+        if k == 1:
+            ts, ns = kt[ids], kn[ids]
+        else:
+            block = ids[:, None] * k + np.arange(k)
+            cached = view(alloc.state[group])[block] == CACHED
+            tt = np.where(cached, kt[block], _LOWEST)
+            ts = tt.max(axis=1)
+            ns = np.where(cached & (tt == ts[:, None]), kn[block], _LOWEST).max(axis=1)
+        self._large_heaps[group].push(ts, ns, ids, view(self._large_ver)[ids])
 
     def on_large_unevictable(self, large: int) -> None:
         self._large_ver[large] += 1
 
-    def on_larges_unevictable(self, larges: list[int]) -> None:
+    def on_larges_unevictable(self, larges) -> None:
+        if len(larges) > SMALL:
+            view(self._large_ver)[as_ids(larges)] += 1
+            return
         ver = self._large_ver
         for large in larges:
             ver[large] += 1
-

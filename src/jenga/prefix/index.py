@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from jenga.flat_arrays import zeros
+
 
 class PrefixIndex:
     """``(group, key) -> page`` and back.  A page is *registered* while it is in the index.
@@ -16,12 +18,16 @@ class PrefixIndex:
         # per group: key -> times its content was computed or hit, kept after eviction
         # (at most ``USES_KEPT`` keys, the oldest first out); None = not tracked
         self.uses: list[dict[bytes, int]] | None = None
+        # per group and registered page: its key's use count (a flat copy of ``uses`` for bulk reads)
+        self.page_uses: list | None = None
 
     USES_KEPT = 1 << 20
 
-    def track_uses(self) -> None:
+    def track_uses(self, num_pages: list[int]) -> None:
+        """Count uses from now on (``num_pages``: each group's page count)."""
         if self.uses is None:
             self.uses = [{} for _ in self.table]
+            self.page_uses = [zeros(n) for n in num_pages]
 
     def uses_of(self, group: int, page: int) -> int:
         return self.uses[group].get(self.key_of[group][page], 0)
@@ -29,14 +35,14 @@ class PrefixIndex:
     def count_use(self, group: int, page: int) -> None:
         """A live request reuses registered ``page`` (a prefix hit)."""
         uses, key = self.uses[group], self.key_of[group][page]
-        uses[key] = uses.get(key, 0) + 1
+        uses[key] = self.page_uses[group][page] = uses.get(key, 0) + 1
 
     def count_uses(self, group: int, pages: list[int]) -> None:
         """``count_use`` for each of ``pages``."""
-        uses, key_of = self.uses[group], self.key_of[group]
+        uses, key_of, page_uses = self.uses[group], self.key_of[group], self.page_uses[group]
         for page in pages:
             key = key_of[page]
-            uses[key] = uses.get(key, 0) + 1
+            uses[key] = page_uses[page] = uses.get(key, 0) + 1
 
     def uncount_use(self, group: int, page: int) -> None:
         """Take back ``count_use`` (the hold did not become a use)."""
@@ -46,6 +52,7 @@ class PrefixIndex:
             uses[key] = n
         else:
             uses.pop(key, None)
+        self.page_uses[group][page] = max(n, 0)
 
     def uncount_uses(self, group: int, pages: list[int]) -> None:
         """``uncount_use`` for each of ``pages``."""
@@ -61,39 +68,57 @@ class PrefixIndex:
         table = self.table[group]
         if key in table or page in self.key_of[group]:
             if self.uses is not None and key in table:
-                self.uses[group][key] = self.uses[group].get(key, 0) + 1  # computed again
+                self._use_again(group, key)  # computed again
             return False
         table[key] = page
         self.key_of[group][page] = key
         if self.events is not None:
             self.events.stored(group, key)
         if self.uses is not None:
-            uses = self.uses[group]
-            uses[key] = uses.pop(key, 0) + 1  # re-inserted: the newest key
-            if len(uses) > self.USES_KEPT:
-                del uses[next(iter(uses))]
+            self._first_use(group, page, key)
         return True
+
+    def _use_again(self, group: int, key: bytes) -> None:
+        """Registered ``key`` was computed again (by a page that is not registered)."""
+        uses = self.uses[group]
+        uses[key] = self.page_uses[group][self.table[group][key]] = uses.get(key, 0) + 1
+
+    def _first_use(self, group: int, page: int, key: bytes) -> None:
+        """``page`` was just registered with ``key``: count the use (the newest key of ``uses``)."""
+        uses = self.uses[group]
+        uses[key] = self.page_uses[group][page] = uses.pop(key, 0) + 1
+        if len(uses) > self.USES_KEPT:
+            self._drop_oldest_use(group)
+
+    def _drop_oldest_use(self, group: int) -> None:
+        uses = self.uses[group]
+        old = next(iter(uses))
+        del uses[old]
+        holder = self.table[group].get(old)
+        if holder is not None:
+            self.page_uses[group][holder] = 0
 
     def register_many(self, group: int, pages: list[int | None], keys: list[bytes]) -> None:
         """``register`` each (page, key) pair in order; ``None`` pages are skipped."""
         table, key_of, events = self.table[group], self.key_of[group], self.events
-        uses = self.uses[group] if self.uses is not None else None
-        kept = self.USES_KEPT
+        counting = self.uses is not None
+        if counting:
+            uses, page_uses, kept = self.uses[group], self.page_uses[group], self.USES_KEPT
         for page, key in zip(pages, keys, strict=True):
             if page is None:
                 continue
             if key in table or page in key_of:
-                if uses is not None and key in table:
-                    uses[key] = uses.get(key, 0) + 1  # computed again
+                if counting and key in table:
+                    self._use_again(group, key)
                 continue
             table[key] = page
             key_of[page] = key
             if events is not None:
                 events.stored(group, key)
-            if uses is not None:
-                uses[key] = uses.pop(key, 0) + 1  # re-inserted: the newest key
+            if counting:
+                uses[key] = page_uses[page] = uses.pop(key, 0) + 1  # re-inserted: the newest key
                 if len(uses) > kept:
-                    del uses[next(iter(uses))]
+                    self._drop_oldest_use(group)
 
     def is_registered(self, group: int, page: int) -> bool:
         return page in self.key_of[group]
@@ -103,6 +128,15 @@ class PrefixIndex:
         del self.table[group][key]
         if self.events is not None:
             self.events.removed(group, key)
+
+    def drop_many(self, group: int, pages: list[int]) -> None:
+        """``drop`` each of ``pages``."""
+        key_of, table, events = self.key_of[group], self.table[group], self.events
+        for page in pages:
+            key = key_of.pop(page)
+            del table[key]
+            if events is not None:
+                events.removed(group, key)
 
     def unregister(self, group: int, page: int) -> None:
         """A page registered before it was written leaves the index unwritten (its fill was

@@ -18,9 +18,9 @@ Within a class, ties go to the longer prefix first, as in the base evictor (alig
 
 from __future__ import annotations
 
-from itertools import repeat
-
+from jenga.flat_arrays import as_ids, view, zeros
 from jenga.prefix.evictor import PrefixEvictor
+from jenga.prefix.run_heap import SMALL
 
 PROTECTED = 1 << 61  # priorities of class 3 are PROTECTED - release time
 
@@ -32,12 +32,13 @@ class ReuseEvictor(PrefixEvictor):
 
     def __init__(self, allocator, index):
         super().__init__(allocator, index)
-        self.times: list[dict[int, int]] = [{} for _ in allocator.k]  # page -> its release time
+        # per group: each cached page's release time (its key's first part may be a class)
+        self.times = [zeros(allocator.num_large * k) for k in allocator.k]
         self.protected: list[set[int]] = [set() for _ in allocator.k]  # cached pages of class 3
         self._prot_in: dict[int, int] = {}  # large page -> class-3 pages in it
         self._prot_out = [0] * len(allocator.k)  # per group: class-3 pages outside E
         self._e_prot = 0  # large pages in E holding a class-3 page
-        index.track_uses()
+        index.track_uses([allocator.num_large * k for k in allocator.k])
 
     # class-3 pages are tracked per large page, so an admission can ask what it may evict
     # without touching them (``protected_supply``) in O(groups)
@@ -54,27 +55,33 @@ class ReuseEvictor(PrefixEvictor):
         else:
             self._prot_out[group] += delta
 
-    def priority(self, group: int, page: int, last_access: int) -> int:
-        return self.priorities(group, [(page, 0)], last_access)[0]
-
-    def priorities(self, group: int, pages: list[tuple[int, int]], last_access: int) -> list[int]:
-        return self.priorities_of(group, [page for page, _ in pages], last_access)
-
-    def priorities_of(self, group: int, ids: list[int], last_access: int) -> list[int]:
-        times = self.times[group]
-        times.update(zip(ids, repeat(last_access)))
+    def priorities_of(self, group: int, ids, last_access: int):
+        if len(ids) > SMALL:
+            view(self.times[group])[ids] = last_access
+        else:
+            times = self.times[group]
+            for page in ids:
+                times[page] = last_access
         if last_access < 0:
-            return [last_access] * len(ids)
-        uses, key_of = self.index.uses[group], self.index.key_of[group]
+            return last_access
+        page_uses = self.index.page_uses[group]
+        if len(ids) > SMALL:
+            reused = view(page_uses)[ids] >= 2
+            if not reused.any():
+                return last_access
+            pages, reused = ids.tolist(), reused.tolist()
+        else:
+            pages = ids
+            reused = [page_uses[p] >= 2 for p in ids]
+            if True not in reused:
+                return last_access
         protected = PROTECTED - last_access
-        counts = list(map(uses.get, map(key_of.__getitem__, ids), repeat(0)))
-        out = [protected if c >= 2 else last_access for c in counts]
         prot = self.protected[group]
-        for page, t in zip(ids, out, strict=True):
-            if t == protected and page not in prot:  # pages being cached: their large page is not in E
+        for page, r in zip(pages, reused, strict=True):
+            if r and page not in prot:  # pages being cached: their large page is not in E
                 prot.add(page)
                 self._mark(group, page, 1)
-        return out
+        return [protected if r else last_access for r in reused]
 
     def _unprotect(self, group: int, page: int) -> None:
         prot = self.protected[group]
@@ -84,14 +91,17 @@ class ReuseEvictor(PrefixEvictor):
 
     def release_time(self, group: int, page: int, key: tuple[int, int]) -> int:
         self._unprotect(group, page)
-        return self.times[group].pop(page)
+        return self.times[group][page]
 
     def release_keys(self, group: int, pages: list[int], keys: list[tuple[int, int]]) -> list[tuple[int, int]]:
         if self.protected[group]:
             for page in pages:
                 self._unprotect(group, page)
-        times = self.times[group]
-        return [(times.pop(page), key[1]) for page, key in zip(pages, keys, strict=True)]
+        if len(pages) > SMALL:
+            times = view(self.times[group])[as_ids(pages)].tolist()
+        else:
+            times = [self.times[group][p] for p in pages]
+        return [(t, key[1]) for t, key in zip(times, keys, strict=True)]
 
     def rekeyed(self, group: int, pages: list[int]) -> list[int]:
         keys, uses, key_of = self.keys[group], self.index.uses[group], self.index.key_of[group]
@@ -104,9 +114,10 @@ class ReuseEvictor(PrefixEvictor):
                 out.append(page)
         return out
 
-    def forget(self, group: int, page: int) -> None:
-        self.times[group].pop(page, None)
-        self._unprotect(group, page)
+    def forget_many(self, group: int, pages) -> None:
+        if self.protected[group]:
+            for page in pages:
+                self._unprotect(group, page)
 
     def on_larges_evictable(self, group: int, larges) -> None:
         if self._prot_in:
@@ -154,5 +165,8 @@ class ReuseEvictor(PrefixEvictor):
                     e.add(page // k)
                 else:
                     out[g] += 1
+        for g, key_of in enumerate(self.index.key_of):
+            uses, page_uses = self.index.uses[g], self.index.page_uses[g]
+            assert all(page_uses[p] == uses.get(key, 0) for p, key in key_of.items()), f"group {g}: page use counts"
         assert inside == self._prot_in and out == self._prot_out and len(e) == self._e_prot, \
             f"class-3 counters {self._prot_in, self._prot_out, self._e_prot} != {inside, out, len(e)}"

@@ -1,0 +1,26 @@
+"""Flat per-page state: ``array('q')`` / ``bytearray`` buffers (fast one-element access from
+Python) read and written in bulk through numpy views made on demand (a view costs about a
+microsecond; none is kept, so ``copy.deepcopy`` of a manager copies plain buffers)."""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+
+
+def zeros(n: int) -> array:
+    """An ``array('q')`` of ``n`` zeros."""
+    return array("q", bytes(8 * n))
+
+
+def view(buf: array | bytearray) -> np.ndarray:
+    """A numpy view of ``buf``'s memory (int64 for ``array('q')``, uint8 for a bytearray)."""
+    return np.frombuffer(buf, dtype=np.uint8 if type(buf) is bytearray else np.int64)
+
+
+def as_ids(xs) -> np.ndarray:
+    """``xs`` (a list, tuple, range or array of ints) as an int64 numpy array."""
+    if type(xs) is range:
+        return np.arange(xs.start, xs.stop, xs.step, dtype=np.int64)
+    return np.asarray(xs, dtype=np.int64)

@@ -1,0 +1,168 @@
+"""A heap of sorted runs: pops in exactly the order a heap of one ``(t, n, id)`` entry per
+element would, at one heap entry per *run* of elements released together.
+
+A free hands the evictor thousands of pages at once; one tuple and one heap push per page
+was most of its cost.  Here a batch becomes one run (numpy arrays sorted by ``(t, n, id)``
+and a cursor); the heap holds ``(t, n, id, run)`` of each run's next element.  A heap of
+several sorted sequences keyed by their heads pops the same elements in the same order as
+one heap of all their elements (a merge), so the eviction order is unchanged.
+
+Elements go stale (the page was hit, evicted or re-released): the owner says which are
+still valid (``check`` for one, ``check_many`` for a numpy slice; ``g`` is what the owner
+stored with the element, e.g. a version).  Stale elements are skipped when they reach the
+head, and runs with nothing valid left are dropped now and then (``compact``).  Batches of
+at most ``SMALL`` elements are pushed as single entries (``run`` = -1 - g): a decode step's
+one page costs a tuple, not a run.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+
+import numpy as np
+
+SMALL = 4
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+class RunHeap:
+    """Sorted runs behind one heap (module doc)."""
+
+    __slots__ = ("heap", "runs", "check", "check_many", "_next", "_pushed", "_base")
+
+    def __init__(self, check: Callable[[int, int, int, int], bool],
+                 check_many: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]):
+        self.heap: list[tuple[int, int, int, int]] = []
+        self.runs: dict[int, list] = {}  # run number -> [ts, ns, ids, gs, pos]
+        self.check, self.check_many = check, check_many
+        self._next = 0
+        self._pushed = 0  # elements pushed since the last compaction
+        self._base = 0  # elements left right after it
+
+    def __len__(self) -> int:
+        """Heap entries (runs and single elements), stale ones included."""
+        return len(self.heap)
+
+    def push(self, ts, ns, ids, gs) -> None:
+        """Add elements ``(ts[i], ns[i], ids[i])`` with owner data ``gs[i]`` (sequences of ints,
+        any order)."""
+        m = len(ids)
+        if m == 0:
+            return
+        if m <= SMALL:
+            push = heapq.heappush
+            for t, n, i, g in zip(ts, ns, ids, gs, strict=True):
+                push(self.heap, (int(t), int(n), int(i), -1 - int(g)))
+        else:
+            ts, ns, ids, gs = (np.asarray(x, dtype=np.int64) for x in (ts, ns, ids, gs))
+            order = np.lexsort((ids, ns, ts))
+            if not (order[1:] > order[:-1]).all():
+                ts, ns, ids, gs = ts[order], ns[order], ids[order], gs[order]
+            self._push_run([ts, ns, ids, gs, 0])
+        self._pushed += m
+        if self._pushed > 2 * self._base + 1024:
+            self.compact()
+
+    def _push_run(self, run: list) -> None:
+        r = self._next
+        self._next += 1
+        self.runs[r] = run
+        ts, ns, ids, _, pos = run
+        heapq.heappush(self.heap, (ts.item(pos), ns.item(pos), ids.item(pos), r))
+
+    def _advance(self, r: int, pos: int) -> None:
+        """Run ``r``'s head (just popped) moves to ``pos``; the run is re-entered or dropped."""
+        run = self.runs[r]
+        ts, ns, ids = run[0], run[1], run[2]
+        if pos >= len(ids):
+            del self.runs[r]
+            return
+        run[4] = pos
+        heapq.heappush(self.heap, (ts.item(pos), ns.item(pos), ids.item(pos), r))
+
+    def top(self) -> tuple[int, int, int] | None:
+        """``(t, n, id)`` of the smallest valid element (stale heads are dropped on the way)."""
+        heap, check = self.heap, self.check
+        while heap:
+            t, n, i, r = heap[0]
+            if r < 0:
+                if check(i, t, n, -1 - r):
+                    return t, n, i
+                heapq.heappop(heap)
+                continue
+            run = self.runs[r]
+            ts, ns, ids, gs, pos = run
+            if check(i, t, n, gs.item(pos)):
+                return t, n, i
+            heapq.heappop(heap)
+            end = len(ids)
+            pos += 1
+            while pos < end and not check(ids.item(pos), ts.item(pos), ns.item(pos), gs.item(pos)):
+                pos += 1
+            self._advance(r, pos)
+        return None
+
+    def pop(self) -> tuple[int, int, int, int]:
+        """Remove the head element (call after ``top``); ``(t, n, id, g)``."""
+        t, n, i, r = heapq.heappop(self.heap)
+        if r < 0:
+            return t, n, i, -1 - r
+        run = self.runs[r]
+        g = run[3].item(run[4])
+        self._advance(r, run[4] + 1)
+        return t, n, i, g
+
+    def take(self, m: int, bound: tuple[int, int, int] | None) -> np.ndarray:
+        """Remove up to ``m`` valid elements from the head's run, in order, all smaller than
+        ``bound`` (the next candidate elsewhere); their ids.  Call after ``top``; takes at
+        least the head."""
+        t, n, i, r = self.heap[0]
+        if r < 0:
+            self.pop()
+            return np.array([i], dtype=np.int64)
+        heapq.heappop(self.heap)
+        run = self.runs[r]
+        ts, ns, ids, gs, pos = run
+        end = len(ids)
+        if bound is not None:
+            end = pos + _count_below(ts[pos:], ns[pos:], ids[pos:], bound)
+        seg = slice(pos, max(end, pos + 1))
+        idx = np.flatnonzero(self.check_many(ids[seg], ts[seg], ns[seg], gs[seg]))[:m]
+        out = ids[seg][idx]
+        self._advance(r, pos + int(idx[-1]) + 1 if len(idx) == m else seg.stop)
+        return out
+
+    def compact(self) -> None:
+        """Drop stale singles and runs with no valid element left; skip to each run's first
+        valid element."""
+        check, check_many = self.check, self.check_many
+        heap = [e for e in self.heap if e[3] < 0 and check(e[2], e[0], e[1], -1 - e[3])]
+        live = len(heap)
+        runs = {}
+        for e in self.heap:
+            r = e[3]
+            if r < 0:
+                continue
+            ts, ns, ids, gs, pos = run = self.runs[r]
+            ok = np.flatnonzero(check_many(ids[pos:], ts[pos:], ns[pos:], gs[pos:]))
+            if len(ok):
+                run[4] = pos = pos + int(ok[0])
+                runs[r] = run
+                live += len(ok)
+                heap.append((ts.item(pos), ns.item(pos), ids.item(pos), r))
+        heapq.heapify(heap)
+        self.heap, self.runs = heap, runs
+        self._pushed, self._base = 0, live
+
+
+def _count_below(ts: np.ndarray, ns: np.ndarray, ids: np.ndarray, bound: tuple[int, int, int]) -> int:
+    """How many leading elements of the sorted ``(ts, ns, ids)`` are smaller than ``bound``."""
+    bt, bn, bi = bound
+    lo = int(np.searchsorted(ts, bt, "left"))
+    hi = int(np.searchsorted(ts, bt, "right"))
+    if lo == hi:
+        return lo
+    a = lo + int(np.searchsorted(ns[lo:hi], bn, "left"))
+    b = lo + int(np.searchsorted(ns[lo:hi], bn, "right"))
+    return a + int(np.searchsorted(ids[a:b], bi, "left"))

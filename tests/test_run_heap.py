@@ -1,0 +1,106 @@
+"""RunHeap pops exactly what one heap entry per element would, and bulk eviction of whole
+large pages goes in the order of one ``evict_large`` call at a time."""
+
+from __future__ import annotations
+
+import copy
+import heapq
+
+import numpy as np
+from conftest import full, group, make_manager, model, run, snapshot
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jenga.prefix.run_heap import RunHeap
+
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("push"), st.lists(st.tuples(st.integers(0, 3), st.integers(-4, 0), st.integers(0, 15)),
+                                        min_size=1, max_size=12)),
+    st.tuples(st.just("stale"), st.integers(0, 15)),
+    st.tuples(st.just("pop"), st.integers(1, 4)),
+    st.tuples(st.just("take"), st.integers(1, 6)),
+), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(OPS)
+def test_run_heap_pops_in_per_element_heap_order(ops):
+    gen = [0] * 16  # an element is valid while its id's generation is the one it was pushed with
+
+    def one(i, t, n, g):
+        return gen[i] == g
+
+    def many(ids, ts, ns, gs):
+        return np.asarray(gen, dtype=np.int64)[ids] == gs
+
+    heap, ref = RunHeap(one, many), []
+
+    def ref_pop():
+        while ref:
+            t, n, i, g = heapq.heappop(ref)
+            if gen[i] == g:
+                return t, n, i
+        return None
+
+    for op, arg in ops:
+        if op == "push":
+            ts, ns, ids = zip(*arg, strict=True)
+            gs = [gen[i] for i in ids]
+            heap.push(ts, ns, ids, gs)
+            for e in zip(ts, ns, ids, gs, strict=True):
+                heapq.heappush(ref, e)
+        elif op == "stale":
+            gen[arg] += 1
+        elif op == "pop":
+            for _ in range(arg):
+                top = heap.top()
+                expect = ref_pop()
+                assert top == expect
+                if top is None:
+                    break
+                heap.pop()
+                gen[top[2]] += 1  # the element's page is evicted: its other copies go stale
+        else:
+            if heap.top() is None:
+                assert ref_pop() is None
+                continue
+            bounds = [e[:3] for e in heap.heap[1:3]]
+            got = heap.take(arg, min(bounds) if bounds else None).tolist()
+            assert 1 <= len(got) <= arg
+            expect = [ref_pop()[2] for _ in got]
+            assert got == expect
+            for i in got:
+                gen[i] += 1
+    while True:  # drain both in step
+        top = heap.top()
+        assert top == ref_pop()
+        if top is None:
+            break
+        heap.pop()
+        gen[top[2]] += 1
+
+def test_bulk_large_eviction_keeps_the_one_at_a_time_order():
+    """Pages of one page per large page, released in runs at different times (some hit in
+    between, so their run entries hold stale elements): ``evict_large_many`` frees the
+    same large pages in the same order as repeated ``evict_large``, and leaves the same state."""
+    mgr = make_manager(model(group("full", full(), 1)), 200)
+    assert mgr.alloc.k == [1]
+    for rid, base in enumerate((0, 1000, 2000, 3000)):
+        mgr.add_request(rid, list(range(base, base + 40)))
+        mgr.lookup(rid)
+        run(mgr, rid, 40, [7])
+    for rid in (2, 0, 3, 1):
+        mgr.free(rid)
+    mgr.add_request("hit", list(range(1000, 1020)) + [5])  # pins 20 pages of request 1's run
+    assert mgr.lookup("hit") == 20
+    run(mgr, "hit", 1, [9])
+    mgr.free("hit")
+    mgr.check_integrity()
+    twin = copy.deepcopy(mgr)
+    bulk = mgr.evictor.evict_large_many(150)
+    one = [twin.evictor.evict_large() for _ in range(150)]
+    assert bulk == [x for x in one if x is not None]
+    assert len(bulk) == 150
+    mgr.check_integrity()
+    twin.check_integrity()
+    assert snapshot(mgr) == snapshot(twin)
