@@ -568,7 +568,8 @@ def test_same_image_twice_in_one_request():
 
 def test_window_slack_keeps_a_second_question_hitting():
     """A question ending a little earlier than the first one on the same article still finds
-    its whole window: the band below the first request's window stays held (window_slack)."""
+    its whole window: the band below the first request's prompt-end window is released at full
+    priority, not aged (window_slack)."""
     from jenga.manager import KVCacheManager
     from jenga.specs import FullAttentionSpec, LayerGroup, ModelSpec, SlidingWindowSpec
 

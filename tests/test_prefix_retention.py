@@ -124,3 +124,43 @@ def test_periodic_checkpoints_of_a_prompt_go_first_its_branch_points_stay():
     assert mgr.lookup("b") == 8  # still a valid hit while it lasts
     mgr.free("b")
     mgr.check_integrity()
+
+
+def test_band_below_the_prompt_end_window_is_released_at_full_priority_not_held():
+    """``window_slack`` tokens below the prompt end's window leave the request (they are not
+    held: no waste) but enter the cache with the current time, not aged: a second question on
+    the same prefix, ending earlier, still finds its whole window after the aged pages went."""
+    age = 1000
+
+    def first_question(slack: int):
+        mgr = make_manager(full_swa(4), 64, out_of_window_age=age, window_slack=slack)
+        mgr.add_request("a", P + [100, 101, 102])  # prompt end 13: its window is tokens 10..12
+        win = list(mgr.allocate("a", 13).groups[1].page_ids)
+        mgr.append_tokens("a", [1])
+        times = [mgr.now]
+        for tok in (2, 3, 4, 5):  # computed 14..17: tokens 10, 11, 12, 13 leave the window
+            run(mgr, "a", 1, [tok])
+            times.append(mgr.now)
+        return mgr, win, times
+
+    mgr, win, times = first_question(3)
+    keys, held = cached_keys(mgr, 1), page_ids(mgr, "a", 1)
+    assert held[:14] == [None] * 14  # nothing below the window is held
+    # pages 0..6 aged; 7..9 (the band: the window of a prompt ending up to 3 tokens earlier)
+    # at the prefill's time; 10..12 (the prompt end's window) when each left; 13 (output) aged
+    assert [keys[win[i]] for i in range(13)] == \
+        [(times[0] - age, -(i + 1)) for i in range(7)] + [(times[0], -8), (times[0], -9), (times[0], -10),
+                                                         (times[1], -11), (times[2], -12), (times[3], -13)]
+    assert all(k[0] == times[4] - age for p, k in keys.items() if p not in win)  # token 13's page
+    mgr.free("a")
+    mgr.check_integrity()
+
+    def second_hit(mgr) -> int:
+        aged = [p for p, (t, _) in cached_keys(mgr, 1).items() if t < 0]
+        for _ in aged:  # memory pressure takes exactly the aged pages first
+            assert mgr.evictor.evict_large() in aged
+        mgr.add_request("b", P + [200])
+        return mgr.lookup("b")
+
+    assert second_hit(mgr) == 10  # the whole prefix: its window 7..9 stayed
+    assert second_hit(first_question(0)[0]) == 0  # without the band those pages were aged

@@ -67,9 +67,9 @@ class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, Ca
     ``memory_bytes`` is the KV budget; it is cut into ``floor(memory / S) - 1`` large
     pages of ``S = lcm(small pages)`` bytes.  ``tokens_per_page`` is the base page (and
     hash block) size; groups may use multiples of it to keep the LCM bounded
-    (``max_lcm_ratio`` x the largest small page).  Sliding groups keep ``window_slack``
-    tokens below the window (so a prompt ending a little earlier still hits; vLLM v1 keeps
-    W + 192); the default is ``min(256, W // 8)``.  Pages that leave the window or chunk
+    (``max_lcm_ratio`` x the largest small page).  Sliding groups release the window before
+    a branch point (hit, junction, prompt end plus ``window_slack`` tokens below it, default
+    ``W // 2``) valued like its prefix, so a prompt ending a little earlier still hits.  Pages that leave the window or chunk
     are stamped ``out_of_window_age`` clock ticks older, so they are evicted first (0:
     their release time, the paper's text).  ``eviction``: ``"reuse"`` (jenga's default;
     pages reused at least twice outlive one-off pages and a stable subset of them survives
@@ -120,7 +120,7 @@ class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, Ca
         for pol in self.policies:
             if isinstance(pol, SlidingPolicy):
                 w = pol.group.spec.window
-                pol.slack = min(256, w // 8) if window_slack is None else window_slack
+                pol.slack = w // 2 if window_slack is None else window_slack
         self.ref: list[list[int]] = [[0] * (num_large * k) for k in self.alloc.k]
         # (group, page) -> evictor key of the latest release of a page still referenced by
         # others; used when a pin (lookup hit) is undone after those others have left

@@ -142,35 +142,37 @@ class FullPolicy(Policy):
 
 class SlidingPolicy(FullPolicy):
     """Only the last ``window`` tokens are read: a hit needs just those pages; pages
-    leave at commit time (even mid-prefill) and go to the evictor as older entries."""
+    leave at commit time (even mid-prefill) and go to the evictor, aged to go first unless
+    they form the window before a branch point (see ``release_range``)."""
 
     def first_needed(self, pos: int) -> int:
         return max(0, pos - self.group.spec.window + 1)
 
-    #: tokens below the window a request keeps holding (set by the manager; vLLM v1 keeps W + 192)
+    #: tokens below the prompt end's window that are released like that window (set by the
+    #: manager): another question on the same article, whose prompt ends a little earlier,
+    #: still finds the whole window it needs
     slack = 0
-
-    def keep_from(self, pos: int) -> int:
-        # a band of ``slack`` tokens below the window stays held, so a later prompt that ends
-        # a little earlier (another question on the same article) still finds the whole
-        # window it needs, with the request's own priority
-        return max(0, pos - self.group.spec.window + 1 - self.slack)
 
     def release_point(self, released: int) -> int:
         # rounded up to a page end, so releases ride on the registration commit
-        first = (released + 1) * self.tpp + self.group.spec.window - 1 + self.slack
+        first = (released + 1) * self.tpp + self.group.spec.window - 1
         return cdiv(first, self.tpp) * self.tpp
 
+    def retained_spans(self, req: Request) -> list[tuple[int, int]]:
+        """Page ranges ``[lo, hi)`` that form the window before a branch point of this request:
+        its hit, its junction (where the full-attention prefix in the index ends) and its
+        prompt end (with ``slack`` tokens more below it), sorted."""
+        tpp, w = self.tpp, self.group.spec.window
+        return sorted((max(0, m - band - w + 1) // tpp, m // tpp)
+                      for m, band in ((req.hit, 0), (req.junction, 0), (req.prompt_len, self.slack)) if m > 0)
+
     def release_range(self, req: Request, gs: GroupState, stop: int, ops: PageOps) -> None:
-        """Like the base class, except the window before a shared-prefix point of this
-        request (its hit, or its junction: where the full-attention prefix in the index ends)
+        """Like the base class, except the window before a branch point (``retained_spans``)
         is released with the current time: a later request with that prefix needs exactly
         those pages, so they must not be the first to go."""
         start, tpp = gs.released, self.tpp
-        for mark in sorted({req.hit, req.junction}):
-            if mark <= 0:
-                continue
-            lo, hi = max(start, self.keep_from(mark) // tpp), min(stop, mark // tpp)
+        for lo, hi in self.retained_spans(req):
+            lo, hi = max(start, lo), min(stop, hi)
             if lo >= hi:
                 continue
             super().release_range(req, gs, lo, ops)
