@@ -81,7 +81,7 @@ def test_prefix_hit_matches_hf(manager):
 @pytest.mark.parametrize("manager", ["jenga", "paged"])
 def test_eviction_and_preemption_match_hf(manager):
     # about two requests fit at a time; decode growth (full layer) forces preemption
-    memory = {"jenga": "1280KiB", "paged": "1536KiB"}[manager]
+    memory = {"jenga": "1152KiB", "paged": "1536KiB"}[manager]
     llm = jenga.LLM("tiny-gemma3", manager=manager, kv_memory=memory, max_num_batched_tokens=128)
     params = SamplingParams(max_tokens=40, return_logits=True, ignore_eos=True)
     outs = llm.generate(rand_prompts([120, 90, 110, 70, 100, 80], seed=3), params)

@@ -130,7 +130,7 @@ def test_without_embedding_cache_reruns_encoder_per_chunk():
 
 
 def test_preemption_with_images_matches_hf():
-    llm = jenga.LLM("tiny-gemma3-vision", kv_memory=1200 << 10, max_num_batched_tokens=32)
+    llm = jenga.LLM("tiny-gemma3-vision", kv_memory=1100 << 10, max_num_batched_tokens=32)
     ps = [prompt([30, 20], images(1, seed=20 + i), seed=30 + i) for i in range(4)]
     outs = llm.generate(ps, SamplingParams(max_tokens=24, return_logits=True))
     assert llm.scheduler.stats.preemptions > 0
