@@ -22,7 +22,8 @@ hit tokens / prompt tokens of first admissions (re-admissions after a preemption
 is what a cache that never evicts would hit; *ceiling* (where every block costs the same bytes) is
 what a clairvoyant cache serving one request at a time on this pool would hit (``cache_bound``).  us/step = perf_counter around the manager calls only
 (lookup, allocate, token commit incl. block hashing, free).  GC = the longest garbage-collector
-pause during the run (``gc.callbacks``; start-up's heap is frozen first, see ``frozen_heap``).  Steps = scheduler steps to serve the whole trace (a request an admission
+pause during the run (``gc.callbacks``; start-up's heap and the trace's token lists are frozen
+first, see ``frozen_heap``).  Steps = scheduler steps to serve the whole trace (a request an admission
 policy makes wait shows here).  Traces: ``manager_traces.TRACES``; budgets: the
 simulator's (0.9 x GPU memory - bf16 weights, smallest TP that fits; Jamba on one H200).
 """
@@ -78,8 +79,8 @@ class GCWatch:
 
 @contextmanager
 def frozen_heap():
-    """``gc.freeze()`` what start-up made (vLLM, torch, the trace), as a server does after loading
-    (vLLM's engine core freezes its heap after start-up): a full collection then walks only what
+    """``gc.freeze()`` what start-up made (vLLM, torch, the trace and its ``trace_state``), as a server
+    does after loading (vLLM's engine core freezes its heap after start-up): a full collection then walks only what
     the run itself keeps alive, not the ~10^6 objects of the imported libraries."""
     gc.collect()
     gc.freeze()
@@ -89,9 +90,18 @@ def frozen_heap():
         gc.unfreeze()
 
 
-def simulate(side, model, reqs, budget: int, max_running: int) -> dict:
-    st = {r.request_id: SimpleNamespace(r=r, tokens=r.tokens.tolist(), computed=0, out=0, admitted=False)
-          for r in reqs}
+def trace_state(reqs) -> dict:
+    """The harness's state per request: its token ids as the Python list an engine hands a manager
+    (grown by the sampled tokens), computed and output counts.  Made with the trace, before
+    ``frozen_heap``: these lists are the trace's, not a manager's (1,000 short prompts hold 1.4 M
+    ids, 64 articles x 4 questions 5 M), and a collection that walked them would be charged to
+    the manager."""
+    return {r.request_id: SimpleNamespace(r=r, tokens=r.tokens.tolist(), computed=0, out=0, admitted=False)
+            for r in reqs}
+
+
+def simulate(side, model, reqs, budget: int, max_running: int, st: dict | None = None) -> dict:
+    st = trace_state(reqs) if st is None else st
     arrivals = deque(sorted(reqs, key=lambda r: r.arrival_step))
     waiting, running = deque(), []
     t = 0.0
@@ -214,8 +224,9 @@ def run_row(row: str, a) -> dict:
     if not a.no_vllm:
         sides.append(VllmSide(model, memory, a.budget, None if a.retention == "dense" else int(a.retention)))
     for side in sides:
+        st = trace_state(reqs)
         with frozen_heap(), GCWatch() as w:
-            m = simulate(side, model, reqs, a.budget, a.max_running)
+            m = simulate(side, model, reqs, a.budget, a.max_running, st)
         m["gc_ms"] = 1e3 * w.longest
         out[side.name] = m
         if a.verbose:
