@@ -15,13 +15,13 @@ def manager(cls):
     return make_manager(model(group("full", full(), 1), group("m", state, 1, first_layer=1), max_len=32), 64)
 
 
-def steps(mgr):
+def steps(mgr, checkpoints):
     """a: prompt of 10 in two steps (6 + 4: the second ends on the prompt-end checkpoint)."""
     mgr.add_request("a", list(range(10)))
     st = mgr.allocate("a", 6).groups[1]
     mgr.append_tokens("a", [])
     mgr.allocate("a", 4)
-    assert (st.work_page, st.read_page, st.checkpoints) == (6, None, {10: 11})
+    assert (st.work_page, st.read_page, st.checkpoints) == (6, None, checkpoints)
     mgr.append_tokens("a", [10])
     return st
 
@@ -33,9 +33,13 @@ def test_policy_is_chosen_by_spec_type():
 
 def test_checkpoint_reached_stays_held_until_the_next_commit():
     plain, fwd = manager(MambaSpec), manager(CopyForwardMambaSpec)
-    st_plain, st = steps(plain), steps(fwd)
-    # plain: the prompt-end checkpoint 11 is cached and evictable right away
-    assert st_plain.read_page is None and cached_keys(plain, 1) == {11: (2, -10)}
+    st_plain, st = steps(plain, {}), steps(fwd, {10: 11})
+    # plain (jenga's engine): the step ended on the checkpoint, so its work page 6 became it,
+    # held until the next allocate (that step copies it into a fresh work page first)
+    assert st_plain.read_page == 6 and cached_keys(plain, 1) == {} and plain.index.is_registered(1, 6)
+    plain.allocate("a", 1)
+    assert (st_plain.work_page, st_plain.read_page) == (12, 6) and cached_keys(plain, 1) == {6: (3, -10)}
+    plain.check_integrity()
     # copy-forward: registered (a hit finds it) but held, so nothing can evict it yet
     assert st.read_page == 11 and st.checkpoints == {} and cached_keys(fwd, 1) == {}
     assert fwd.ref[1][11] == 1
@@ -60,7 +64,12 @@ def test_checkpoint_reached_stays_held_until_the_next_commit():
 
 def test_free_before_the_next_step_drops_the_held_checkpoint():
     mgr = manager(CopyForwardMambaSpec)
-    steps(mgr)
+    steps(mgr, {10: 11})
     mgr.free("a")  # preempted right after the checkpoint step
     assert cached_keys(mgr, 1) == {11: (2, -10)} and mgr.used_bytes == 0
     mgr.check_integrity()
+    plain = manager(MambaSpec)  # jenga's engine: the work page that became the checkpoint
+    steps(plain, {})
+    plain.free("a")
+    assert cached_keys(plain, 1) == {6: (2, -10)} and plain.used_bytes == 0
+    plain.check_integrity()

@@ -78,6 +78,20 @@ def test_checkpoint_hit_equals_cold_run(name):
 
 
 @pytest.mark.parametrize("name", HYBRIDS)
+def test_steps_ending_on_checkpoints_hand_the_work_page_on(name):
+    """Prefill steps of 32 end on the checkpoints 32 and 64 (periodic, prompt end): each time the
+    work page becomes the checkpoint and the next step copies it into a fresh work page; the
+    hit's checkpoint is let go of once its step is allocated.  Tokens and logits equal HF's."""
+    shared, b = prompts([64, 11], seed=5)
+    llm = jenga.LLM(name, kv_memory="8MiB", max_num_batched_tokens=32, state_checkpoint_interval=32)
+    first = llm.generate([shared], GREEDY)
+    assert llm.manager.stats().cached_bytes > 0
+    second = llm.generate([shared + b], GREEDY)
+    assert second[0].prefix_hit_tokens == 64, "the state should resume at the prompt-end checkpoint 64"
+    assert_hf_equal(llm, first + second)
+
+
+@pytest.mark.parametrize("name", HYBRIDS)
 def test_preemption_and_eviction_match_hf(name):
     llm = jenga.LLM(name, kv_memory=HYBRIDS[name], max_num_batched_tokens=64, state_checkpoint_interval=32)
     outs = llm.generate(prompts([90, 70, 80, 60], seed=4), SamplingParams(max_tokens=16, return_logits=True))

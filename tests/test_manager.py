@@ -128,24 +128,29 @@ def test_mamba_keeps_one_work_page_and_caches_checkpoints():
     t = mgr.allocate("a", 10)
     st = t.groups[1]
     assert isinstance(st, StateTable)
-    # every 4 tokens, and at the prompt's end (10): a later turn resumes there
-    assert (st.work_page, st.read_page, st.checkpoints) == (10, None, {4: 11, 8: 12, 10: 13})
+    # every 4 tokens; the prompt's end (10) ends the step: the work page itself becomes it
+    assert (st.work_page, st.read_page, st.checkpoints) == (10, None, {4: 11, 8: 12})
     mgr.append_tokens("a", [10])
-    assert st.checkpoints == {} and cached_keys(mgr, 1) == {11: (1, -4), 12: (1, -8), 13: (1, -10)}
-    # token 10, lookahead 2: the state after 12 tokens is not computed by this step
+    # page 10 is checkpoint 10 now (registered, held as the next step's copy source)
+    assert (st.read_page, st.checkpoints) == (10, {}) and cached_keys(mgr, 1) == {11: (1, -4), 12: (1, -8)}
+    assert mgr.index.is_registered(1, 10) and mgr.stats().used_bytes == (len(page_ids(mgr, "a", 0)) + 1) * 128
+    # token 10, lookahead 2: a fresh work page; 10 is copied into it, so it is let go of at once
     t = mgr.allocate("a", 1, num_lookahead=2)
-    assert st.checkpoints == {}
+    assert (st.work_page, st.read_page, st.checkpoints) == (16, 10, {}) and cached_keys(mgr, 1)[10] == (2, -10)
     mgr.append_tokens("a", [11])
-    t = mgr.allocate("a", 1)  # token 11: this step produces the state after 12 tokens
-    assert list(st.checkpoints) == [12]
-    page12 = st.checkpoints[12]
+    assert st.read_page is None
+    t = mgr.allocate("a", 1)  # token 11: the step ends on the state after 12 tokens
+    assert st.checkpoints == {}
     mgr.append_tokens("a", [12])
-    assert cached_keys(mgr, 1)[page12] == (3, -12)
-    assert st.work_page == 10
+    assert (st.work_page, st.read_page) == (16, 16) and mgr.index.is_registered(1, 16)
+    t = mgr.allocate("a", 1)  # token 12: no checkpoint; 16 let go of, work page 17
+    assert (st.work_page, st.read_page, st.checkpoints) == (17, 16, {})
+    mgr.append_tokens("a", [13])
     assert mgr.stats().used_bytes == (len(page_ids(mgr, "a", 0)) + 1) * 128
     mgr.free("a")
     # the work page is not a prefix state: it goes straight back to the pool
-    assert 10 not in cached_keys(mgr, 1) and mgr.alloc.group_of[10] == -1
+    assert cached_keys(mgr, 1) == {11: (1, -4), 12: (1, -8), 10: (2, -10), 16: (4, -12)}
+    assert mgr.alloc.group_of[17] == -1
     mgr.check_integrity()
 
 
@@ -154,13 +159,14 @@ def test_mamba_checkpoint_at_the_decode_step_that_reaches_it():
     mgr = make_manager(spec, 64)
     mgr.add_request("a", list(range(3)))
     t = run(mgr, "a", 3, [3])
-    assert t.groups[1].checkpoints == {}
-    t = mgr.allocate("a", 1)  # token 3: the state after 4 tokens is a checkpoint
-    assert list(t.groups[1].checkpoints) == [4]
-    page = t.groups[1].checkpoints[4]
+    st = t.groups[1]  # the prefill ended on the prompt-end checkpoint 3: its work page 3
+    assert (st.checkpoints, st.read_page) == ({}, 3) and mgr.index.is_registered(1, 3)
+    t = mgr.allocate("a", 1)  # token 3: the state after 4 tokens ends this step
+    assert (st.work_page, st.read_page, st.checkpoints) == (5, 3, {})
     mgr.append_tokens("a", [4])
-    # the prompt-end checkpoint (after token 3) was cached by the first step
-    assert cached_keys(mgr, 1) == {4: (1, -3), page: (2, -4)}
+    assert (st.work_page, st.read_page) == (5, 5) and mgr.index.is_registered(1, 5)
+    mgr.free("a")
+    assert cached_keys(mgr, 1) == {3: (2, -3), 5: (2, -4)}  # 5 at a's last access (free)
 
 
 # ----------------------------------------------------------------- hits
@@ -274,8 +280,9 @@ def test_mamba_hits_only_at_checkpoints():
     assert st.read_page == at[10] and st.work_page not in ckpt
     assert t.groups[0].page_ids[:10] == list(range(10))
     mgr.append_tokens("b", [1])
-    assert st.read_page is None  # copied during the step; dropped back to the cache
-    assert at[10] in cached_keys(mgr, 1)
+    # a's 10 was let go of at the allocate (the step copied it first); the step ended on b's
+    # prompt end 11, so b's work page became that checkpoint (its next step's copy source)
+    assert at[10] in cached_keys(mgr, 1) and st.read_page == st.work_page == 14
     mgr.add_request("c", list(range(7)) + [77])
     assert mgr.lookup("c") == 4
     mgr.add_request("d", list(range(3)) + [77])

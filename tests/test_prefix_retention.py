@@ -32,7 +32,7 @@ def test_junction_checkpoint_lets_the_third_request_hit_the_whole_shared_prefix(
     assert mgr.lookup("b") == 8  # full attention could hit 10: the junction
     assert mgr.requests["b"].junction == 10
     t = mgr.allocate("b", 6)
-    assert sorted(t.groups[1].checkpoints) == [10, 14]  # junction and prompt end; 16 not reached
+    assert sorted(t.groups[1].checkpoints) == [10]  # the junction; prompt end 14 ends the step: the work page
     mgr.append_tokens("b", [2])
     mgr.free("b")
     assert sorted(-k[1] for k in cached_keys(mgr, 1).values()) == [8, 10, 14, 15]
@@ -104,7 +104,8 @@ def test_long_prompt_keeps_tail_checkpoints_one_two_four_blocks_before_its_end()
     mgr = make_manager(hybrid(8), 256)
     doc = list(range(1000, 1066))  # 66 tokens: a prompt of >= 8 intervals gets tail checkpoints
     serve(mgr, "a", doc + [1, 2, 3, 4], [5])  # prompt end 70: tail at 69, 68, 66
-    assert sorted(-k[1] for k in cached_keys(mgr, 1).values()) == [8, 16, 24, 32, 40, 48, 56, 64, 66, 68, 69, 70]
+    # a long prompt keeps only the last periodic checkpoint of each step (one step here: 64)
+    assert sorted(-k[1] for k in cached_keys(mgr, 1).values()) == [64, 66, 68, 69, 70]
     mgr.add_request("b", doc + [7, 7, 7, 7])
     assert mgr.lookup("b") == 66  # the second question resumes at the document's end
     mgr.free("b")
@@ -164,3 +165,45 @@ def test_band_below_the_prompt_end_window_is_released_at_full_priority_not_held(
 
     assert second_hit(mgr) == 10  # the whole prefix: its window 7..9 stayed
     assert second_hit(first_question(0)[0]) == 0  # without the band those pages were aged
+
+
+def test_one_state_page_per_step_periodic_only_where_it_can_pay():
+    """Exact pages: a short prompt nothing of which is cached checkpoints every interval; the
+    checkpoint its step ends on (16, also its prompt end) is the work page itself.  A short
+    prompt continuing a cached prefix gets its junction only (no periodic 12, 16); its hit's
+    checkpoint is let go of (cached, unreferenced) as soon as its step is allocated."""
+    mgr = make_manager(hybrid(4), 64)
+    mgr.add_request("a", P + [100, 101, 102, 103, 104, 105])
+    assert mgr.lookup("a") == 0
+    st = mgr.allocate("a", 16).groups[1]
+    assert (st.work_page, st.read_page, st.checkpoints) == (16, None, {4: 17, 8: 18, 12: 19})
+    mgr.append_tokens("a", [1])
+    assert (st.work_page, st.read_page) == (16, 16) and mgr.index.is_registered(1, 16)
+    mgr.free("a")
+    assert sorted((-k[1], p) for p, k in cached_keys(mgr, 1).items()) == [(4, 17), (8, 18), (12, 19), (16, 16)]
+    mgr.add_request("b", P + list(range(200, 210)))
+    assert mgr.lookup("b") == 8 and mgr.requests["b"].junction == 10
+    st = mgr.allocate("b", 12).groups[1]
+    assert (st.work_page, st.read_page, st.checkpoints) == (32, 18, {10: 33})
+    assert mgr.ref[1][18] == 0 and cached_keys(mgr, 1)[18] == (2, -8)  # let go of, at full priority
+    mgr.check_integrity()
+    mgr.append_tokens("b", [2])
+    mgr.free("b")
+    assert sorted((-k[1], p) for p, k in cached_keys(mgr, 1).items()) == \
+        [(4, 17), (8, 18), (10, 33), (12, 19), (16, 16), (20, 32)]
+    mgr.check_integrity()
+
+
+def test_long_prompt_checkpoints_the_last_periodic_position_of_each_step():
+    mgr = make_manager(hybrid(8), 256)
+    mgr.add_request("c", list(range(1000, 1066)) + [1, 2, 3, 4])  # 70 tokens >= 8 intervals
+    mgr.lookup("c")
+    got = []
+    for n in (30, 30, 10):
+        got.append(dict(mgr.allocate("c", n).groups[1].checkpoints))
+        mgr.append_tokens("c", [5] if n == 10 else [])
+    # steps [0, 30), [30, 60), [60, 70): periodic 24, 56, 64; tails 66, 68, 69; the end 70 ends the step
+    assert got == [{24: 31}, {56: 62}, {64: 73, 66: 74, 68: 75, 69: 76}]
+    mgr.free("c")
+    assert sorted(-k[1] for k in cached_keys(mgr, 1).values()) == [24, 56, 64, 66, 68, 69, 70]
+    mgr.check_integrity()

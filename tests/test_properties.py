@@ -340,6 +340,10 @@ class ManagerMachine(RuleBasedStateMachine):
         live.step = (start, n, la, to_fill, ckpts)
         self._assign_roles(live, req, first)
         self._check_step(live, req, start, n, la, first)
+        for gt in t.groups:  # the engine copies a read page into the work page before the step
+            if isinstance(gt, StateTable) and gt.read_page is not None and req.groups[gt.group].read is None:
+                del live.roles[("r", gt.group)]  # writes anything: let go of (checked above)
+                self.seen["read let go of at allocate"] += 1
         return True
 
     def _append(self, r, tok):
@@ -373,6 +377,11 @@ class ManagerMachine(RuleBasedStateMachine):
         # ... and samples one token when it reached the end of the known tokens
         self.mgr.append_tokens(r, [tok] if start + n == len(tokens) else [])
         live.step = None
+        for gt in live.table.groups:  # a step that ended on a checkpoint: its work page became it
+            if isinstance(gt, StateTable) and gt.read_page is not None and gt.read_page == gt.work_page:
+                self.shadow[(gt.group, gt.work_page)] = ("state", tuple(tokens[:req.num_computed]))
+                del live.roles[("w", gt.group)]  # the next allocate names a fresh work page
+                self.seen["work page became a checkpoint"] += 1
         self._sync_roles(live)
 
     # ------------------------------------------------------------ checks
@@ -486,8 +495,8 @@ class ManagerMachine(RuleBasedStateMachine):
             expect = {s: req.tokens[i * TPP + s] for s in range(TPP)}
         elif slot[0] == "i":
             expect = ("img", live.images[slot[2]][2], slot[3])
-        else:
-            expect = ("state", tuple(req.tokens[:live.hit]))
+        else:  # the state the step starts from (a hit's, or the last step's end)
+            expect = ("state", tuple(req.tokens[:live.step[0]]))
         assert held == expect, f"request {live.rid} reuses {gp} ({slot}) holding {held}, expected {expect}"
 
     def _sync_roles(self, live):
@@ -586,6 +595,8 @@ def test_random_request_streams_with_reuse_eviction(spec_name):
     # the streams really exercised hits, eviction and (where one request can fill the
     # memory: not the shrunk Jamba, whose large page holds 70 tokens) failed allocations
     assert seen["hit"] > 0 and seen["evicted"] > 0, dict(seen)
+    if "mamba" in spec_name or "every" in spec_name:  # one state page per step (state_policy.py)
+        assert seen["read let go of at allocate"] > 0 and seen["work page became a checkpoint"] > 0, dict(seen)
     if capacity(spec_name, min_large(spec_name), True) < MAX_LEN:
         assert seen["none"] > 0, dict(seen)
 

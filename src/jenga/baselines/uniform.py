@@ -167,6 +167,12 @@ class UniformMambaPolicy(MambaPolicy):
         super().__init__(gi, group, block)
         self.every = align
 
+    def _release_read(self, req: Request, gs: GroupState, ops: PageOps) -> None:
+        pass  # held until the step's commit, as v1 holds the block it reads
+
+    def _take_work_as_checkpoint(self, req: Request, gs: GroupState, ops: PageOps) -> None:
+        pass  # v1 writes its one checkpoint into a block of its own
+
     def _new_checkpoints(self, req: Request, end: int) -> range:
         pos = req.prompt_len - req.prompt_len % self.every
         ok = req.start < pos <= end - req.num_lookahead

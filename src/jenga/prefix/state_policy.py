@@ -17,7 +17,21 @@ class MambaPolicy(Policy):
     request's *junction*: where its prompt leaves the token prefix the index already holds
     (the branch point of a shared prefix, found by ``lookup``), so the next request with
     that prefix resumes exactly there.  Checkpoints are cached as soon as written; the
-    request keeps only its work page."""
+    request keeps only its work page.
+
+    Rules that keep a step to one state page per request (jenga's engine copies every read
+    page into its work page before any layer of the step writes, ``engine/state.py``):
+
+    * a hit's checkpoint is let go of once the step that copies it is allocated (it stays
+      cached; a later allocate in the same step may even reuse it, after the copy);
+    * a checkpoint at the step's last token needs no page: at the commit the work page
+      *becomes* that checkpoint (registered) and the next step copies it into a fresh work
+      page (``_take_work_as_checkpoint``);
+    * periodic checkpoints where they can still pay: a long prompt (one with tail
+      checkpoints) gets only the last periodic position of each step, a short prompt that
+      continues a cached prefix (a hit or a junction) none (its junction and prompt end
+      are the branch points), a short prompt of which nothing was cached every one (where
+      a later request leaves it is not known yet)."""
 
     def __init__(self, gi: int, group: LayerGroup, block: int):
         super().__init__(gi, group, block)
@@ -63,14 +77,26 @@ class MambaPolicy(Policy):
         return tuple(marks)
 
     def _new_checkpoints(self, req: Request, end: int) -> list[int] | range:
-        """Checkpoint positions in ``(start, end - lookahead]``."""
-        start, stop = req.start, end - req.num_lookahead
+        """Checkpoint positions that get a page: ``(start, end - lookahead)``; the one at the
+        step's end is the work page itself (``_take_work_as_checkpoint``)."""
+        return self._positions(req, req.start, end - req.num_lookahead - 1)
+
+    def _positions(self, req: Request, start: int, stop: int) -> list[int] | range:
+        """Checkpoint positions in ``(start, stop]``."""
         first = start // self.every + 1
-        periodic = range(first * self.every, stop + 1, self.every)
+        periodic = self._periodic(req, range(first * self.every, stop + 1, self.every))
         extra = [m for m in self._marks(req) if start < m <= stop and m % self.every]
         if not extra:
             return periodic
         return sorted(set(periodic).union(extra))
+
+    def _periodic(self, req: Request, periodic: range) -> range:
+        """Which of a step's periodic positions get a checkpoint (see the class doc)."""
+        if req.prompt_len >= self.TAIL_FROM * self.every:
+            return periodic[-1:]  # a long prompt: the step's last one (its tails cover the end)
+        if req.hit or req.junction:
+            return periodic[:0]  # a short prompt continuing a cached prefix: its branch points only
+        return periodic
 
     def plan(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> int:
         n = 1 if gs.work is None else 0
@@ -81,25 +107,59 @@ class MambaPolicy(Policy):
     def grow(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> None:
         if gs.work is None:
             gs.work = ops.take(self.gi)
-            gs.table = StateTable(self.gi, gs.work, gs.read, gs.checkpoints)
+            if gs.table is None:
+                gs.table = StateTable(self.gi, gs.work, gs.read, gs.checkpoints)
+            else:  # after _take_work_as_checkpoint: the same table object, a fresh work page
+                gs.table.work_page, gs.table.read_page = gs.work, gs.read
         if ops.caching:
             for pos in self._new_checkpoints(req, end):
                 gs.checkpoints[pos] = ops.take(self.gi)
+        if gs.read is not None:
+            self._release_read(req, gs, ops)
+
+    def _release_read(self, req: Request, gs: GroupState, ops: PageOps) -> None:
+        """The step just allocated copies ``gs.read`` into the work page before it writes
+        anything, so the request lets go of it now (the table still names it for the copy)."""
+        pos = gs.read_pos  # a hit's checkpoint was just used: not aged like an unused periodic one
+        ops.drop(self.gi, gs.read, self._stamp(req, pos, ops) if pos > req.hit else ops.now, pos)
+        gs.read = None
+
+    def _stamp(self, req: Request, pos: int, ops: PageOps) -> int:
+        """Last access of a checkpoint at ``pos`` let go of now: a periodic one that is no
+        branch point goes before other cached pages."""
+        aged = pos % self.every == 0 and pos not in self._marks(req) \
+            and pos < req.prompt_len // self.block * self.block
+        return ops.now - ops.out_of_range_age if aged else ops.now
+
+    def _is_checkpoint(self, req: Request, pos: int) -> bool:
+        return pos > 0 and (pos % self.every == 0 or pos in self._marks(req))
+
+    def _take_work_as_checkpoint(self, req: Request, gs: GroupState, ops: PageOps) -> None:
+        """The step ended on a checkpoint position: the work page holds exactly that state, so
+        it is registered as the checkpoint and becomes the read page of the next step (which
+        copies it into a fresh work page).  Not when the key is taken or not hashed yet."""
+        pos = req.num_computed
+        if gs.work is None or not ops.caching or not self._is_checkpoint(req, pos) \
+                or pos // self.block > len(req.hashes) or not ops.register(self.gi, gs.work, self.key(req, pos)):
+            return
+        gs.read, gs.read_pos, gs.work = gs.work, pos, None
+        gs.table.read_page = gs.read
+        req.limit = 0  # the next allocate takes a work page (the slow path)
 
     def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
         done = [pos for pos in gs.checkpoints if pos <= req.num_computed]
-        marks = self._marks(req) if done else ()
         for pos in done:
             page = gs.checkpoints.pop(pos)
             if pos // self.block <= len(req.hashes):
                 ops.register(self.gi, page, self.key(req, pos))
-            # a periodic checkpoint that is no branch point goes before other cached pages
-            aged = marks and pos not in marks and pos < req.prompt_len // self.block * self.block
-            ops.drop(self.gi, page, ops.now - ops.out_of_range_age if aged else ops.now, pos)
-        if gs.read is not None:
+            ops.drop(self.gi, page, self._stamp(req, pos, ops), pos)
+        if gs.read is not None:  # a subclass that keeps the read page until the commit
             ops.drop(self.gi, gs.read, ops.now, gs.read_pos)
             gs.read = None
-            gs.table.read_page = None
+        if gs.table is not None:
+            gs.table.read_page = None  # copied by the step just committed
+        if req.num_computed not in done:
+            self._take_work_as_checkpoint(req, gs, ops)
 
     def free(self, req: Request, gs: GroupState, ops: PageOps) -> None:
         for pos, page in gs.checkpoints.items():
@@ -117,6 +177,18 @@ class MambaPolicy(Policy):
             return 0
         if not ops.caching:
             return NEVER
+        return self._next_position(req)
+
+    def next_event(self, req: Request, gs: GroupState, ops: PageOps) -> int:
+        if gs.read is not None or (gs.table is not None and gs.table.read_page is not None):
+            return 0
+        nxt = min(gs.checkpoints, default=NEVER)
+        if gs.work is not None and ops.caching:
+            nxt = min(nxt, self._next_position(req))
+        return nxt
+
+    def _next_position(self, req: Request) -> int:
+        """The first checkpoint position after ``req.start``."""
         start = req.start
         nxt = (start // self.every + 1) * self.every
         for m in self._marks(req):
@@ -124,16 +196,11 @@ class MambaPolicy(Policy):
                 nxt = m
         return nxt
 
-    def next_event(self, req: Request, gs: GroupState, ops: PageOps) -> int:
-        if gs.read is not None:
-            return 0
-        return min(gs.checkpoints, default=NEVER)
-
     def needed_tokens(self, req: Request, gs: GroupState) -> int:
-        return 1 if gs.work is not None else 0
+        return 1 if gs.work is not None or gs.read is not None else 0
 
     def needed_bytes(self, req: Request, gs: GroupState) -> int:
-        return self.group.useful_page_bytes if gs.work is not None else 0
+        return self.group.useful_page_bytes * self.needed_tokens(req, gs)
 
     def held_pages(self, gs: GroupState) -> int:
         return (gs.work is not None) + (gs.read is not None) + len(gs.checkpoints)
@@ -146,7 +213,18 @@ class CopyForwardMambaPolicy(MambaPolicy):
     of the step ending at ``t`` and copies it into the work page when the next step starts.
     So at the commit where ``t`` becomes the computed length, the checkpoint is registered
     (findable for hits) but stays held by the request as its ``read`` page (the copy source
-    of the next step); it is dropped at the following commit, like a prefix hit's page."""
+    of the next step); it is dropped at the following commit, like a prefix hit's page.
+    So a hit's read page stays held until that commit too, a checkpoint at a step's end
+    gets its own page, and every periodic position is checkpointed."""
+
+    def _periodic(self, req: Request, periodic: range) -> range:
+        return periodic
+
+    def _new_checkpoints(self, req: Request, end: int) -> list[int] | range:
+        return self._positions(req, req.start, end - req.num_lookahead)
+
+    def _release_read(self, req: Request, gs: GroupState, ops: PageOps) -> None:
+        pass  # the worker copies it when the next step starts: held until the next commit
 
     def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
         if gs.read is not None:
