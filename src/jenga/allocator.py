@@ -25,12 +25,12 @@ import numpy as np
 from jenga.allocator_check import check_allocator
 from jenga.evictable_set import EvictableSet
 from jenga.eviction_source import CACHED, FREE, USED, EvictionSource, Supply
-from jenga.flat_arrays import view, zeros
+from jenga.flat_arrays import zeros
+from jenga.run_moves import BULK, RunMoves
 
 __all__ = ["CACHED", "FREE", "USED", "EvictionSource", "LargePageAllocator", "Supply"]
-BULK = 16  # batches longer than this are changed with numpy
 
-class LargePageAllocator(EvictableSet):
+class LargePageAllocator(EvictableSet, RunMoves):
     """The large-page pool and per-group small-page carving, with request tags."""
 
     def __init__(self, page_bytes: list[int], num_large: int):
@@ -189,10 +189,7 @@ class LargePageAllocator(EvictableSet):
             group_of[large] = group
             tag_of[large] = tag
         if k == 1 and m > BULK:
-            ids = np.asarray(larges, dtype=np.int64)
-            assert not view(self.state[group])[ids].any(), "large pages carved with pages in use"
-            view(self.state[group])[ids] = USED
-            view(self.n_used)[ids] = 1
+            self._carve_flat(group, np.asarray(larges, dtype=np.int64))
         else:
             used = bytes([USED]) * k
             for large in larges:
@@ -297,23 +294,6 @@ class LargePageAllocator(EvictableSet):
         if emptied:
             self._enter_e_many(group, emptied)  # they hold cached pages: fully evictable now
 
-    def _to_cached_bulk(self, group: int, pages: np.ndarray) -> None:
-        """``to_cached_many`` with numpy over distinct ``pages``."""
-        state, k = view(self.state[group]), self.k[group]
-        assert (state[pages] == USED).all(), f"cache of group {group} pages not all USED"
-        state[pages] = CACHED
-        if k == 1:
-            larges, counts = pages, 1
-        else:
-            larges, counts = np.unique(pages // k, return_counts=True)
-        view(self.n_used)[larges] -= counts
-        view(self.n_cached)[larges] += counts
-        self.used_small[group] -= len(pages)
-        self.cached_small[group] += len(pages)
-        emptied = larges if k == 1 else larges[view(self.n_used)[larges] == 0]
-        if len(emptied):
-            self._enter_e_many(group, emptied)
-
     def touch_cached(self, group: int, page: int) -> None:
         """CACHED -> USED (a prefix hit).  The caller removed it from the evictor."""
         assert self.state[group][page] == CACHED, f"touch of {group}:{page} in state {self.state[group][page]}"
@@ -327,6 +307,9 @@ class LargePageAllocator(EvictableSet):
 
     def touch_cached_many(self, group: int, pages: list[int]) -> None:
         """``touch_cached`` for each of ``pages`` (distinct)."""
+        if len(pages) > BULK:
+            self._touch_cached_bulk(group, np.asarray(pages, dtype=np.int64))
+            return
         state, k, n_used, n_cached, in_e = self.state[group], self.k[group], self.n_used, self.n_cached, self.in_e
         leaving = []
         for page in pages:
@@ -373,25 +356,6 @@ class LargePageAllocator(EvictableSet):
         self.group_of[large] = -1
         self.tag_of[large] = None
         heapq.heappush(self._free_large, large)
-
-    def evict_whole_many(self, group: int, larges: np.ndarray) -> None:
-        """``evict_whole`` for distinct ``larges`` of a group of one page per large page."""
-        assert self.k[group] == 1, "bulk whole-page eviction is for one page per large page"
-        assert (view(self.in_e)[larges] == 1).all() and not view(self.n_used)[larges].any(), "not fully evictable"
-        m = len(larges)
-        view(self.in_e)[larges] = 0
-        self.num_e -= m
-        self.e_count[group] -= m
-        view(self.state[group])[larges] = 0  # FREE
-        view(self.n_cached)[larges] = 0
-        self.owned[group] -= m
-        group_of, tag_of = self.group_of, self.tag_of
-        ids = larges.tolist()
-        for large in ids:
-            group_of[large] = -1
-            tag_of[large] = None
-        self._free_large.extend(ids)
-        heapq.heapify(self._free_large)
 
     def _add_free_slot(self, group: int, large: int, slot: int) -> None:
         slots = self._slots[group].get(large)

@@ -121,4 +121,4 @@ class EvictableSet:
         self.free_small[group] += shown
         self.hidden_free[group] -= shown
         if self.evictor is not None:
-            self.evictor.on_larges_unevictable(larges)
+            self.evictor.on_larges_unevictable(larges, group)

@@ -44,8 +44,8 @@ class EvictionSource(ABC):
         for large in larges:
             self.on_large_evictable(large)
 
-    def on_larges_unevictable(self, larges: list[int]) -> None:
-        """Each of ``larges`` left ``E``."""
+    def on_larges_unevictable(self, larges: list[int], group: int) -> None:
+        """Each of ``larges`` (of ``group``) left ``E``."""
         for large in larges:
             self.on_large_unevictable(large)
 

@@ -24,6 +24,7 @@ from jenga.prefix.run_heap import SMALL, RunHeap
 
 Key = tuple[int, int]  # (last_access, -prefix_length)
 _LOWEST = np.iinfo(np.int64).min
+BULK_RUN = 16  # a run's pages go to bulk eviction when at least this many come next in the order
 
 
 class CachedKeys(Mapping):
@@ -214,42 +215,69 @@ class PrefixEvictor(EvictionSource):
         return self._evict_top(g)
 
     def evict_large_many(self, m: int) -> list[int]:
-        """``evict_large()`` up to ``m`` times; the freed large pages in eviction order.  In a
-        group of one page per large page, a run's pages older than every other candidate
-        go together."""
+        """``evict_large()`` up to ``m`` times; the freed large pages in eviction order.  Runs
+        are merged a stretch at a time: what every group's head run holds below the next
+        entry of any group's heap comes before everything else."""
         out: list[int] = []
-        heaps, k = self._large_heaps, self.alloc.k
+        heaps = self._large_heaps
         while len(out) < m:
-            tops = sorted((e, g) for g in range(len(heaps)) if heaps[g] and (e := heaps[g].top()) is not None)
-            if not tops:
+            live = [g for g in range(len(heaps)) if heaps[g] and heaps[g].top() is not None]
+            if not live:
                 break
-            g = tops[0][1]
-            heap = heaps[g]
-            if k[g] > 1 or m - len(out) == 1:
-                out.append(self._evict_top(g))
+            nexts = [min(e[:3] for e in heaps[g].heap[1:3]) for g in live if len(heaps[g]) > 1]
+            cutoff = min(nexts) if nexts else None
+            segs = [heaps[g].segment(cutoff) for g in live]
+            total = sum(len(seg[2]) for seg in segs)
+            if total < BULK_RUN or self.index.events is not None:  # short stretches (and event order): one by one
+                out.append(self.evict_large())
                 continue
-            bounds = [e[:3] for e in heap.heap[1:3]]  # the next entries of this heap (maybe stale)
-            if len(tops) > 1:
-                bounds.append(tops[1][0])
-            larges = heap.take(m - len(out), min(bounds) if bounds else None)
-            self._drop_pages(g, larges.tolist())
-            self.alloc.evict_whole_many(g, larges)
-            out.extend(larges.tolist())
+            out.extend(self._evict_merged(m - len(out), live, segs))
         return out
+
+    def _evict_merged(self, m: int, live: list[int], segs: list[tuple[np.ndarray, ...]]) -> list[int]:
+        """Evict the first ``m`` valid elements of the merged ``segs`` (group ``live[j]``'s head
+        run stretch is ``segs[j]``); the large page ids in eviction order."""
+        ts, ns, ids = (np.concatenate([seg[x] for seg in segs]) for x in range(3))
+        valid = np.concatenate([self._large_check_many(seg[2], seg[0], seg[1], seg[3]) for seg in segs])
+        owner = np.repeat(np.arange(len(live)), [len(seg[2]) for seg in segs])
+        order = np.lexsort((ids, ns, ts))
+        taken = np.flatnonzero(valid[order])[:m]
+        stop = int(taken[-1]) + 1 if len(taken) == m else len(order)
+        counts = np.bincount(owner[order[:stop]], minlength=len(live))
+        for j, g in enumerate(live):
+            self._large_heaps[g].consume(int(counts[j]))
+        picked = order[taken]
+        larges, owners = ids[picked], owner[picked]
+        k = self.alloc.k
+        for j, g in enumerate(live):
+            mine = larges[owners == j]
+            if not len(mine):
+                continue
+            if k[g] == 1:
+                self._drop_pages(g, mine.tolist())
+                self.alloc.evict_whole_many(g, mine)
+            else:
+                for large in mine.tolist():
+                    self._evict_large_page(g, large)
+        return larges.tolist()
 
     def _evict_top(self, g: int) -> int:
         """Evict the large page at the top of group ``g``'s heap (checked valid)."""
-        alloc = self.alloc
         found = self._large_heaps[g].pop()[2]
+        self._evict_large_page(g, found)
+        return found
+
+    def _evict_large_page(self, g: int, large: int) -> None:
+        """Every cached page of fully evictable ``large`` (of group ``g``) leaves; it is free."""
+        alloc = self.alloc
         k = alloc.k[g]
         if k == 1:
-            pages = [found]
+            pages = [large]
         else:
-            st = view(alloc.state[g])[found * k:(found + 1) * k]
-            pages = (np.flatnonzero(st == CACHED) + found * k).tolist()
+            st = alloc.state[g]
+            pages = [p for p in range(large * k, (large + 1) * k) if st[p] == CACHED]
         self._drop_pages(g, pages)
-        alloc.evict_whole(found)
-        return found
+        alloc.evict_whole(large)
 
     def on_large_evictable(self, large: int) -> None:
         self.on_larges_evictable(self.alloc.group_of[large], (large,))
@@ -286,7 +314,7 @@ class PrefixEvictor(EvictionSource):
     def on_large_unevictable(self, large: int) -> None:
         self._large_ver[large] += 1
 
-    def on_larges_unevictable(self, larges) -> None:
+    def on_larges_unevictable(self, larges, group: int) -> None:
         if len(larges) > SMALL:
             view(self._large_ver)[as_ids(larges)] += 1
             return

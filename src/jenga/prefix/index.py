@@ -56,8 +56,15 @@ class PrefixIndex:
 
     def uncount_uses(self, group: int, pages: list[int]) -> None:
         """``uncount_use`` for each of ``pages``."""
+        uses, key_of, page_uses = self.uses[group], self.key_of[group], self.page_uses[group]
         for page in pages:
-            self.uncount_use(group, page)
+            key = key_of[page]
+            n = uses.get(key, 0) - 1
+            if n > 0:
+                uses[key] = page_uses[page] = n
+            else:
+                uses.pop(key, None)
+                page_uses[page] = 0
 
     def get(self, group: int, key: bytes) -> int | None:
         return self.table[group].get(key)

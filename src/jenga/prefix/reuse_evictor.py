@@ -18,6 +18,8 @@ Within a class, ties go to the longer prefix first, as in the base evictor (alig
 
 from __future__ import annotations
 
+import numpy as np
+
 from jenga.flat_arrays import as_ids, view, zeros
 from jenga.prefix.evictor import PrefixEvictor
 from jenga.prefix.run_heap import SMALL
@@ -34,26 +36,44 @@ class ReuseEvictor(PrefixEvictor):
         super().__init__(allocator, index)
         # per group: each cached page's release time (its key's first part may be a class)
         self.times = [zeros(allocator.num_large * k) for k in allocator.k]
-        self.protected: list[set[int]] = [set() for _ in allocator.k]  # cached pages of class 3
-        self._prot_in: dict[int, int] = {}  # large page -> class-3 pages in it
+        self._flags = [bytearray(allocator.num_large * k) for k in allocator.k]  # 1: a class-3 page
+        self.protected = [ProtectedPages(f) for f in self._flags]  # cached pages of class 3
+        self._prot_in = zeros(allocator.num_large)  # per large page: class-3 pages in it
         self._prot_out = [0] * len(allocator.k)  # per group: class-3 pages outside E
         self._e_prot = 0  # large pages in E holding a class-3 page
         index.track_uses([allocator.num_large * k for k in allocator.k])
 
-    # class-3 pages are tracked per large page, so an admission can ask what it may evict
+    # class-3 pages are counted per large page, so an admission can ask what it may evict
     # without touching them (``protected_supply``) in O(groups)
-    def _mark(self, group: int, page: int, delta: int) -> None:
-        large = page // self.alloc.k[group]
-        n = self._prot_in.get(large, 0) + delta
-        if n:
-            self._prot_in[large] = n
-        else:
-            del self._prot_in[large]
-        if self.alloc.in_e[large]:
-            if n == 0 or (n == delta and delta > 0):
-                self._e_prot += 1 if delta > 0 else -1
-        else:
-            self._prot_out[group] += delta
+    def _protect(self, group: int, pages, on: bool) -> None:
+        """Flag ``pages`` (distinct) as class 3 (``on``) or not; pages already so are left."""
+        flags, k, in_e, prot_in = self._flags[group], self.alloc.k[group], self.alloc.in_e, self._prot_in
+        if len(pages) <= SMALL:
+            for page in pages:
+                if flags[page] == on:
+                    continue
+                flags[page] = on
+                large = page // k
+                n = prot_in[large] = prot_in[large] + (1 if on else -1)
+                if not in_e[large]:
+                    self._prot_out[group] += 1 if on else -1
+                elif n == (1 if on else 0):
+                    self._e_prot += 1 if on else -1
+            return
+        ids = as_ids(pages)
+        ids = ids[view(flags)[ids] != on]
+        if not len(ids):
+            return
+        view(flags)[ids] = on
+        larges, counts = (ids, 1) if k == 1 else np.unique(ids // k, return_counts=True)
+        counts = np.broadcast_to(counts, larges.shape)
+        pin = view(prot_in)
+        before = pin[larges]
+        after = before + counts if on else before - counts
+        pin[larges] = after
+        e = view(in_e)[larges] == 1
+        self._prot_out[group] += (1 if on else -1) * int(counts[~e].sum())
+        self._e_prot += int((e & (before == 0)).sum()) if on else -int((e & (after == 0)).sum())
 
     def priorities_of(self, group: int, ids, last_access: int):
         if len(ids) > SMALL:
@@ -65,38 +85,25 @@ class ReuseEvictor(PrefixEvictor):
         if last_access < 0:
             return last_access
         page_uses = self.index.page_uses[group]
+        protected = PROTECTED - last_access
         if len(ids) > SMALL:
             reused = view(page_uses)[ids] >= 2
             if not reused.any():
                 return last_access
-            pages, reused = ids.tolist(), reused.tolist()
-        else:
-            pages = ids
-            reused = [page_uses[p] >= 2 for p in ids]
-            if True not in reused:
-                return last_access
-        protected = PROTECTED - last_access
-        prot = self.protected[group]
-        for page, r in zip(pages, reused, strict=True):
-            if r and page not in prot:  # pages being cached: their large page is not in E
-                prot.add(page)
-                self._mark(group, page, 1)
+            self._protect(group, ids[reused], True)  # pages being cached: their large page is not in E
+            return np.where(reused, protected, last_access)
+        reused = [page_uses[p] >= 2 for p in ids]
+        if True not in reused:
+            return last_access
+        self._protect(group, [p for p, r in zip(ids, reused, strict=True) if r], True)
         return [protected if r else last_access for r in reused]
 
-    def _unprotect(self, group: int, page: int) -> None:
-        prot = self.protected[group]
-        if page in prot:
-            prot.discard(page)
-            self._mark(group, page, -1)
-
     def release_time(self, group: int, page: int, key: tuple[int, int]) -> int:
-        self._unprotect(group, page)
+        self._protect(group, (page,), False)
         return self.times[group][page]
 
     def release_keys(self, group: int, pages: list[int], keys: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        if self.protected[group]:
-            for page in pages:
-                self._unprotect(group, page)
+        self._protect(group, pages, False)
         if len(pages) > SMALL:
             times = view(self.times[group])[as_ids(pages)].tolist()
         else:
@@ -104,43 +111,44 @@ class ReuseEvictor(PrefixEvictor):
         return [(t, key[1]) for t, key in zip(times, keys, strict=True)]
 
     def rekeyed(self, group: int, pages: list[int]) -> list[int]:
-        keys, uses, key_of = self.keys[group], self.index.uses[group], self.index.key_of[group]
+        keys, page_uses = self.keys[group], self.index.page_uses[group]
         out = []
         for page in pages:
             key = keys.get(page)
             if key is None or key[0] < 0 or key[0] > PROTECTED // 2:
                 continue  # held by others, aged, or protected already (use counts only grow)
-            if uses.get(key_of[page], 0) >= 2:
+            if page_uses[page] >= 2:
                 out.append(page)
         return out
 
     def forget_many(self, group: int, pages) -> None:
-        if self.protected[group]:
-            for page in pages:
-                self._unprotect(group, page)
+        self._protect(group, pages, False)
 
     def on_larges_evictable(self, group: int, larges) -> None:
-        if self._prot_in:
-            prot_in = self._prot_in
-            for large in larges:
-                n = prot_in.get(large, 0)
-                if n:
-                    self._prot_out[group] -= n
-                    self._e_prot += 1
+        self._move_protected(group, larges, -1)
         super().on_larges_evictable(group, larges)
 
     def on_large_unevictable(self, large: int) -> None:
-        self.on_larges_unevictable((large,))
+        self.on_larges_unevictable((large,), self.alloc.group_of[large])
 
-    def on_larges_unevictable(self, larges) -> None:
-        if self._prot_in:
-            prot_in, group_of = self._prot_in, self.alloc.group_of
+    def on_larges_unevictable(self, larges, group: int) -> None:
+        self._move_protected(group, larges, 1)
+        super().on_larges_unevictable(larges, group)
+
+    def _move_protected(self, group: int, larges, sign: int) -> None:
+        """``larges`` left E (``sign`` 1) or entered it (-1): their class-3 pages move in or
+        out of the group's count, and each holding one out of or into ``_e_prot``."""
+        if len(larges) <= SMALL:
+            prot_in = self._prot_in
             for large in larges:
-                n = prot_in.get(large, 0)
+                n = prot_in[large]
                 if n:
-                    self._prot_out[group_of[large]] += n
-                    self._e_prot -= 1
-        super().on_larges_unevictable(list(larges))
+                    self._prot_out[group] += sign * n
+                    self._e_prot -= sign
+            return
+        n = view(self._prot_in)[as_ids(larges)]
+        self._prot_out[group] += sign * int(n.sum())
+        self._e_prot -= sign * int(np.count_nonzero(n))
 
     def protected_supply(self) -> tuple[list[int], int]:
         """(per group: class-3 pages outside fully evictable large pages, fully evictable
@@ -168,5 +176,24 @@ class ReuseEvictor(PrefixEvictor):
         for g, key_of in enumerate(self.index.key_of):
             uses, page_uses = self.index.uses[g], self.index.page_uses[g]
             assert all(page_uses[p] == uses.get(key, 0) for p, key in key_of.items()), f"group {g}: page use counts"
-        assert inside == self._prot_in and out == self._prot_out and len(e) == self._e_prot, \
-            f"class-3 counters {self._prot_in, self._prot_out, self._e_prot} != {inside, out, len(e)}"
+        recorded = {large: n for large, n in enumerate(self._prot_in) if n}
+        assert inside == recorded and out == self._prot_out and len(e) == self._e_prot, \
+            f"class-3 counters {recorded, self._prot_out, self._e_prot} != {inside, out, len(e)}"
+
+
+class ProtectedPages:
+    """A group's class-3 pages as a read-only set (iteration, ``len``, ``in``) over its flags."""
+
+    __slots__ = ("_flags",)
+
+    def __init__(self, flags: bytearray):
+        self._flags = flags
+
+    def __contains__(self, page) -> bool:
+        return type(page) is int and 0 <= page < len(self._flags) and self._flags[page] == 1
+
+    def __len__(self) -> int:
+        return self._flags.count(1)
+
+    def __iter__(self):
+        return iter(np.flatnonzero(view(self._flags)).tolist())

@@ -113,6 +113,27 @@ class RunHeap:
         self._advance(r, run[4] + 1)
         return t, n, i, g
 
+    def segment(self, bound: tuple[int, int, int] | None) -> tuple[np.ndarray, ...]:
+        """``(ts, ns, ids, gs)`` of the head's run from the head on, as far as its elements are
+        smaller than ``bound`` (maybe none); call after ``top``, then ``consume``."""
+        t, n, i, r = self.heap[0]
+        if r < 0:
+            if bound is not None and (t, n, i) >= bound:
+                return _EMPTY, _EMPTY, _EMPTY, _EMPTY
+            return (np.array([t], dtype=np.int64), np.array([n], dtype=np.int64), np.array([i], dtype=np.int64),
+                    np.array([-1 - r], dtype=np.int64))
+        ts, ns, ids, gs, pos = self.runs[r]
+        end = len(ids) if bound is None else pos + _count_below(ts[pos:], ns[pos:], ids[pos:], bound)
+        return ts[pos:end], ns[pos:end], ids[pos:end], gs[pos:end]
+
+    def consume(self, count: int) -> None:
+        """Move the head's run ``count`` elements on (elements ``segment`` returned)."""
+        if count:
+            r = self.heap[0][3]
+            heapq.heappop(self.heap)
+            if r >= 0:
+                self._advance(r, self.runs[r][4] + count)
+
     def take(self, m: int, bound: tuple[int, int, int] | None) -> np.ndarray:
         """Remove up to ``m`` valid elements from the head's run, in order, all smaller than
         ``bound`` (the next candidate elsewhere); their ids.  Call after ``top``; takes at
