@@ -8,9 +8,13 @@ It works on the manager's allocator, index, evictor and per-group reference coun
 from __future__ import annotations
 
 from collections.abc import Iterable
-from itertools import compress
 
+import numpy as np
+
+from jenga.flat_arrays import view
 from jenga.prefix.policy import PageOps
+from jenga.prefix.run_heap import SMALL
+from jenga.run_moves import BULK
 
 
 class PageLedger(PageOps):
@@ -33,13 +37,24 @@ class PageLedger(PageOps):
         ref, log = self.ref[group], self._log
         if self.index.uses is not None:
             self.index.count_uses(group, pages)
-        cached = [page for page in pages if ref[page] == 0]
-        keys = self.evictor.touch_many(group, cached) if cached else []
-        if len(cached) != len(pages):
-            it = iter(keys)
-            keys = [next(it) if ref[page] == 0 else None for page in pages]
-        for page in pages:
-            ref[page] += 1
+        if len(pages) > BULK:
+            ids = np.asarray(pages, dtype=np.int64)
+            refs = view(ref)
+            free = refs[ids] == 0
+            cached = ids[free].tolist()
+            refs[ids] += 1
+            keys = self.evictor.touch_many(group, cached) if cached else []
+            if len(cached) != len(pages):
+                it = iter(keys)
+                keys = [next(it) if f else None for f in free.tolist()]
+        else:
+            cached = [page for page in pages if ref[page] == 0]
+            keys = self.evictor.touch_many(group, cached) if cached else []
+            if len(cached) != len(pages):
+                it = iter(keys)
+                keys = [next(it) if ref[page] == 0 else None for page in pages]
+            for page in pages:
+                ref[page] += 1
         if log is not None:
             log.append((group, list(pages), keys))
 
@@ -61,66 +76,66 @@ class PageLedger(PageOps):
         ref[page] -= 1
         if ref[page] > 0:
             if self.caching:
-                self._released_key[(group, page)] = (last_access, -prefix_len)
+                self._released.put(group, page, (last_access, -prefix_len))
         else:
-            if self._released_key:
-                self._released_key.pop((group, page), None)
-            if self.caching and self.index.is_registered(group, page):
-                self.evictor.add(group, page, last_access, prefix_len)
-            else:
-                if self.index.is_registered(group, page):
-                    self.index.drop(group, page)
-                self.alloc.release(group, page)
+            if self._released:
+                self._released.pop(group, page)
+            self._dropped(group, page, last_access, prefix_len)
 
     def drop_run(self, group: int, pages: list[int | None], start: int, stop: int, last_access: int,
                  tokens_per_page: int) -> None:
         """``drop`` for ``pages[start:stop]`` (page ``i`` ends at token ``(i+1) * tokens_per_page``),
-        setting them to None; one pass, cached pages handed to the evictor together."""
-        ref, key_of, caching = self.ref[group], self.index.key_of[group], self.caching
-        released = self._released_key
-        to_cache: list[tuple[int, int]] = []
-        to_free: list[int] = []
+        setting them to None; cached pages handed to the evictor together (a long run in numpy)."""
         seg = pages[start:stop]
         pages[start:stop] = [None] * len(seg)
-        if caching and not released and seg and None not in seg \
-                and list(map(ref.__getitem__, seg)).count(1) == len(seg):
-            # the common free: every page's last reference; registered ones go to the evictor
-            for page in seg:
-                ref[page] = 0
-            negs = range(-(start + 1) * tokens_per_page, -(stop + 1) * tokens_per_page, -tokens_per_page)
-            reg = list(map(key_of.__contains__, seg))
-            if reg.count(True) == len(seg):
-                self.evictor.add_run(group, seg, negs, last_access)
-                return
-            self.evictor.add_run(group, list(compress(seg, reg)), list(compress(negs, reg)), last_access)
-            release = self.alloc.release
-            for page, r in zip(seg, reg, strict=True):
-                if not r:
-                    release(group, page)
+        if len(seg) <= BULK:
+            for i, page in enumerate(seg, start):
+                if page is not None:
+                    self.drop(group, page, last_access, (i + 1) * tokens_per_page)
             return
-        for i, page in enumerate(seg, start):
-            if page is None:
-                continue
-            r = ref[page] - 1
-            assert r >= 0, f"drop of unreferenced page {group}:{page}"
-            ref[page] = r
-            if r:
-                if caching:
-                    released[(group, page)] = (last_access, -(i + 1) * tokens_per_page)
-                continue
-            if released:
-                released.pop((group, page), None)
-            if page in key_of:
-                if caching:
-                    to_cache.append((page, (i + 1) * tokens_per_page))
-                    continue
+        held = seg if None not in seg else [p for p in seg if p is not None]
+        if not held:
+            return
+        pos = np.arange(start, stop) if len(held) == len(seg) else \
+            start + np.flatnonzero(np.fromiter((p is not None for p in seg), dtype=bool, count=len(seg)))
+        ids, negs = np.asarray(held, dtype=np.int64), -(pos + 1) * tokens_per_page
+        refs = view(self.ref[group])
+        r = refs[ids] - 1
+        assert r.min() >= 0, f"drop of unreferenced pages of group {group}"
+        refs[ids] = r
+        if r.any():  # still held by others: their keys are recorded for an undone pin
+            last = r == 0
+            if self.caching:
+                self._released.put_many(group, ids[~last], last_access, negs[~last])
+            ids, negs = ids[last], negs[last]
+            held = ids.tolist()
+        self._released.forget_many(group, ids)
+        if len(held) <= SMALL:
+            for page, neg in zip(held, negs.tolist(), strict=True):
+                self._dropped(group, page, last_access, -neg)
+            return
+        reg = np.fromiter(map(self.index.key_of[group].__contains__, held), dtype=bool, count=len(held))
+        if self.caching:
+            if reg.all():
+                self.evictor.add_run(group, ids, negs, last_access)
+                return
+            self.evictor.add_run(group, ids[reg], negs[reg], last_access)
+            ids = ids[~reg]
+        else:
+            for page in ids[reg].tolist():
                 self.index.drop(group, page)
-            to_free.append(page)
-        if to_cache:
-            self.evictor.add_many(group, to_cache, last_access)
         release = self.alloc.release
-        for page in to_free:
+        for page in ids.tolist():
             release(group, page)
+
+    def _dropped(self, group: int, page: int, last_access: int, prefix_len: int) -> None:
+        """A page's last reference went: cached when registered (and caching), else free."""
+        if self.caching and self.index.is_registered(group, page):
+            self.evictor.add(group, page, last_access, prefix_len)
+        else:
+            if self.index.is_registered(group, page):
+                self.index.drop(group, page)
+            self.alloc.release(group, page)
 
     def take_run(self, group: int, n: int) -> list[int]:
         """``n`` fresh pages of ``group`` (``take`` in a loop, own large pages in bulk)."""
@@ -152,7 +167,7 @@ class PageLedger(PageOps):
         it had when pinned; a page still referenced keeps that key for its last holder.
         """
         batches: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        released = self._released_key
+        released = self._released
         now_key = (self.now, 0)
         for group, page, key in reversed(list(log)):
             ref = self.ref[group]
@@ -162,26 +177,26 @@ class PageLedger(PageOps):
             ref[page] -= 1
             if ref[page] > 0:
                 if key is not None:
-                    released.setdefault((group, page), key)  # a recorded key is newer
+                    released.put_default(group, page, key)  # a recorded key is newer
                 continue
-            key = released.pop((group, page), None) or key or now_key
+            key = released.pop(group, page) or key or now_key
             batches.setdefault((group, key[0]), []).append((page, -key[1]))  # key is (t, -prefix_len)
         for (group, t), pages in batches.items():
             self.evictor.add_many(group, pages, t)
 
     def _unhold_run(self, group: int, pages: list[int], keys: list, batches: dict, now_key: tuple[int, int]) -> None:
         """The per-page rule of ``_unhold`` for one ``hold_run`` entry, last page first."""
-        ref, released = self.ref[group], self._released_key
+        ref, released = self.ref[group], self._released
         last_t, batch = None, None
         for i in range(len(pages) - 1, -1, -1):
             page, key = pages[i], keys[i]
             r = ref[page] = ref[page] - 1
             if r > 0:
                 if key is not None:
-                    released.setdefault((group, page), key)
+                    released.put_default(group, page, key)
                 continue
             if released:
-                key = released.pop((group, page), None) or key
+                key = released.pop(group, page) or key
             key = key or now_key
             t = key[0]
             if t != last_t:

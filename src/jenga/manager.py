@@ -29,6 +29,7 @@ from jenga.errors import (
     SequenceTooLongError,
     UnknownRequestError,
 )
+from jenga.flat_arrays import zeros
 from jenga.integrity import check_manager
 from jenga.ledger import PageLedger
 from jenga.pagesize import manager_page_plan, with_base_page
@@ -47,6 +48,7 @@ from jenga.prefix.policies import (
 )
 from jenga.prefix.reuse_evictor import ReuseEvictor
 from jenga.prompt_hashes import PromptHashes
+from jenga.released_keys import ReleasedKeys
 from jenga.request import GroupState, Request
 from jenga.specs import LayerGroup, ModelSpec
 from jenga.stats import CacheStats, collect_stats
@@ -121,10 +123,8 @@ class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, Ca
             if isinstance(pol, SlidingPolicy):
                 w = pol.group.spec.window
                 pol.slack = w // 2 if window_slack is None else window_slack
-        self.ref: list[list[int]] = [[0] * (num_large * k) for k in self.alloc.k]
-        # (group, page) -> evictor key of the latest release of a page still referenced by
-        # others; used when a pin (lookup hit) is undone after those others have left
-        self._released_key: dict[tuple[int, int], tuple[int, int]] = {}
+        self.ref = [zeros(num_large * k) for k in self.alloc.k]  # per group and page: references
+        self._released = ReleasedKeys([num_large * k for k in self.alloc.k])  # keys for undone pins
         self.requests: dict[object, Request] = {}
         self._allocated = 0  # live requests past their first allocate
         self._max_tokens = model.max_model_len + 1

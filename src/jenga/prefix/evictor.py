@@ -30,10 +30,10 @@ BULK_RUN = 16  # a run's pages go to bulk eviction when at least this many come 
 class CachedKeys(Mapping):
     """A group's evictor keys as a read-only mapping page -> ``(t, -prefix length)`` (CACHED pages)."""
 
-    __slots__ = ("_state", "_t", "_n")
+    __slots__ = ("_state", "_t", "_n", "_counts", "_g")
 
-    def __init__(self, state: bytearray, t, n):
-        self._state, self._t, self._n = state, t, n
+    def __init__(self, state: bytearray, t, n, counts: list[int], g: int):
+        self._state, self._t, self._n, self._counts, self._g = state, t, n, counts, g
 
     def __contains__(self, page) -> bool:
         return type(page) is int and 0 <= page < len(self._state) and self._state[page] == CACHED
@@ -44,7 +44,7 @@ class CachedKeys(Mapping):
         return self._t[page], self._n[page]
 
     def __len__(self) -> int:
-        return self._state.count(CACHED)
+        return self._counts[self._g]
 
     def __iter__(self):
         return iter(np.flatnonzero(view(self._state) == CACHED).tolist())
@@ -75,7 +75,8 @@ class PrefixEvictor(EvictionSource):
         n = len(a.k)
         self.key_t = [zeros(a.num_large * k) for k in a.k]  # per page: key (t, n) while CACHED
         self.key_n = [zeros(a.num_large * k) for k in a.k]
-        self.keys = [CachedKeys(a.state[g], self.key_t[g], self.key_n[g]) for g in range(n)]
+        self.num_keys = [0] * n  # per group: CACHED pages
+        self.keys = [CachedKeys(a.state[g], self.key_t[g], self.key_n[g], self.num_keys, g) for g in range(n)]
         # a group of one small page per large page never evicts small pages: a cached page's
         # large page has no used page, so it is always in E (``evict_small`` finds nothing)
         self._small_order = [k > 1 for k in a.k]
@@ -125,6 +126,7 @@ class PrefixEvictor(EvictionSource):
                 kn[page] = neg
             if self._small_order[group]:
                 self._heaps[group].push(ts, negs, ids, ids)
+        self.num_keys[group] += len(ids)
         self.alloc.to_cached_many(group, ids)
 
     # ------------------------------------------------ eviction order hooks
@@ -156,6 +158,7 @@ class PrefixEvictor(EvictionSource):
         """A CACHED page is hit: it becomes USED.  Returns its (release time, -prefix length)
         (to undo with ``add``)."""
         key = self.keys[group][page]
+        self.num_keys[group] -= 1
         self.alloc.touch_cached(group, page)
         return self.release_time(group, page, key), key[1]
 
@@ -167,6 +170,7 @@ class PrefixEvictor(EvictionSource):
         else:
             kt, kn = self.key_t[group], self.key_n[group]
             out = [(kt[p], kn[p]) for p in pages]
+        self.num_keys[group] -= len(pages)
         self.alloc.touch_cached_many(group, pages)
         return self.release_keys(group, pages, out)
 
@@ -175,6 +179,12 @@ class PrefixEvictor(EvictionSource):
         self.forget_many(group, pages)
         self.index.drop_many(group, pages)
         self.num_evicted_pages += len(pages)
+        self.num_keys[group] -= len(pages)
+
+    def check(self) -> None:
+        """Recount the keyed pages (for ``check_integrity``)."""
+        counted = [st.count(CACHED) for st in self.alloc.state]
+        assert counted == self.num_keys, f"keyed pages {self.num_keys} != cached pages {counted}"
 
     # -------------------------------------------------- EvictionSource hooks
     def evict_small(self, group: int) -> int | None:

@@ -37,7 +37,8 @@ class ReuseEvictor(PrefixEvictor):
         # per group: each cached page's release time (its key's first part may be a class)
         self.times = [zeros(allocator.num_large * k) for k in allocator.k]
         self._flags = [bytearray(allocator.num_large * k) for k in allocator.k]  # 1: a class-3 page
-        self.protected = [ProtectedPages(f) for f in self._flags]  # cached pages of class 3
+        self._num_prot = [0] * len(allocator.k)
+        self.protected = [ProtectedPages(f, self._num_prot, g) for g, f in enumerate(self._flags)]  # class 3
         self._prot_in = zeros(allocator.num_large)  # per large page: class-3 pages in it
         self._prot_out = [0] * len(allocator.k)  # per group: class-3 pages outside E
         self._e_prot = 0  # large pages in E holding a class-3 page
@@ -53,6 +54,7 @@ class ReuseEvictor(PrefixEvictor):
                 if flags[page] == on:
                     continue
                 flags[page] = on
+                self._num_prot[group] += 1 if on else -1
                 large = page // k
                 n = prot_in[large] = prot_in[large] + (1 if on else -1)
                 if not in_e[large]:
@@ -65,6 +67,7 @@ class ReuseEvictor(PrefixEvictor):
         if not len(ids):
             return
         view(flags)[ids] = on
+        self._num_prot[group] += len(ids) if on else -len(ids)
         larges, counts = (ids, 1) if k == 1 else np.unique(ids // k, return_counts=True)
         counts = np.broadcast_to(counts, larges.shape)
         pin = view(prot_in)
@@ -163,6 +166,8 @@ class ReuseEvictor(PrefixEvictor):
 
     def check(self) -> None:
         """Recount the class-3 counters (for ``check_integrity``)."""
+        super().check()
+        assert [f.count(1) for f in self._flags] == self._num_prot, "class-3 page counts"
         alloc, inside, out, e = self.alloc, {}, [0] * len(self.protected), set()
         for g, pages in enumerate(self.protected):
             k = alloc.k[g]
@@ -184,16 +189,16 @@ class ReuseEvictor(PrefixEvictor):
 class ProtectedPages:
     """A group's class-3 pages as a read-only set (iteration, ``len``, ``in``) over its flags."""
 
-    __slots__ = ("_flags",)
+    __slots__ = ("_flags", "_counts", "_g")
 
-    def __init__(self, flags: bytearray):
-        self._flags = flags
+    def __init__(self, flags: bytearray, counts: list[int], g: int):
+        self._flags, self._counts, self._g = flags, counts, g
 
     def __contains__(self, page) -> bool:
         return type(page) is int and 0 <= page < len(self._flags) and self._flags[page] == 1
 
     def __len__(self) -> int:
-        return self._flags.count(1)
+        return self._counts[self._g]
 
     def __iter__(self):
         return iter(np.flatnonzero(view(self._flags)).tolist())
