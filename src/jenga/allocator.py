@@ -25,8 +25,8 @@ import numpy as np
 from jenga.allocator_check import check_allocator
 from jenga.evictable_set import EvictableSet
 from jenga.eviction_source import CACHED, FREE, USED, EvictionSource, Supply
-from jenga.flat_arrays import zeros
-from jenga.run_moves import BULK, RunMoves
+from jenga.flat_arrays import BULK, zeros
+from jenga.run_moves import RunMoves
 
 __all__ = ["CACHED", "FREE", "USED", "EvictionSource", "LargePageAllocator", "Supply"]
 

@@ -57,8 +57,9 @@ class EvictableSet:
         in_e, n_cached, slots_of, hidden = self.in_e, self.n_cached, self._slots[group], self._hidden
         if self.k[group] == 1:  # one page each, just cached: no free slot, not in E yet
             if type(larges) is np.ndarray:
-                assert not view(self.in_e)[larges].any() and (view(self.n_cached)[larges] == 1).all(), "entering E twice"
-                view(self.in_e)[larges] = 1
+                flags = view(self.in_e)
+                assert not flags[larges].any(), "large pages entering E twice"
+                flags[larges] = 1
             else:
                 for large in larges:
                     assert not in_e[large] and n_cached[large] == 1, f"large {large} entering E twice"

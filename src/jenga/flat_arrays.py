@@ -8,6 +8,10 @@ from array import array
 
 import numpy as np
 
+#: runs longer than this are changed with numpy; shorter ones element by element (each numpy
+#: call costs about a microsecond, a Python step per element a tenth of that)
+BULK = 64
+
 
 def zeros(n: int) -> array:
     """An ``array('q')`` of ``n`` zeros."""

@@ -11,10 +11,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from jenga.flat_arrays import view
+from jenga.flat_arrays import BULK, view
 from jenga.prefix.policy import PageOps
-from jenga.prefix.run_heap import SMALL
-from jenga.run_moves import BULK
 
 
 class PageLedger(PageOps):
@@ -89,9 +87,7 @@ class PageLedger(PageOps):
         seg = pages[start:stop]
         pages[start:stop] = [None] * len(seg)
         if len(seg) <= BULK:
-            for i, page in enumerate(seg, start):
-                if page is not None:
-                    self.drop(group, page, last_access, (i + 1) * tokens_per_page)
+            self._drop_short(group, seg, start, last_access, tokens_per_page)
             return
         held = seg if None not in seg else [p for p in seg if p is not None]
         if not held:
@@ -110,15 +106,12 @@ class PageLedger(PageOps):
             ids, negs = ids[last], negs[last]
             held = ids.tolist()
         self._released.forget_many(group, ids)
-        if len(held) <= SMALL:
-            for page, neg in zip(held, negs.tolist(), strict=True):
-                self._dropped(group, page, last_access, -neg)
+        key_of = self.index.key_of[group]
+        if self.caching and all(map(key_of.__contains__, held)):
+            self.evictor.add_run(group, ids, negs, last_access)
             return
-        reg = np.fromiter(map(self.index.key_of[group].__contains__, held), dtype=bool, count=len(held))
+        reg = np.fromiter(map(key_of.__contains__, held), dtype=bool, count=len(held))
         if self.caching:
-            if reg.all():
-                self.evictor.add_run(group, ids, negs, last_access)
-                return
             self.evictor.add_run(group, ids[reg], negs[reg], last_access)
             ids = ids[~reg]
         else:
@@ -126,6 +119,43 @@ class PageLedger(PageOps):
                 self.index.drop(group, page)
         release = self.alloc.release
         for page in ids.tolist():
+            release(group, page)
+
+    def _drop_short(self, group: int, seg: list[int | None], start: int, last_access: int,
+                    tokens_per_page: int) -> None:
+        """``drop_run`` of a short run, element by element; cached pages go to the evictor together."""
+        ref, key_of, caching, released = self.ref[group], self.index.key_of[group], self.caching, self._released
+        rel_on, rel_t, rel_n = released.on[group], released.t[group], released.n[group]
+        cache_ids: list[int] = []
+        cache_negs: list[int] = []
+        to_free: list[int] = []
+        for i, page in enumerate(seg, start):
+            if page is None:
+                continue
+            r = ref[page] - 1
+            assert r >= 0, f"drop of unreferenced page {group}:{page}"
+            ref[page] = r
+            if r:
+                if caching:  # ``released.put``, inline
+                    if not rel_on[page]:
+                        rel_on[page] = 1
+                        released.count += 1
+                    rel_t[page], rel_n[page] = last_access, -(i + 1) * tokens_per_page
+                continue
+            if rel_on[page]:
+                rel_on[page] = 0
+                released.count -= 1
+            if page in key_of:
+                if caching:
+                    cache_ids.append(page)
+                    cache_negs.append(-(i + 1) * tokens_per_page)
+                    continue
+                self.index.drop(group, page)
+            to_free.append(page)
+        if cache_ids:
+            self.evictor.add_run(group, cache_ids, cache_negs, last_access)
+        release = self.alloc.release
+        for page in to_free:
             release(group, page)
 
     def _dropped(self, group: int, page: int, last_access: int, prefix_len: int) -> None:

@@ -1,7 +1,7 @@
 """The allocator's page moves for a run of pages at once, with numpy over its flat arrays:
 USED -> CACHED (a free), CACHED -> USED (a hit), whole one-page large pages evicted or carved.
 Each does what the per-page loop in :class:`jenga.allocator.LargePageAllocator` does, in one
-pass; used for batches longer than ``BULK``.  A mixin of that class."""
+pass; used for runs longer than ``jenga.flat_arrays.BULK``.  A mixin of that class."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ import numpy as np
 from jenga.eviction_source import CACHED, USED
 from jenga.flat_arrays import view
 
-BULK = 16  # batches longer than this are changed with numpy
-
 
 class RunMoves:
     """Bulk page moves (module doc)."""
@@ -23,12 +21,14 @@ class RunMoves:
         state, k = view(self.state[group]), self.k[group]
         assert (state[pages] == USED).all(), f"cache of group {group} pages not all USED"
         state[pages] = CACHED
-        if k == 1:
-            larges, counts = pages, 1
+        if k == 1:  # each page its own large page: one used page becomes one cached page
+            larges = pages
+            view(self.n_used)[larges] = 0
+            view(self.n_cached)[larges] = 1
         else:
             larges, counts = np.unique(pages // k, return_counts=True)
-        view(self.n_used)[larges] -= counts
-        view(self.n_cached)[larges] += counts
+            view(self.n_used)[larges] -= counts
+            view(self.n_cached)[larges] += counts
         self.used_small[group] -= len(pages)
         self.cached_small[group] += len(pages)
         emptied = larges if k == 1 else larges[view(self.n_used)[larges] == 0]

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from jenga.allocator import CACHED, EvictionSource, LargePageAllocator
-from jenga.flat_arrays import as_ids, view, zeros
+from jenga.flat_arrays import BULK, as_ids, view, zeros
 from jenga.prefix.index import PrefixIndex
-from jenga.prefix.run_heap import SMALL, RunHeap
+from jenga.prefix.run_heap import RunHeap
 
 Key = tuple[int, int]  # (last_access, -prefix_length)
 _LOWEST = np.iinfo(np.int64).min
@@ -108,7 +108,7 @@ class PrefixEvictor(EvictionSource):
 
     def add_run(self, group: int, ids, negs, last_access: int) -> None:
         """``add_many`` for pages ``ids`` with ``-prefix length`` in ``negs`` (sequences)."""
-        bulk = len(ids) > SMALL
+        bulk = len(ids) > BULK
         if bulk:
             ids, negs = as_ids(ids), as_ids(negs)
         prios = last_access if self._plain else self.priorities_of(group, ids, last_access)
@@ -164,7 +164,7 @@ class PrefixEvictor(EvictionSource):
 
     def touch_many(self, group: int, pages: list[int]) -> list[Key]:
         """``touch`` for distinct CACHED ``pages``; their (release time, -prefix length)."""
-        if len(pages) > SMALL:
+        if len(pages) > BULK:
             ids = as_ids(pages)
             out = list(zip(view(self.key_t[group])[ids].tolist(), view(self.key_n[group])[ids].tolist(), strict=True))
         else:
@@ -230,18 +230,18 @@ class PrefixEvictor(EvictionSource):
         entry of any group's heap comes before everything else."""
         out: list[int] = []
         heaps = self._large_heaps
+        bulk = self.index.events is None  # (bulk would reorder KV events across groups)
         while len(out) < m:
-            live = [g for g in range(len(heaps)) if heaps[g] and heaps[g].top() is not None]
-            if not live:
+            tops = [(e, g) for g in range(len(heaps)) if heaps[g] and (e := heaps[g].top()) is not None]
+            if not tops:
                 break
+            live = [g for _, g in tops]
             nexts = [min(e[:3] for e in heaps[g].heap[1:3]) for g in live if len(heaps[g]) > 1]
             cutoff = min(nexts) if nexts else None
-            segs = [heaps[g].segment(cutoff) for g in live]
-            total = sum(len(seg[2]) for seg in segs)
-            if total < BULK_RUN or self.index.events is not None:  # short stretches (and event order): one by one
-                out.append(self.evict_large())
+            if not bulk or m - len(out) < BULK_RUN or not any(heaps[g].run_ahead(BULK_RUN, cutoff) for g in live):
+                out.append(self._evict_top(min(tops)[1]))  # a short stretch: one at a time
                 continue
-            out.extend(self._evict_merged(m - len(out), live, segs))
+            out.extend(self._evict_merged(m - len(out), live, [heaps[g].segment(cutoff) for g in live]))
         return out
 
     def _evict_merged(self, m: int, live: list[int], segs: list[tuple[np.ndarray, ...]]) -> list[int]:
@@ -297,19 +297,27 @@ class PrefixEvictor(EvictionSource):
         group's order with the largest key of its cached pages."""
         alloc = self.alloc
         k = alloc.k[group]
-        if len(larges) <= SMALL:
+        if len(larges) <= BULK:
             ver, kt, kn, st = self._large_ver, self.key_t[group], self.key_n[group], alloc.state[group]
-            ts, ns, vs = [], [], []
+            if type(larges) is not list:
+                larges = [int(x) for x in larges]
+            vs = []
             for large in larges:
                 ver[large] += 1
                 vs.append(ver[large])
-                t, n = max((kt[p], kn[p]) for p in range(large * k, (large + 1) * k) if st[p] == CACHED)
-                ts.append(t)
-                ns.append(n)
+            if k == 1:
+                ts, ns = [kt[p] for p in larges], [kn[p] for p in larges]
+            else:
+                ts, ns = [], []
+                for large in larges:
+                    t, n = max((kt[p], kn[p]) for p in range(large * k, (large + 1) * k) if st[p] == CACHED)
+                    ts.append(t)
+                    ns.append(n)
             self._large_heaps[group].push(ts, ns, larges, vs)
             return
         ids = as_ids(larges)
-        view(self._large_ver)[ids] += 1
+        ver = view(self._large_ver)
+        ver[ids] += 1
         kt, kn = view(self.key_t[group]), view(self.key_n[group])
         if k == 1:
             ts, ns = kt[ids], kn[ids]
@@ -319,13 +327,13 @@ class PrefixEvictor(EvictionSource):
             tt = np.where(cached, kt[block], _LOWEST)
             ts = tt.max(axis=1)
             ns = np.where(cached & (tt == ts[:, None]), kn[block], _LOWEST).max(axis=1)
-        self._large_heaps[group].push(ts, ns, ids, view(self._large_ver)[ids])
+        self._large_heaps[group].push(ts, ns, ids, ver[ids])
 
     def on_large_unevictable(self, large: int) -> None:
         self._large_ver[large] += 1
 
     def on_larges_unevictable(self, larges, group: int) -> None:
-        if len(larges) > SMALL:
+        if len(larges) > BULK:
             view(self._large_ver)[as_ids(larges)] += 1
             return
         ver = self._large_ver

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from jenga.flat_arrays import as_ids, view, zeros
+from jenga.flat_arrays import BULK, as_ids, view, zeros
 from jenga.prefix.evictor import PrefixEvictor
-from jenga.prefix.run_heap import SMALL
 
 PROTECTED = 1 << 61  # priorities of class 3 are PROTECTED - release time
 
@@ -48,8 +47,10 @@ class ReuseEvictor(PrefixEvictor):
     # without touching them (``protected_supply``) in O(groups)
     def _protect(self, group: int, pages, on: bool) -> None:
         """Flag ``pages`` (distinct) as class 3 (``on``) or not; pages already so are left."""
+        if not on and not self._num_prot[group]:
+            return  # nothing to clear
         flags, k, in_e, prot_in = self._flags[group], self.alloc.k[group], self.alloc.in_e, self._prot_in
-        if len(pages) <= SMALL:
+        if len(pages) <= BULK:
             for page in pages:
                 if flags[page] == on:
                     continue
@@ -79,7 +80,7 @@ class ReuseEvictor(PrefixEvictor):
         self._e_prot += int((e & (before == 0)).sum()) if on else -int((e & (after == 0)).sum())
 
     def priorities_of(self, group: int, ids, last_access: int):
-        if len(ids) > SMALL:
+        if len(ids) > BULK:
             view(self.times[group])[ids] = last_access
         else:
             times = self.times[group]
@@ -89,7 +90,7 @@ class ReuseEvictor(PrefixEvictor):
             return last_access
         page_uses = self.index.page_uses[group]
         protected = PROTECTED - last_access
-        if len(ids) > SMALL:
+        if len(ids) > BULK:
             reused = view(page_uses)[ids] >= 2
             if not reused.any():
                 return last_access
@@ -107,7 +108,7 @@ class ReuseEvictor(PrefixEvictor):
 
     def release_keys(self, group: int, pages: list[int], keys: list[tuple[int, int]]) -> list[tuple[int, int]]:
         self._protect(group, pages, False)
-        if len(pages) > SMALL:
+        if len(pages) > BULK:
             times = view(self.times[group])[as_ids(pages)].tolist()
         else:
             times = [self.times[group][p] for p in pages]
@@ -141,7 +142,9 @@ class ReuseEvictor(PrefixEvictor):
     def _move_protected(self, group: int, larges, sign: int) -> None:
         """``larges`` left E (``sign`` 1) or entered it (-1): their class-3 pages move in or
         out of the group's count, and each holding one out of or into ``_e_prot``."""
-        if len(larges) <= SMALL:
+        if not self._num_prot[group]:
+            return
+        if len(larges) <= BULK:
             prot_in = self._prot_in
             for large in larges:
                 n = prot_in[large]

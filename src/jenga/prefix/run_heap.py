@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-SMALL = 4
+SMALL = 32
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
@@ -51,9 +51,11 @@ class RunHeap:
         if m == 0:
             return
         if m <= SMALL:
-            push = heapq.heappush
+            push, heap = heapq.heappush, self.heap
+            if not all(type(x) is list for x in (ts, ns, ids, gs)):
+                ts, ns, ids, gs = ([int(v) for v in x] for x in (ts, ns, ids, gs))
             for t, n, i, g in zip(ts, ns, ids, gs, strict=True):
-                push(self.heap, (int(t), int(n), int(i), -1 - int(g)))
+                push(heap, (t, n, i, -1 - g))
         else:
             ts, ns, ids, gs = (np.asarray(x, dtype=np.int64) for x in (ts, ns, ids, gs))
             order = np.lexsort((ids, ns, ts))
@@ -112,6 +114,16 @@ class RunHeap:
         g = run[3].item(run[4])
         self._advance(r, run[4] + 1)
         return t, n, i, g
+
+    def run_ahead(self, j: int, bound: tuple[int, int, int] | None) -> bool:
+        """True when the head's run has an element ``j`` places after the head that is still
+        smaller than ``bound`` (a bulk ``segment`` is worth its numpy calls)."""
+        r = self.heap[0][3]
+        if r < 0:
+            return False
+        ts, ns, ids, _, pos = self.runs[r]
+        pos += j
+        return pos < len(ids) and (bound is None or (ts.item(pos), ns.item(pos), ids.item(pos)) < bound)
 
     def segment(self, bound: tuple[int, int, int] | None) -> tuple[np.ndarray, ...]:
         """``(ts, ns, ids, gs)`` of the head's run from the head on, as far as its elements are
