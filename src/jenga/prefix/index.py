@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import repeat
+
 from jenga.flat_arrays import zeros
 
 
@@ -108,6 +110,20 @@ class PrefixIndex:
     def register_many(self, group: int, pages: list[int | None], keys: list[bytes]) -> None:
         """``register`` each (page, key) pair in order; ``None`` pages are skipped."""
         table, key_of, events = self.table[group], self.key_of[group], self.events
+        if len(pages) > 8 and None not in pages and events is None and len(set(keys)) == len(keys) \
+                and not any(map(table.__contains__, keys)) and not any(map(key_of.__contains__, pages)):
+            # the common case, a run of fresh pages with new keys: each dict updated in one call
+            table.update(zip(keys, pages, strict=True))
+            key_of.update(zip(pages, keys, strict=True))
+            if self.uses is not None:  # each key re-inserted as the newest, one use more
+                uses, page_uses = self.uses[group], self.page_uses[group]
+                counts = [n + 1 for n in map(uses.pop, keys, repeat(0))]
+                uses.update(zip(keys, counts, strict=True))
+                for page, n in zip(pages, counts, strict=True):
+                    page_uses[page] = n
+                while len(uses) > self.USES_KEPT:
+                    self._drop_oldest_use(group)
+            return
         counting = self.uses is not None
         if counting:
             uses, page_uses, kept = self.uses[group], self.page_uses[group], self.USES_KEPT
