@@ -188,7 +188,7 @@ class LargePageAllocator(EvictableSet, RunMoves):
             assert group_of[large] == -1, f"large page {large} popped while owned"
             group_of[large] = group
             tag_of[large] = tag
-        if k == 1 and m > BULK:
+        if m * k > BULK:
             self._carve_flat(group, np.asarray(larges, dtype=np.int64))
         else:
             used = bytes([USED]) * k

@@ -52,18 +52,24 @@ class RunMoves:
         self.cached_small[group] -= len(pages)
 
     def evict_whole_many(self, group: int, larges: np.ndarray) -> None:
-        """``evict_whole`` for distinct ``larges`` of a group of one page per large page."""
-        assert self.k[group] == 1, "bulk whole-page eviction is for one page per large page"
+        """``evict_whole`` for distinct ``larges`` of ``group``."""
         assert (view(self.in_e)[larges] == 1).all() and not view(self.n_used)[larges].any(), "not fully evictable"
-        m = len(larges)
+        m, k = len(larges), self.k[group]
+        ids = larges.tolist()
         view(self.in_e)[larges] = 0
         self.num_e -= m
         self.e_count[group] -= m
-        view(self.state[group])[larges] = 0  # FREE
+        if k == 1:  # a cached page fills its large page: no hidden free slot
+            view(self.state[group])[larges] = 0  # FREE
+        else:
+            hidden = self._hidden
+            for large in ids:
+                hidden.pop(large, None)
+            self.hidden_free[group] -= k * m - int(view(self.n_cached)[larges].sum())
+            view(self.state[group])[(larges[:, None] * k + np.arange(k)).ravel()] = 0  # FREE
         view(self.n_cached)[larges] = 0
         self.owned[group] -= m
         group_of, tag_of = self.group_of, self.tag_of
-        ids = larges.tolist()
         for large in ids:
             group_of[large] = -1
             tag_of[large] = None
@@ -76,8 +82,9 @@ class RunMoves:
                 heapq.heappush(free, large)
 
     def _carve_flat(self, group: int, larges: np.ndarray) -> None:
-        """The page state of one-page large pages ``larges`` just carved for ``group``: all USED."""
-        state = view(self.state[group])
-        assert not state[larges].any(), "large pages carved with pages in use"
-        state[larges] = USED
-        view(self.n_used)[larges] = 1
+        """The page state of large pages ``larges`` just carved for ``group``: all pages USED."""
+        state, k = view(self.state[group]), self.k[group]
+        pages = larges if k == 1 else (larges[:, None] * k + np.arange(k)).ravel()
+        assert not state[pages].any(), "large pages carved with pages in use"
+        state[pages] = USED
+        view(self.n_used)[larges] = k

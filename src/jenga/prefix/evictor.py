@@ -258,17 +258,19 @@ class PrefixEvictor(EvictionSource):
             self._large_heaps[g].consume(int(counts[j]))
         picked = order[taken]
         larges, owners = ids[picked], owner[picked]
-        k = self.alloc.k
+        alloc = self.alloc
         for j, g in enumerate(live):
             mine = larges[owners == j]
             if not len(mine):
                 continue
-            if k[g] == 1:
-                self._drop_pages(g, mine.tolist())
-                self.alloc.evict_whole_many(g, mine)
-            else:
-                for large in mine.tolist():
-                    self._evict_large_page(g, large)
+            k = alloc.k[g]
+            if k == 1:
+                pages = mine
+            else:  # the cached pages of each large page, in order
+                block = (mine[:, None] * k + np.arange(k)).ravel()
+                pages = block[view(alloc.state[g])[block] == CACHED]
+            self._drop_pages(g, pages.tolist())
+            alloc.evict_whole_many(g, mine)
         return larges.tolist()
 
     def _evict_top(self, g: int) -> int:
