@@ -216,6 +216,9 @@ class PageLedger(PageOps):
 
     def _unhold_run(self, group: int, pages: list[int], keys: list, batches: dict, now_key: tuple[int, int]) -> None:
         """The per-page rule of ``_unhold`` for one ``hold_run`` entry, last page first."""
+        if len(pages) > BULK:
+            self._unhold_long(group, pages, keys, batches, now_key)
+            return
         ref, released = self.ref[group], self._released
         last_t, batch = None, None
         for i in range(len(pages) - 1, -1, -1):
@@ -233,3 +236,39 @@ class PageLedger(PageOps):
                 batch = batches.setdefault((group, t), [])
                 last_t = t
             batch.append((page, -key[1]))
+
+    def _unhold_long(self, group: int, pages: list[int], keys: list, batches: dict, now_key: tuple[int, int]) -> None:
+        """``_unhold_run`` of a long run with numpy (the same keys, batches in the same order)."""
+        n = len(pages)
+        ids = np.asarray(pages[::-1], dtype=np.int64)
+        given = [k is not None for k in reversed(keys)]
+        has = np.fromiter(given, dtype=bool, count=n)
+        kt = np.fromiter((k[0] if k is not None else now_key[0] for k in reversed(keys)), dtype=np.int64, count=n)
+        kn = np.fromiter((k[1] if k is not None else now_key[1] for k in reversed(keys)), dtype=np.int64, count=n)
+        refs = view(self.ref[group])
+        r = refs[ids] - 1
+        refs[ids] = r
+        alive, rel = r > 0, self._released
+        on, rt, rn = view(rel.on[group]), view(rel.t[group]), view(rel.n[group])
+        keep = alive & has
+        if keep.any():  # ``put_default``: a recorded key is newer
+            fresh = keep & (on[ids] == 0)
+            sel = ids[fresh]
+            on[sel] = 1
+            rt[sel], rn[sel] = kt[fresh], kn[fresh]
+            rel.count += len(sel)
+        dead = ~alive
+        ids, kt, kn = ids[dead], kt[dead], kn[dead]
+        if rel.count and len(ids):
+            recorded = on[ids] == 1
+            if recorded.any():
+                sel = ids[recorded]
+                kt[recorded], kn[recorded] = rt[sel], rn[sel]
+                on[sel] = 0
+                rel.count -= len(sel)
+        if not len(ids):
+            return
+        times, first = np.unique(kt, return_index=True)
+        for t in times[np.argsort(first)].tolist():  # batches in order of first appearance
+            mine = kt == t
+            batches.setdefault((group, t), []).extend(zip(ids[mine].tolist(), (-kn[mine]).tolist(), strict=True))
