@@ -148,13 +148,17 @@ def test_band_below_the_prompt_end_window_is_released_at_full_priority_not_held(
     keys, held = cached_keys(mgr, 1), page_ids(mgr, "a", 1)
     assert held[:14] == [None] * 14  # nothing below the window is held
     # pages 0..6 aged; 7..9 (the band: the window of a prompt ending up to 3 tokens earlier)
-    # at the prefill's time; 10..12 (the prompt end's window) when each left; 13 (output) aged
+    # and 10..12 (the prompt end's window, released one per decode step) with the time the
+    # request was admitted (its first allocate), not the newest; 13 (an output token) aged
     assert [keys[win[i]] for i in range(13)] == \
-        [(times[0] - age, -(i + 1)) for i in range(7)] + [(times[0], -8), (times[0], -9), (times[0], -10),
-                                                         (times[1], -11), (times[2], -12), (times[3], -13)]
+        [(times[0] - age, -(i + 1)) for i in range(7)] + [(times[0], -(i + 1)) for i in range(7, 13)]
     assert all(k[0] == times[4] - age for p, k in keys.items() if p not in win)  # token 13's page
     mgr.free("a")
     mgr.check_integrity()
+    # at free the retained window takes the request's last access, like the pages it held
+    keys = cached_keys(mgr, 1)
+    assert [keys[win[i]] for i in range(13)] == \
+        [(times[0] - age, -(i + 1)) for i in range(7)] + [(times[4], -(i + 1)) for i in range(7, 13)]
 
     def second_hit(mgr) -> int:
         aged = [p for p, (t, _) in cached_keys(mgr, 1).items() if t < 0]
@@ -207,3 +211,25 @@ def test_long_prompt_checkpoints_the_last_periodic_position_of_each_step():
     mgr.free("c")
     assert sorted(-k[1] for k in cached_keys(mgr, 1).values()) == [24, 56, 64, 66, 68, 69, 70]
     mgr.check_integrity()
+
+
+def test_a_prefix_and_its_retained_window_are_evicted_together():
+    """After the free, the prompt end's window (released while the request decoded) carries
+    the request's last access like its full-attention pages: the aligned order then takes
+    both groups' pages of one prefix length together, the longest first, so the window is
+    never gone while the full-attention pages it makes usable stay."""
+    mgr = make_manager(full_swa(4), 64, out_of_window_age=1000, window_slack=3)
+    serve(mgr, "a", P + [100, 101, 102], [1, 2, 3, 4, 5])  # computed 17 when freed
+    assert all(mgr.alloc.k[g] == 1 for g in (0, 1))
+    before = {(g, p): k for g in (0, 1) for p, k in cached_keys(mgr, g).items()}
+    order = []
+    while (large := mgr.evictor.evict_large()) is not None:
+        gone = [gp for gp in before if gp[1] == large and gp[1] not in cached_keys(mgr, gp[0])]
+        assert len(gone) == 1
+        order.append((gone[0][0], -before[gone[0]][1]))
+        before.pop(gone[0])
+    aged = [(1, plen) for plen in range(7, 0, -1)] + [(1, 14)]  # out-of-window pages first, oldest first
+    assert order[:len(aged)] == aged
+    rest = order[len(aged):]  # then one time for everything else: longest prefix first, full group first
+    assert rest == [(0, 17), (1, 17), (0, 16), (1, 16), (0, 15), (1, 15), (0, 14)] + \
+        [(g, plen) for plen in range(13, 7, -1) for g in (0, 1)] + [(0, plen) for plen in range(7, 0, -1)]

@@ -176,6 +176,10 @@ class PageLedger(PageOps):
             ref[page] = 1
         return pages
 
+    def retime_run(self, group: int, pages: list[int], negs: list[int], last_access: int) -> None:
+        self.evictor.touch_many(group, pages)
+        self.evictor.add_run(group, pages, negs, last_access)
+
     def register(self, group: int, page: int, key: bytes) -> bool:
         return self.index.register(group, page, key)
 

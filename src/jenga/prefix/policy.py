@@ -60,6 +60,11 @@ class PageOps(ABC):
         an unregistered one FREE."""
 
     @abstractmethod
+    def retime_run(self, group: int, pages: list[int], negs: list[int], last_access: int) -> None:
+        """Give distinct CACHED, unheld ``pages`` (``-prefix length`` in ``negs``) the release
+        time ``last_access``, as if their holder had dropped them now."""
+
+    @abstractmethod
     def register(self, group: int, page: int, key: bytes) -> bool:
         """Offer a fully written page to the prefix index; False if the key is taken."""
 

@@ -166,20 +166,47 @@ class SlidingPolicy(FullPolicy):
         return sorted((max(0, m - band - w + 1) // tpp, m // tpp)
                       for m, band in ((req.hit, 0), (req.junction, 0), (req.prompt_len, self.slack)) if m > 0)
 
+    def grow(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> None:
+        if gs.table is None:
+            gs.since = ops.now
+        super().grow(req, gs, end, ops)
+
     def release_range(self, req: Request, gs: GroupState, stop: int, ops: PageOps) -> None:
-        """Like the base class, except the window before a branch point (``retained_spans``)
-        is released with the current time: a later request with that prefix needs exactly
-        those pages, so they must not be the first to go."""
+        """Like the base class, except the window before a branch point (``retained_spans``):
+        a later request with that prefix needs exactly those pages, whose value is that of
+        the full-attention prefix they complete, which this request still holds.  They are
+        released with the time the request was admitted (never the newest pages, which the
+        reuse order's class 3 evicts first, nor aged); ``free`` gives them its last access."""
         start, tpp = gs.released, self.tpp
         for lo, hi in self.retained_spans(req):
             lo, hi = max(start, lo), min(stop, hi)
             if lo >= hi:
                 continue
             super().release_range(req, gs, lo, ops)
-            ops.drop_run(self.gi, gs.pages, lo, hi, ops.now, tpp)
+            ops.drop_run(self.gi, gs.pages, lo, hi, gs.since, tpp)
             gs.released = start = hi
         if start < stop:
             super().release_range(req, gs, stop, ops)
+
+    def free(self, req: Request, gs: GroupState, ops: PageOps) -> None:
+        """Drop the held pages; the branch-point window pages this request released earlier,
+        if nobody holds them, take its last access too, so they age together with its
+        full-attention pages (aligned: a prefix and the window that makes it a hit leave
+        together)."""
+        released = gs.released
+        super().free(req, gs, ops)
+        if not ops.caching or not released:
+            return
+        m, hashes, n = self.tpp // self.block, req.hashes, len(req.hashes)
+        table, ref = ops.index_table(self.gi), ops.ref[self.gi]
+        found: dict[int, int] = {}
+        for lo, hi in self.retained_spans(req):
+            for i in range(lo, min(hi, released, n // m)):
+                page = table.get(hashes[(i + 1) * m - 1])
+                if page is not None and not ref[page]:  # registered, unheld: CACHED
+                    found[page] = -(i + 1) * self.tpp
+        if found:
+            ops.retime_run(self.gi, list(found), list(found.values()), req.last_access)
 
 
 class ChunkedPolicy(FullPolicy):
