@@ -27,8 +27,8 @@ class JengaSide:
         self.mgr.add_request(rid, tokens)
         return self.mgr.lookup(rid)
 
-    def clip(self, rid, n, hit=0) -> int:
-        return n
+    def clip(self, rid, n, hit=0) -> int:  # jenga's scheduler rule (jenga.chunk_split), as vLLM's side
+        return self.mgr.chunk_tokens(rid, n)
 
     def step(self) -> None:
         pass

@@ -92,6 +92,20 @@ def test_steps_ending_on_checkpoints_hand_the_work_page_on(name):
 
 
 @pytest.mark.parametrize("name", HYBRIDS)
+def test_prefill_step_ends_on_the_prompt_end_checkpoint(name):
+    """A 41-token prompt under a 64-token budget runs [0, 32) then [32, 41) (the scheduler's
+    chunk split, ``jenga.chunk_split``): the first step's work page becomes the prompt-end
+    checkpoint 32, which a later prompt resumes from.  Tokens and logits equal HF's."""
+    shared, b = prompts([41, 7], seed=6)
+    llm = jenga.LLM(name, kv_memory="8MiB", max_num_batched_tokens=64, state_checkpoint_interval=32)
+    first = llm.generate([shared], GREEDY)
+    assert llm.scheduler.stats.steps == 2 + 4  # two prefill steps (the second samples), four decodes
+    second = llm.generate([shared + b], GREEDY)
+    assert second[0].prefix_hit_tokens == 32, "the state should resume at the prompt-end checkpoint 32"
+    assert_hf_equal(llm, first + second)
+
+
+@pytest.mark.parametrize("name", HYBRIDS)
 def test_preemption_and_eviction_match_hf(name):
     llm = jenga.LLM(name, kv_memory=HYBRIDS[name], max_num_batched_tokens=64, state_checkpoint_interval=32)
     outs = llm.generate(prompts([90, 70, 80, 60], seed=4), SamplingParams(max_tokens=16, return_logits=True))

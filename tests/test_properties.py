@@ -184,6 +184,7 @@ class ManagerMachine(RuleBasedStateMachine):
         self.shadow: dict[tuple[int, int], object] = {}
         self.next_id = 0
         self.has_images = any(isinstance(p, ImagePolicy) for p in self.mgr.policies)
+        self.has_state = any(isinstance(p, MambaPolicy) for p in self.mgr.policies)
         self.refill_at = 8
 
     def ready(self) -> bool:
@@ -314,8 +315,16 @@ class ManagerMachine(RuleBasedStateMachine):
         if start + 1 + 3 > MAX_LEN:
             self._free(r)
             return 0, 0
-        mode = data.draw(st.sampled_from(["all", "chunk", "one"]))
-        n = {"all": known - start, "one": 1}.get(mode) or data.draw(st.integers(1, known - start))
+        mode = data.draw(st.sampled_from(["all", "chunk", "one", "split"]))
+        n = {"all": known - start, "split": known - start, "one": 1}.get(mode) \
+            or data.draw(st.integers(1, known - start))
+        if mode == "split":  # the scheduler's chunk split (jenga.chunk_split): no effect, ends on the prompt end
+            before, split = snapshot(self.mgr), self.mgr.chunk_tokens(r, n)
+            assert snapshot(self.mgr) == before, "chunk_tokens changed the manager"
+            end = req.prompt_len // TPP * TPP
+            assert split == n or (self.has_state and self.caching and start < end == start + split < start + n)
+            self.seen["chunk split"] += split < n
+            n = split
         la = data.draw(st.sampled_from([0, 0, 0, 1, 3]))
         return n, (la if start + n + la <= MAX_LEN else 0)
 
@@ -597,6 +606,7 @@ def test_random_request_streams_with_reuse_eviction(spec_name):
     assert seen["hit"] > 0 and seen["evicted"] > 0, dict(seen)
     if "mamba" in spec_name or "every" in spec_name:  # one state page per step (state_policy.py)
         assert seen["read let go of at allocate"] > 0 and seen["work page became a checkpoint"] > 0, dict(seen)
+        assert seen["chunk split"] > 0, dict(seen)
     if capacity(spec_name, min_large(spec_name), True) < MAX_LEN:
         assert seen["none"] > 0, dict(seen)
 

@@ -21,6 +21,7 @@ from jenga.accounting import ByteAccounting
 from jenga.allocation_quota import AllocationQuota
 from jenga.allocator import LargePageAllocator
 from jenga.cache_control import CacheControl
+from jenga.chunk_split import ChunkSplit
 from jenga.deferred_hold import DeferredHold
 from jenga.errors import (
     DuplicateRequestError,
@@ -63,21 +64,19 @@ REPEAT_MEMO_SIZE = 256  # freed ids remembered as having run (a re-add is a repe
 
 
 class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, CacheControl, ByteAccounting,
-                     FillAbort):
+                     FillAbort, ChunkSplit):
     """Jenga's KV-cache manager for one (possibly composite) model.
 
-    ``memory_bytes`` is the KV budget; it is cut into ``floor(memory / S) - 1`` large
-    pages of ``S = lcm(small pages)`` bytes.  ``tokens_per_page`` is the base page (and
-    hash block) size; groups may use multiples of it to keep the LCM bounded
-    (``max_lcm_ratio`` x the largest small page).  Sliding groups release the window before
-    a branch point (hit, junction, prompt end plus ``window_slack`` tokens below it, default
-    ``W // 2``) valued like its prefix, so a prompt ending a little earlier still hits.  Pages that leave the window or chunk
-    are stamped ``out_of_window_age`` clock ticks older, so they are evicted first (0:
-    their release time, the paper's text).  ``eviction``: ``"reuse"`` (jenga's default;
-    pages reused at least twice outlive one-off pages and a stable subset of them survives
-    a cyclic working set larger than the pool, see :mod:`jenga.prefix.reuse_evictor`) or
-    ``"lru"`` (the paper's order; the baselines' default).  ``device`` is only used by
-    :attr:`layout`.
+    ``memory_bytes`` is the KV budget; it is cut into ``floor(memory / S) - 1`` large pages of
+    ``S = lcm(small pages)`` bytes.  ``tokens_per_page`` is the base page (and hash block) size; groups may use
+    multiples of it to keep the LCM bounded (``max_lcm_ratio`` x the largest small page).  Sliding groups
+    release the window before a branch point (hit, junction, prompt end plus ``window_slack`` tokens below it,
+    default ``W // 2``) valued like its prefix, so a prompt ending a little earlier still hits.  Pages that
+    leave the window or chunk are stamped ``out_of_window_age`` clock ticks older, so they are evicted first
+    (0: their release time, the paper's text).  ``eviction``: ``"reuse"`` (jenga's default; pages reused at
+    least twice outlive one-off pages and a stable subset of them survives a cyclic working set larger than
+    the pool, see :mod:`jenga.prefix.reuse_evictor`) or ``"lru"`` (the paper's order; the baselines'
+    default).  ``device`` is only used by :attr:`layout`.
     """
 
     name = "jenga"

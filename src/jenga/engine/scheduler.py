@@ -18,7 +18,9 @@ Policy (vLLM-v1-like)
 ---------------------
 * Token budget ``max_num_batched_tokens`` per step; running requests first, in admission
   order (decodes take 1 token, prefills a chunk of what is left of the budget), then waiting
-  requests FCFS while the budget and ``max_num_seqs`` allow (chunked prefill).
+  requests FCFS while the budget and ``max_num_seqs`` allow (chunked prefill).  The manager's
+  ``chunk_tokens`` may shorten a chunk (a state group ends a step on its prompt-end checkpoint,
+  :mod:`jenga.chunk_split`).
 * A waiting request is added to the manager, ``lookup`` finds its cached prefix (those tokens
   are not fed again), then ``allocate`` asks for the first chunk.  If that returns ``None`` the
   request stays waiting (the manager is told to ``free`` it) and admission stops for the step.
@@ -143,7 +145,7 @@ class Scheduler:
         while i < len(self.running) and left > 0:
             seq = self.running[i]
             self.touched.append(seq)
-            n = min(seq.num_uncomputed, left)
+            n = mgr.chunk_tokens(seq.request_id, min(seq.num_uncomputed, left))
             tables = mgr.allocate(seq.request_id, n)
             while tables is None:
                 if len(self.running) == 1:  # alone and still does not fit: it never will
@@ -192,7 +194,7 @@ class Scheduler:
         while self.waiting and left > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             self._enter(seq)
-            n = min(seq.num_uncomputed, left)
+            n = self.mgr.chunk_tokens(seq.request_id, min(seq.num_uncomputed, left))
             tables = self.mgr.allocate(seq.request_id, n)
             if tables is None:
                 self._leave(seq)

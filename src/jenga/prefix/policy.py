@@ -121,6 +121,12 @@ class Policy(ABC):
     def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
         """``req.num_computed`` advanced: register full pages, release what left range."""
 
+    def step_end(self, req: Request, stop: int) -> int:
+        """Where a step from ``req.start`` the scheduler proposes to end at ``stop`` should
+        end instead (``req.start < result <= stop``; asked through ``jenga.chunk_split``).
+        Most kinds: ``stop``."""
+        return stop
+
     def unfilled(self, req: Request, gs: GroupState, computed: int, ops: PageOps) -> list[int]:
         """Registered pages of this request whose fill was aborted (tokens from ``computed``
         on will not be written); the manager unregisters them, then calls ``rewind``."""

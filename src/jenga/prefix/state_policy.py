@@ -76,6 +76,13 @@ class MambaPolicy(Policy):
             d *= 2
         return tuple(marks)
 
+    def step_end(self, req: Request, stop: int) -> int:
+        """A step crossing the prompt-end checkpoint ends on it (vLLM's scheduler does the
+        same, ``_mamba_block_aligned_split``): its work page then *is* that checkpoint
+        (``_take_work_as_checkpoint``) instead of a second state page live in the step."""
+        end = req.prompt_len // self.block * self.block
+        return end if req.start < end < stop else stop
+
     def _new_checkpoints(self, req: Request, end: int) -> list[int] | range:
         """Checkpoint positions that get a page: ``(start, end - lookahead)``; the one at the
         step's end is the work page itself (``_take_work_as_checkpoint``)."""

@@ -57,6 +57,9 @@ class ManagerView:
             return self.mgr.allocate(rid, n, num_lookahead=max(0, min(self.k, self.max_len - start - n)))
         return self.mgr.allocate(rid, n)
 
+    def chunk_tokens(self, rid, n: int) -> int:
+        return self.mgr.chunk_tokens(rid, n)
+
     def append_tokens(self, rid, ids) -> None:
         self.mgr.append_tokens(rid, ids)
 
