@@ -299,7 +299,7 @@ class PrefixEvictor(EvictionSource):
         group's order with the largest key of its cached pages."""
         alloc = self.alloc
         k = alloc.k[group]
-        if len(larges) <= BULK:
+        if len(larges) * k <= BULK:
             ver, kt, kn, st = self._large_ver, self.key_t[group], self.key_n[group], alloc.state[group]
             if type(larges) is not list:
                 larges = [int(x) for x in larges]
