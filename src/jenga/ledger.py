@@ -35,16 +35,15 @@ class PageLedger(PageOps):
         ref, log = self.ref[group], self._log
         if self.index.uses is not None:
             self.index.count_uses(group, pages)
-        if len(pages) > BULK:
+        if len(pages) > BULK:  # keys as three lists (was cached, release time, -prefix length)
             ids = np.asarray(pages, dtype=np.int64)
             refs = view(ref)
             free = refs[ids] == 0
-            cached = ids[free].tolist()
             refs[ids] += 1
-            keys = self.evictor.touch_many(group, cached) if cached else []
-            if len(cached) != len(pages):
-                it = iter(keys)
-                keys = [next(it) if f else None for f in free.tolist()]
+            kt, kn = np.zeros(len(ids), dtype=np.int64), np.zeros(len(ids), dtype=np.int64)
+            if free.any():
+                kt[free], kn[free] = self.evictor.touch_run(group, ids[free])
+            keys = (free.tolist(), kt.tolist(), kn.tolist())
         else:
             cached = [page for page in pages if ref[page] == 0]
             keys = self.evictor.touch_many(group, cached) if cached else []
@@ -200,7 +199,7 @@ class PageLedger(PageOps):
         a page whose last reference goes gets the key of its latest release, else the key
         it had when pinned; a page still referenced keeps that key for its last holder.
         """
-        batches: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        batches: dict[tuple[int, int], tuple[list[int], list[int]]] = {}  # (group, t) -> pages, -prefix lengths
         released = self._released
         now_key = (self.now, 0)
         for group, page, key in reversed(list(log)):
@@ -214,17 +213,19 @@ class PageLedger(PageOps):
                     released.put_default(group, page, key)  # a recorded key is newer
                 continue
             key = released.pop(group, page) or key or now_key
-            batches.setdefault((group, key[0]), []).append((page, -key[1]))  # key is (t, -prefix_len)
-        for (group, t), pages in batches.items():
-            self.evictor.add_many(group, pages, t)
+            ids, negs = batches.setdefault((group, key[0]), ([], []))  # key is (t, -prefix_len)
+            ids.append(page)
+            negs.append(key[1])
+        for (group, t), (ids, negs) in batches.items():
+            self.evictor.add_run(group, ids, negs, t)
 
     def _unhold_run(self, group: int, pages: list[int], keys: list, batches: dict, now_key: tuple[int, int]) -> None:
         """The per-page rule of ``_unhold`` for one ``hold_run`` entry, last page first."""
-        if len(pages) > BULK:
+        if type(keys) is tuple:  # a long run's keys (``hold_run``)
             self._unhold_long(group, pages, keys, batches, now_key)
             return
         ref, released = self.ref[group], self._released
-        last_t, batch = None, None
+        last_t, batch_ids, batch_negs = None, None, None
         for i in range(len(pages) - 1, -1, -1):
             page, key = pages[i], keys[i]
             r = ref[page] = ref[page] - 1
@@ -237,18 +238,17 @@ class PageLedger(PageOps):
             key = key or now_key
             t = key[0]
             if t != last_t:
-                batch = batches.setdefault((group, t), [])
+                batch_ids, batch_negs = batches.setdefault((group, t), ([], []))
                 last_t = t
-            batch.append((page, -key[1]))
+            batch_ids.append(page)
+            batch_negs.append(key[1])
 
     def _unhold_long(self, group: int, pages: list[int], keys: list, batches: dict, now_key: tuple[int, int]) -> None:
         """``_unhold_run`` of a long run with numpy (the same keys, batches in the same order)."""
-        n = len(pages)
         ids = np.asarray(pages[::-1], dtype=np.int64)
-        given = [k is not None for k in reversed(keys)]
-        has = np.fromiter(given, dtype=bool, count=n)
-        kt = np.fromiter((k[0] if k is not None else now_key[0] for k in reversed(keys)), dtype=np.int64, count=n)
-        kn = np.fromiter((k[1] if k is not None else now_key[1] for k in reversed(keys)), dtype=np.int64, count=n)
+        has = np.asarray(keys[0][::-1], dtype=bool)
+        kt = np.where(has, np.asarray(keys[1][::-1], dtype=np.int64), now_key[0])
+        kn = np.where(has, np.asarray(keys[2][::-1], dtype=np.int64), now_key[1])
         refs = view(self.ref[group])
         r = refs[ids] - 1
         refs[ids] = r
@@ -275,4 +275,6 @@ class PageLedger(PageOps):
         times, first = np.unique(kt, return_index=True)
         for t in times[np.argsort(first)].tolist():  # batches in order of first appearance
             mine = kt == t
-            batches.setdefault((group, t), []).extend(zip(ids[mine].tolist(), (-kn[mine]).tolist(), strict=True))
+            batch_ids, batch_negs = batches.setdefault((group, t), ([], []))
+            batch_ids.extend(ids[mine].tolist())
+            batch_negs.extend(kn[mine].tolist())

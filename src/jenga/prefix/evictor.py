@@ -174,6 +174,17 @@ class PrefixEvictor(EvictionSource):
         self.alloc.touch_cached_many(group, pages)
         return self.release_keys(group, pages, out)
 
+    def touch_run(self, group: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``touch_many`` for a long run: (release times, -prefix lengths) as arrays."""
+        ts, ns = view(self.key_t[group])[ids], view(self.key_n[group])[ids]
+        self.num_keys[group] -= len(ids)
+        self.alloc.touch_cached_many(group, ids if len(ids) > BULK else ids.tolist())
+        return self.release_times(group, ids, ts), ns
+
+    def release_times(self, group: int, ids: np.ndarray, ts: np.ndarray) -> np.ndarray:
+        """The release times behind keys' first parts ``ts`` (``release_keys`` for arrays)."""
+        return ts
+
     def _drop_pages(self, group: int, pages: list[int]) -> None:
         """Forget cached ``pages`` (the allocator frees them next)."""
         self.forget_many(group, pages)

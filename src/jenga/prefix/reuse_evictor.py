@@ -114,6 +114,10 @@ class ReuseEvictor(PrefixEvictor):
             times = [self.times[group][p] for p in pages]
         return [(t, key[1]) for t, key in zip(times, keys, strict=True)]
 
+    def release_times(self, group: int, ids: np.ndarray, ts: np.ndarray) -> np.ndarray:
+        self._protect(group, ids, False)
+        return view(self.times[group])[ids]
+
     def rekeyed(self, group: int, pages: list[int]) -> list[int]:
         keys, page_uses = self.keys[group], self.index.page_uses[group]
         out = []
