@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from itertools import repeat
 
-from jenga.flat_arrays import zeros
+import numpy as np
+
+from jenga.flat_arrays import view, zeros
 
 
 class PrefixIndex:
@@ -116,11 +118,10 @@ class PrefixIndex:
             table.update(zip(keys, pages, strict=True))
             key_of.update(zip(pages, keys, strict=True))
             if self.uses is not None:  # each key re-inserted as the newest, one use more
-                uses, page_uses = self.uses[group], self.page_uses[group]
-                counts = [n + 1 for n in map(uses.pop, keys, repeat(0))]
-                uses.update(zip(keys, counts, strict=True))
-                for page, n in zip(pages, counts, strict=True):
-                    page_uses[page] = n
+                uses = self.uses[group]
+                counts = np.fromiter(map(uses.pop, keys, repeat(0)), dtype=np.int64, count=len(keys)) + 1
+                uses.update(zip(keys, counts.tolist(), strict=True))
+                view(self.page_uses[group])[np.asarray(pages, dtype=np.int64)] = counts
                 while len(uses) > self.USES_KEPT:
                     self._drop_oldest_use(group)
             return
