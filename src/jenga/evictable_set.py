@@ -72,16 +72,25 @@ class EvictableSet:
             return
         entered = []
         cached = hidden_slots = 0
-        for large in larges.tolist() if type(larges) is np.ndarray else larges:
-            if in_e[large]:
-                continue
-            in_e[large] = 1
-            entered.append(large)
-            cached += n_cached[large]
-            if large in slots_of:
-                slots = self._hide_slots(group, large)
-                hidden[large] = slots
-                hidden_slots += len(slots)
+        if type(larges) is np.ndarray:  # a long run (``jenga.run_moves``): flags and counts in numpy
+            flags = view(self.in_e)
+            entered = larges[flags[larges] == 0]
+            flags[entered] = 1
+            cached = int(view(self.n_cached)[entered].sum())
+            partly_free = sorted(slots_of.keys() & set(entered.tolist()))
+            entered = entered.tolist()
+        else:
+            for large in larges:
+                if in_e[large]:
+                    continue
+                in_e[large] = 1
+                entered.append(large)
+                cached += n_cached[large]
+            partly_free = [large for large in entered if large in slots_of]
+        for large in partly_free:
+            slots = self._hide_slots(group, large)
+            hidden[large] = slots
+            hidden_slots += len(slots)
         self.num_e += len(entered)
         self.e_count[group] += len(entered)
         self.cached_small[group] -= cached
