@@ -4,10 +4,12 @@ Belady's rule (evict the block whose next use lies farthest ahead) serving the t
 request at a time, in arrival order: the request's hit is the longest run of its prompt blocks
 still cached (as the table's hit metric counts it: whole blocks, the last prompt token always
 computed); while it runs, all its prompt and output blocks are held; after it its prompt blocks
-stay cached and compete for the pool, outputs are dropped.  One request at a time gives the cache
-all of the pool that running requests would otherwise hold, and knowing every future request
-beats any online policy, so a real manager under the table's loop (many requests running at
-once, no knowledge of the future) cannot expect more than this figure.  Ties in next use go to
+stay cached and compete for the pool, outputs are dropped.  One request at a time leaves the
+cache all of the pool that running requests would otherwise hold, and knowing every future
+request beats any online policy, so this is the ceiling for a manager in the table's loop (a run
+with many requests at once holds more private pages; the one thing it could gain, sharing pages a
+request is still prefilling, needs a reuse closer than one prefill: articles64 reuses an article
+64 admissions later).  Ties in next use go to
 the deepest block first, so a cached prefix stays a prefix.
 
 Defined where every block costs the same bytes: models whose layers all keep every prompt
