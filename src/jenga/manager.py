@@ -1,15 +1,14 @@
 """``KVCacheManager``: the one API an engine calls.
 
-A request's way through it: ``add_request`` (hash the prompt's full blocks once) ->
-``lookup`` (each group's policy proposes the longest valid hit; the manager iterates to
-the longest length every group accepts and holds those pages) -> ``allocate`` (count the
-pages each group needs, check them against free + evictable memory *before* touching
-anything, then take pages in the request-aware order; attention pages of full blocks of known
-tokens join the prefix index at once, so a request admitted later in the same step shares
-them) -> the engine runs the step -> ``append_tokens`` (the step's tokens count as computed;
-the remaining full pages join the index; pages that left the window or chunk go to the
-evictor) -> ``free``.  A step dropped before its commit unregisters what it would have
-filled (:mod:`jenga.aborted_fill`).
+A request's way through it: ``add_request`` (validate and keep the prompt; its block hashes are
+made lazily, :mod:`jenga.prompt_hashes`) -> ``lookup`` (each group's policy proposes the longest
+valid hit; the manager iterates to the longest length every group accepts) -> ``allocate`` (count
+the pages each group needs, check them against free + evictable memory *before* touching anything,
+then take pages in the request-aware order; attention pages of full blocks of known tokens join
+the prefix index at once, so a request admitted later in the same step shares them) -> the engine
+runs the step -> ``append_tokens`` (the remaining full pages join the index; pages that left the
+window or chunk go to the evictor) -> ``free``.  A step dropped before its commit unregisters
+what it would have filled (:mod:`jenga.aborted_fill`).
 """
 
 from __future__ import annotations
