@@ -89,3 +89,45 @@ def test_salt_none_and_empty_string_are_distinct_tenants():
     with pytest.raises(InvalidArgumentError, match="cache_salt"):
         mgr.add_request("f", [1, 2], cache_salt=7)
     mgr.check_integrity()
+
+
+def test_block_hash_is_the_documented_blake2b_chain():
+    """h_i = blake2b(h_{i-1} || tokens_i as little-endian uint32)[:16] from the salt's root: a
+    cryptographic chain (a weaker hash swapped in fails here), the same for a list, a uint32
+    array, and any split of the hashing into calls."""
+    import hashlib
+    import struct
+    from array import array
+
+    tokens = [0, 1, 2**32 - 1, 7, 65536, 3, 3, 3] * 5  # 40 tokens: 10 blocks of 4, 2**32 - 1 included
+    expect, parent = [], root_hash("t")
+    for i in range(10):
+        parent = hashlib.blake2b(parent + struct.pack("<4I", *tokens[4 * i:4 * i + 4])).digest()[:16]
+        expect.append(parent)
+    assert _hashes(tokens, [], salt="t") == expect
+    split: list[bytes] = []
+    for stop in (1, 4, 4, 9, 10):
+        extend_block_hashes(split, array("I", tokens), 4, root_hash("t"), stop=stop)
+    assert split == expect
+    assert _hashes(tokens, [], salt="u")[0] != expect[0]  # another tenant: another chain
+
+
+@pytest.mark.parametrize("bad", [-1, 2**32])
+def test_block_hash_rejects_ids_outside_uint32(bad):
+    """A list id that does not fit a uint32 raises instead of wrapping onto another id's bytes."""
+    with pytest.raises(OverflowError):
+        _hashes([1, 2, 3, bad], [])
+
+
+def test_block_hashes_equal_only_for_identical_prefixes():
+    """Keys name the whole prefix: a change in any earlier block changes every later key, and
+    equal blocks at other depths, or one token moved across a block edge, never share a key."""
+    base = list(range(40))
+    h = _hashes(base, [])
+    assert len(set(h)) == len(h)
+    changed = _hashes([99] + base[1:], [])
+    assert all(a != b for a, b in zip(h, changed, strict=True))
+    repeated = _hashes([5, 6, 7, 8] * 3, [])
+    assert len(set(repeated)) == 3  # the same block at depths 0, 1, 2: three keys
+    moved = _hashes(base[:3] + [base[4], base[3]] + base[5:], [])
+    assert moved[0] != h[0] and moved[1] != h[1]

@@ -9,7 +9,7 @@ first page, an image page, or a state checkpoint's first interval), ``token_ids`
 tokens the page covers (empty for image pages), ``block_size`` its tokens per page (a
 state group: the checkpoint interval).
 
-Not covered: the keys are jenga's block hashes (blake3 chained over token blocks, salt
+Not covered: the keys are jenga's block hashes (BLAKE2b chained over token blocks, salt
 and images), not vLLM's sha256-cbor ones, so a router must use the token ids, not
 recompute hashes; there is no ``lora_id`` and ``medium`` is always ``"GPU"``.
 """
