@@ -20,6 +20,7 @@ OPS = st.lists(st.one_of(
     st.tuples(st.just("stale"), st.integers(0, 15)),
     st.tuples(st.just("pop"), st.integers(1, 4)),
     st.tuples(st.just("take"), st.integers(1, 6)),
+    st.tuples(st.just("compact"), st.just(0)),
 ), max_size=40)
 
 
@@ -61,6 +62,9 @@ def test_run_heap_pops_in_per_element_heap_order(ops):
                     break
                 heap.pop()
                 gen[top[2]] += 1  # the element's page is evicted: its other copies go stale
+        elif op == "compact":  # stale singles and runs dropped in one pass: the order is unchanged
+            heap.compact()
+            assert heap._base == sum(gen[e[2]] == e[3] for e in ref)
         else:
             if heap.top() is None:
                 assert ref_pop() is None

@@ -77,7 +77,10 @@ class EvictableSet:
             entered = larges[flags[larges] == 0]
             flags[entered] = 1
             cached = int(view(self.n_cached)[entered].sum())
-            partly_free = sorted(slots_of.keys() & set(entered.tolist()))
+            partly_free = []
+            if slots_of:  # the entering large pages with free slots, in order
+                free = np.fromiter(slots_of, dtype=np.int64, count=len(slots_of))
+                partly_free = np.sort(free[np.isin(free, entered)]).tolist()
             entered = entered.tolist()
         else:
             for large in larges:

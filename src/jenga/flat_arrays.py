@@ -28,3 +28,14 @@ def as_ids(xs) -> np.ndarray:
     if type(xs) is range:
         return np.arange(xs.start, xs.stop, xs.step, dtype=np.int64)
     return np.asarray(xs, dtype=np.int64)
+
+
+def unique_counts(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(xs, return_counts=True)``, without a sort when ``xs`` is already in order
+    (a request's pages, large page after large page)."""
+    if len(xs) < 2:
+        return xs.copy(), np.ones(len(xs), dtype=np.int64)
+    if not (xs[1:] >= xs[:-1]).all():
+        xs = np.sort(xs)
+    starts = np.flatnonzero(np.concatenate(([True], xs[1:] != xs[:-1])))
+    return xs[starts], np.diff(np.append(starts, len(xs)))

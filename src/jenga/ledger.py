@@ -103,13 +103,11 @@ class PageLedger(PageOps):
             if self.caching:
                 self._released.put_many(group, ids[~last], last_access, negs[~last])
             ids, negs = ids[last], negs[last]
-            held = ids.tolist()
         self._released.forget_many(group, ids)
-        key_of = self.index.key_of[group]
-        if self.caching and all(map(key_of.__contains__, held)):
+        reg = view(self.index.flags[group])[ids] == 1
+        if self.caching and reg.all():
             self.evictor.add_run(group, ids, negs, last_access)
             return
-        reg = np.fromiter(map(key_of.__contains__, held), dtype=bool, count=len(held))
         if self.caching:
             self.evictor.add_run(group, ids[reg], negs[reg], last_access)
             ids = ids[~reg]
@@ -176,8 +174,7 @@ class PageLedger(PageOps):
         return pages
 
     def retime_run(self, group: int, pages: list[int], negs: list[int], last_access: int) -> None:
-        self.evictor.touch_many(group, pages)
-        self.evictor.add_run(group, pages, negs, last_access)
+        self.evictor.retime_run(group, pages, negs, last_access)
 
     def register(self, group: int, page: int, key: bytes) -> bool:
         return self.index.register(group, page, key)

@@ -10,7 +10,7 @@ import heapq
 import numpy as np
 
 from jenga.eviction_source import CACHED, USED
-from jenga.flat_arrays import view
+from jenga.flat_arrays import unique_counts, view
 
 
 class RunMoves:
@@ -26,7 +26,7 @@ class RunMoves:
             view(self.n_used)[larges] = 0
             view(self.n_cached)[larges] = 1
         else:
-            larges, counts = np.unique(pages // k, return_counts=True)
+            larges, counts = unique_counts(pages // k)
             view(self.n_used)[larges] -= counts
             view(self.n_cached)[larges] += counts
         self.used_small[group] -= len(pages)
@@ -39,7 +39,7 @@ class RunMoves:
         """``touch_cached_many`` with numpy."""
         state, k = view(self.state[group]), self.k[group]
         assert (state[pages] == CACHED).all(), f"touch of group {group} pages not all CACHED"
-        larges, counts = (pages, 1) if k == 1 else np.unique(pages // k, return_counts=True)
+        larges, counts = (pages, 1) if k == 1 else unique_counts(pages // k)
         in_e = view(self.in_e)
         leaving = larges[in_e[larges] == 1]
         if len(leaving):

@@ -72,6 +72,7 @@ class PrefixEvictor(EvictionSource):
         self.alloc = allocator
         self.index = index
         a = allocator
+        index.track_pages([a.num_large * k for k in a.k])  # registered flags for bulk frees
         n = len(a.k)
         self.key_t = [zeros(a.num_large * k) for k in a.k]  # per page: key (t, n) while CACHED
         self.key_n = [zeros(a.num_large * k) for k in a.k]
@@ -108,9 +109,32 @@ class PrefixEvictor(EvictionSource):
 
     def add_run(self, group: int, ids, negs, last_access: int) -> None:
         """``add_many`` for pages ``ids`` with ``-prefix length`` in ``negs`` (sequences)."""
+        ids = self._set_keys(group, ids, negs, last_access)
+        self.num_keys[group] += len(ids)
+        self.alloc.to_cached_many(group, ids)
+
+    def retime_run(self, group: int, ids, negs, last_access: int) -> None:
+        """``touch_many`` then ``add_run`` for distinct CACHED ``ids``, in place: the same keys
+        and orders without moving the pages through USED (their large pages stay in E and
+        re-enter its order with their new largest key; old heap entries go stale)."""
+        self.forget_many(group, ids)  # the old keys' hooks (class-3 flags)
+        ids = self._set_keys(group, ids, negs, last_access)
+        k = self.alloc.k[group]
+        if k == 1:  # a cached page is its own large page, in E
+            self._push_larges(group, ids)
+            return
+        larges = sorted({page // k for page in (ids.tolist() if type(ids) is np.ndarray else ids)})
+        in_e = self.alloc.in_e
+        self._push_larges(group, [large for large in larges if in_e[large]])
+
+    def _set_keys(self, group: int, ids, negs, last_access: int):
+        """Write the keys of ``ids`` released now at ``last_access`` (``-prefix length`` in ``negs``)
+        and push them on the group's small-page order; ``ids`` back (numpy for a long run)."""
         bulk = len(ids) > BULK
         if bulk:
             ids, negs = as_ids(ids), as_ids(negs)
+        elif type(ids) is np.ndarray:  # a few pages left of a long run: Python ints for the loops
+            ids, negs = ids.tolist(), np.asarray(negs).tolist()
         prios = last_access if self._plain else self.priorities_of(group, ids, last_access)
         if bulk:
             view(self.key_t[group])[ids] = prios
@@ -126,8 +150,7 @@ class PrefixEvictor(EvictionSource):
                 kn[page] = neg
             if self._small_order[group]:
                 self._heaps[group].push(ts, negs, ids, ids)
-        self.num_keys[group] += len(ids)
-        self.alloc.to_cached_many(group, ids)
+        return ids
 
     # ------------------------------------------------ eviction order hooks
     #: True when ``priority`` is the release time itself (plain LRU: the fast path)
@@ -152,7 +175,7 @@ class PrefixEvictor(EvictionSource):
         return []
 
     def forget_many(self, group: int, pages) -> None:
-        """The pages left the cache (evicted)."""
+        """The pages' keys are forgotten (evicted, or about to be re-keyed)."""
 
     def touch(self, group: int, page: int) -> Key:
         """A CACHED page is hit: it becomes USED.  Returns its (release time, -prefix length)
@@ -306,8 +329,12 @@ class PrefixEvictor(EvictionSource):
         self.on_larges_evictable(self.alloc.group_of[large], (large,))
 
     def on_larges_evictable(self, group: int, larges) -> None:
-        """``on_large_evictable`` for each of ``larges`` (all of ``group``): each enters the
-        group's order with the largest key of its cached pages."""
+        """``on_large_evictable`` for each of ``larges`` (all of ``group``)."""
+        self._push_larges(group, larges)
+
+    def _push_larges(self, group: int, larges) -> None:
+        """Each of ``larges`` (in E) enters the group's order with the largest key of its
+        cached pages (a new version: its earlier entries go stale)."""
         alloc = self.alloc
         k = alloc.k[group]
         if len(larges) * k <= BULK:

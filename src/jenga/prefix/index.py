@@ -24,6 +24,8 @@ class PrefixIndex:
         self.uses: list[dict[bytes, int]] | None = None
         # per group and registered page: its key's use count (a flat copy of ``uses`` for bulk reads)
         self.page_uses: list | None = None
+        # per group and page: 1 while registered (``key_of`` as flags, for bulk reads); None = not kept
+        self.flags: list[bytearray] | None = None
 
     USES_KEPT = 1 << 20
 
@@ -32,6 +34,11 @@ class PrefixIndex:
         if self.uses is None:
             self.uses = [{} for _ in self.table]
             self.page_uses = [zeros(n) for n in num_pages]
+
+    def track_pages(self, num_pages: list[int]) -> None:
+        """Keep ``flags`` from now on (``num_pages``: each group's page count; call while empty)."""
+        assert not len(self), "track_pages on a non-empty index"
+        self.flags = [bytearray(n) for n in num_pages]
 
     def uses_of(self, group: int, page: int) -> int:
         return self.uses[group].get(self.key_of[group][page], 0)
@@ -83,6 +90,8 @@ class PrefixIndex:
             return False
         table[key] = page
         self.key_of[group][page] = key
+        if self.flags is not None:
+            self.flags[group][page] = 1
         if self.events is not None:
             self.events.stored(group, key)
         if self.uses is not None:
@@ -117,6 +126,10 @@ class PrefixIndex:
             # the common case, a run of fresh pages with new keys: each dict updated in one call
             table.update(zip(keys, pages, strict=True))
             key_of.update(zip(pages, keys, strict=True))
+            if self.flags is not None:
+                flags = self.flags[group]
+                for page in pages:
+                    flags[page] = 1
             if self.uses is not None:  # each key re-inserted as the newest, one use more
                 uses = self.uses[group]
                 counts = np.fromiter(map(uses.pop, keys, repeat(0)), dtype=np.int64, count=len(keys)) + 1
@@ -137,6 +150,8 @@ class PrefixIndex:
                 continue
             table[key] = page
             key_of[page] = key
+            if self.flags is not None:
+                self.flags[group][page] = 1
             if events is not None:
                 events.stored(group, key)
             if counting:
@@ -150,15 +165,20 @@ class PrefixIndex:
     def drop(self, group: int, page: int) -> None:
         key = self.key_of[group].pop(page)
         del self.table[group][key]
+        if self.flags is not None:
+            self.flags[group][page] = 0
         if self.events is not None:
             self.events.removed(group, key)
 
     def drop_many(self, group: int, pages: list[int]) -> None:
         """``drop`` each of ``pages``."""
         key_of, table, events = self.key_of[group], self.table[group], self.events
+        flags = self.flags[group] if self.flags is not None else None
         for page in pages:
             key = key_of.pop(page)
             del table[key]
+            if flags is not None:
+                flags[page] = 0
             if events is not None:
                 events.removed(group, key)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jenga.flat_arrays import BULK, as_ids, view, zeros
+from jenga.flat_arrays import BULK, as_ids, unique_counts, view, zeros
 from jenga.prefix.evictor import PrefixEvictor
 
 PROTECTED = 1 << 61  # priorities of class 3 are PROTECTED - release time
@@ -69,7 +69,7 @@ class ReuseEvictor(PrefixEvictor):
             return
         view(flags)[ids] = on
         self._num_prot[group] += len(ids) if on else -len(ids)
-        larges, counts = (ids, 1) if k == 1 else np.unique(ids // k, return_counts=True)
+        larges, counts = (ids, 1) if k == 1 else unique_counts(ids // k)
         counts = np.broadcast_to(counts, larges.shape)
         pin = view(prot_in)
         before = pin[larges]

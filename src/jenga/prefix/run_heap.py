@@ -50,6 +50,8 @@ class RunHeap:
         m = len(ids)
         if m == 0:
             return
+        if self._pushed + m > 2 * self._base + 1024:
+            self.compact()  # before the push: the new elements need no check
         if m <= SMALL:
             push, heap = heapq.heappush, self.heap
             if not all(type(x) is list for x in (ts, ns, ids, gs)):
@@ -63,8 +65,6 @@ class RunHeap:
                 ts, ns, ids, gs = ts[order], ns[order], ids[order], gs[order]
             self._push_run([ts, ns, ids, gs, 0])
         self._pushed += m
-        if self._pushed > 2 * self._base + 1024:
-            self.compact()
 
     def _push_run(self, run: list) -> None:
         r = self._next
@@ -168,22 +168,31 @@ class RunHeap:
 
     def compact(self) -> None:
         """Drop stale singles and runs with no valid element left; skip to each run's first
-        valid element."""
-        check, check_many = self.check, self.check_many
-        heap = [e for e in self.heap if e[3] < 0 and check(e[2], e[0], e[1], -1 - e[3])]
+        valid element.  One ``check_many`` over all singles and one over every run's rest."""
+        singles = [e for e in self.heap if e[3] < 0]
+        heap = []
+        if singles:
+            t, n, i, r = (np.fromiter((e[x] for e in singles), dtype=np.int64, count=len(singles)) for x in range(4))
+            ok = self.check_many(i, t, n, -1 - r)
+            heap = [e for e, v in zip(singles, ok.tolist(), strict=True) if v]
         live = len(heap)
         runs = {}
-        for e in self.heap:
-            r = e[3]
-            if r < 0:
-                continue
-            ts, ns, ids, gs, pos = run = self.runs[r]
-            ok = np.flatnonzero(check_many(ids[pos:], ts[pos:], ns[pos:], gs[pos:]))
-            if len(ok):
-                run[4] = pos = pos + int(ok[0])
-                runs[r] = run
-                live += len(ok)
-                heap.append((ts.item(pos), ns.item(pos), ids.item(pos), r))
+        rs = [e[3] for e in self.heap if e[3] >= 0]
+        if rs:
+            rests = [self.runs[r] for r in rs]
+            ts, ns, ids, gs = (np.concatenate([run[x][run[4]:] for run in rests]) for x in range(4))
+            sizes = np.fromiter((len(run[2]) - run[4] for run in rests), dtype=np.int64, count=len(rests))
+            starts = np.cumsum(sizes) - sizes
+            valid = np.flatnonzero(self.check_many(ids, ts, ns, gs))
+            lo = np.searchsorted(valid, starts)  # per run: its first valid element, how many
+            counts = np.diff(np.append(lo, len(valid)))
+            firsts = valid[np.minimum(lo, len(valid) - 1)] - starts if len(valid) else lo
+            for r, run, c, f in zip(rs, rests, counts.tolist(), firsts.tolist(), strict=True):
+                if c:
+                    run[4] = pos = run[4] + f
+                    runs[r] = run
+                    live += c
+                    heap.append((run[0].item(pos), run[1].item(pos), run[2].item(pos), r))
         heapq.heapify(heap)
         self.heap, self.runs = heap, runs
         self._pushed, self._base = 0, live

@@ -197,16 +197,22 @@ class SlidingPolicy(FullPolicy):
         super().free(req, gs, ops)
         if not ops.caching or not released:
             return
-        m, hashes, n = self.tpp // self.block, req.hashes, len(req.hashes)
+        m, hashes, tpp = self.tpp // self.block, req.hashes, self.tpp
         table, ref = ops.index_table(self.gi), ops.ref[self.gi]
-        found: dict[int, int] = {}
-        for lo, hi in self.retained_spans(req):
-            for i in range(lo, min(hi, released, n // m)):
-                page = table.get(hashes[(i + 1) * m - 1])
+        stop, done = min(released, len(hashes) // m), 0
+        pages: list[int] = []
+        negs: list[int] = []
+        for lo, hi in self.retained_spans(req):  # sorted: each page once, in order
+            lo, hi = max(lo, done), min(hi, stop)
+            if lo >= hi:
+                continue
+            done = hi
+            for i, page in enumerate(map(table.get, hashes[(lo + 1) * m - 1:hi * m:m]), lo + 1):
                 if page is not None and not ref[page]:  # registered, unheld: CACHED
-                    found[page] = -(i + 1) * self.tpp
-        if found:
-            ops.retime_run(self.gi, list(found), list(found.values()), req.last_access)
+                    pages.append(page)
+                    negs.append(-i * tpp)
+        if pages:
+            ops.retime_run(self.gi, pages, negs, req.last_access)
 
 
 class ChunkedPolicy(FullPolicy):

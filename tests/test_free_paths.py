@@ -1,0 +1,86 @@
+"""The free paths' shortcuts leave exactly the state and the eviction order of the rules they
+stand for: re-timing a sliding window's kept pages in place (``PrefixEvictor.retime_run``) equals
+holding and dropping them again (``touch_many`` then ``add_run``); the numpy paths of every module
+equal their element-by-element paths (``BULK`` raised everywhere so the twin never takes them)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+from conftest import full, group, make_manager, model, serve, sliding, snapshot
+
+import jenga.allocator
+import jenga.ledger
+import jenga.prefix.evictor
+import jenga.prefix.reuse_evictor
+from jenga.prefix.evictor import PrefixEvictor
+
+P = list(range(1, 41))  # a shared prefix of 40 tokens
+
+
+def swa_model(sliding_layers: int):
+    """Full attention (2 layers) and a window of 8 (``sliding_layers`` layers: 2 or 1 window pages
+    per large page)."""
+    return model(group("full", full(), 2), group("swa", sliding(8), sliding_layers, first_layer=2))
+
+
+def trace(mgr) -> list:
+    """Requests sharing ``P`` (hits, use counts of 2+), one still running while others free (its
+    large pages stay out of E), released windows re-timed at free; then every page evicted.
+    Returns the snapshot after the frees and the eviction order."""
+    serve(mgr, "a", P + [100, 101], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    mgr.add_request("live", P[:24] + [300, 301, 302])
+    mgr.lookup("live")
+    assert mgr.allocate("live", 27 - mgr.requests["live"].num_computed) is not None
+    mgr.append_tokens("live", [5])
+    serve(mgr, "b", P + [200], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
+    serve(mgr, "c", P[:32] + [400] * 5, list(range(20, 34)))
+    mgr.check_integrity()
+    state = snapshot(mgr)
+    order = []
+    ev = mgr.evictor
+    while (large := ev.evict_large()) is not None:
+        order.append(("large", large))
+    for g in range(len(mgr.model.groups)):
+        while (page := ev.evict_small(g)) is not None:
+            order.append((g, page))
+    mgr.check_integrity()
+    return [state, order]
+
+
+def touch_then_add(self, group, ids, negs, last_access):
+    """The rule ``retime_run`` stands for: hold the pages (CACHED -> USED) and drop them again."""
+    self.touch_many(group, list(ids))
+    self.add_run(group, ids, negs, last_access)
+
+
+@pytest.mark.parametrize("eviction", ["lru", "reuse"])
+@pytest.mark.parametrize("sliding_layers", [1, 2])
+def test_retime_in_place_equals_hold_and_drop(monkeypatch, eviction, sliding_layers):
+    fresh = make_manager(swa_model(sliding_layers), 200, window_slack=4, out_of_window_age=1000, eviction=eviction)
+    assert fresh.alloc.k == [1, 2 // sliding_layers]
+    twin = copy.deepcopy(fresh)
+    calls = []
+    orig = PrefixEvictor.retime_run
+    monkeypatch.setattr(PrefixEvictor, "retime_run", lambda *a: (calls.append(len(a[2])), orig(*a))[1])
+    want = trace(fresh)
+    assert calls and max(calls) > 1  # the free re-timed kept window pages
+    monkeypatch.setattr(PrefixEvictor, "retime_run", touch_then_add)
+    assert trace(twin) == want
+
+
+@pytest.mark.parametrize("eviction", ["lru", "reuse"])
+@pytest.mark.parametrize("sliding_layers", [1, 2])
+def test_numpy_free_paths_equal_the_per_element_paths(monkeypatch, eviction, sliding_layers):
+    """With ``BULK`` = 4 the frees above go through every numpy path (shared pages still held,
+    unregistered tails, large pages entering E, re-timed windows); with ``BULK`` huge none."""
+    fresh = make_manager(swa_model(sliding_layers), 200, window_slack=4, out_of_window_age=1000, eviction=eviction)
+    twin = copy.deepcopy(fresh)
+    modules = (jenga.ledger, jenga.allocator, jenga.prefix.evictor, jenga.prefix.reuse_evictor)
+    for mod in modules:
+        monkeypatch.setattr(mod, "BULK", 4)
+    want = trace(fresh)
+    for mod in modules:
+        monkeypatch.setattr(mod, "BULK", 10**9)
+    assert trace(twin) == want
