@@ -280,6 +280,20 @@ class LargePageAllocator(EvictableSet, RunMoves):
             self._to_cached_bulk(group, np.asarray(pages, dtype=np.int64))
             return
         state, n_used, n_cached = self.state[group], self.n_used, self.n_cached
+        if k == 1:  # each page its own large page: it enters E at once (``_enter_e_many``, inline)
+            in_e = self.in_e
+            for page in pages:
+                assert state[page] == USED and not in_e[page], f"cache of {group}:{page} in state {state[page]}"
+                state[page] = CACHED
+                n_used[page] = 0
+                n_cached[page] = 1
+                in_e[page] = 1
+            self.used_small[group] -= len(pages)  # cached_small: + len(pages) cached, - as many in E
+            self.num_e += len(pages)
+            self.e_count[group] += len(pages)
+            if self.evictor is not None:
+                self.evictor.on_larges_evictable(group, pages)
+            return
         emptied = []
         for page in pages:
             assert state[page] == USED, f"cache of {group}:{page} in state {state[page]}"
