@@ -17,6 +17,8 @@ from conftest import (
     sliding,
 )
 
+from jenga.prefix.reuse_evictor import PROTECTED
+
 P = list(range(10))  # a shared prefix
 
 
@@ -148,10 +150,10 @@ def test_band_below_the_prompt_end_window_is_released_at_full_priority_not_held(
     keys, held = cached_keys(mgr, 1), page_ids(mgr, "a", 1)
     assert held[:14] == [None] * 14  # nothing below the window is held
     # pages 0..6 aged; 7..9 (the band: the window of a prompt ending up to 3 tokens earlier)
-    # and 10..12 (the prompt end's window, released one per decode step) with the time the
-    # request was admitted (its first allocate), not the newest; 13 (an output token) aged
-    assert [keys[win[i]] for i in range(13)] == \
-        [(times[0] - age, -(i + 1)) for i in range(7)] + [(times[0], -(i + 1)) for i in range(7, 13)]
+    # and 10..12 (the prompt end's window, released one per decode step) with the time they
+    # left (plain LRU reads ``UNTIL_FREE + now`` as now); 13 (an output token) aged
+    assert [keys[win[i]] for i in range(13)] == [(times[0] - age, -(i + 1)) for i in range(7)] + \
+        [(times[0], -(i + 1)) for i in range(7, 10)] + [(times[i - 9], -(i + 1)) for i in range(10, 13)]
     assert all(k[0] == times[4] - age for p, k in keys.items() if p not in win)  # token 13's page
     mgr.free("a")
     mgr.check_integrity()
@@ -233,3 +235,34 @@ def test_a_prefix_and_its_retained_window_are_evicted_together():
     rest = order[len(aged):]  # then one time for everything else: longest prefix first, full group first
     assert rest == [(0, 17), (1, 17), (0, 16), (1, 16), (0, 15), (1, 15), (0, 14)] + \
         [(g, plen) for plen in range(13, 7, -1) for g in (0, 1)] + [(0, plen) for plen in range(7, 0, -1)]
+
+
+
+def test_window_of_a_held_prefix_outlives_every_other_reused_page():
+    """Reuse order: a request decoding on a reused prefix lets the window before its hit go
+    (released at ``UNTIL_FREE + now``) while it still holds that prefix.  Class 3 evicts the
+    newest first, so that window must not count as new (it went first: the prefix, cached at
+    the free, hit nothing after) nor carry an older time (then every prefix cached since stayed
+    longer); it goes after every other reused page, and at the free takes the request's time."""
+    mgr = make_manager(full_swa(4), 64, out_of_window_age=1000, eviction="reuse")
+    c, y = list(range(300, 310)), list(range(500, 510))
+    serve(mgr, "c0", c + [1], [1])
+    serve(mgr, "y1", y + [2], [1])
+    serve(mgr, "y2", y + [3], [1])  # y's prefix: reused, class 3 (pages 22..31, window 40..42)
+    mgr.add_request("c", c + [4, 5, 6])
+    assert mgr.lookup("c") == 10
+    mgr.allocate("c", 3)
+    mgr.append_tokens("c", [7])
+    for tok in (8, 9):  # computed 15: the window of the hit (tokens 7..9, pages 18..20) left
+        run(mgr, "c", 1, [tok])
+    assert page_ids(mgr, "c", 1)[:12] == [None] * 12 and page_ids(mgr, "c", 0)[:10] == list(range(10))
+    keys = cached_keys(mgr, 1)
+    assert [keys[p][0] for p in (18, 19, 20)] == [PROTECTED] * 3
+    order = []
+    while (large := mgr.evictor.evict_large()) is not None:
+        order.append(large)  # every group has one page per large page: the page ids
+    # aged pages (c0's, then y1's), one-off pages (prompt tails, outputs) LRU; then y's reused
+    # prefix (full and window aligned, longest first); c's hit window last
+    assert order == list(range(17, 10, -1)) + list(range(39, 32, -1)) + [10, 21, 32, 43, 44, 45, 49, 50] + \
+        [31, 42, 30, 41, 29, 40] + list(range(28, 21, -1)) + [20, 19, 18]
+    mgr.check_integrity()

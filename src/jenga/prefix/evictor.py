@@ -20,6 +20,7 @@ import numpy as np
 from jenga.allocator import CACHED, EvictionSource, LargePageAllocator
 from jenga.flat_arrays import BULK, as_ids, view, zeros
 from jenga.prefix.index import PrefixIndex
+from jenga.prefix.policy import UNTIL_FREE
 from jenga.prefix.run_heap import RunHeap
 
 Key = tuple[int, int]  # (last_access, -prefix_length)
@@ -135,7 +136,10 @@ class PrefixEvictor(EvictionSource):
             ids, negs = as_ids(ids), as_ids(negs)
         elif type(ids) is np.ndarray:  # a few pages left of a long run: Python ints for the loops
             ids, negs = ids.tolist(), np.asarray(negs).tolist()
-        prios = last_access if self._plain else self.priorities_of(group, ids, last_access)
+        if self._plain:  # a window kept for a held prefix (``UNTIL_FREE + now``): LRU reads ``now``
+            prios = last_access - UNTIL_FREE if last_access >= UNTIL_FREE else last_access
+        else:
+            prios = self.priorities_of(group, ids, last_access)
         if bulk:
             view(self.key_t[group])[ids] = prios
             view(self.key_n[group])[ids] = negs

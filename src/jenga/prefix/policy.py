@@ -87,6 +87,12 @@ NEVER = 1 << 62
 #: Default age of pages released because they left the window / chunk: stamped this much
 #: older than "now", they are evicted before any page a request still held when it finished.
 OUT_OF_RANGE_AGE = 1 << 40
+#: Pages a request lets go while it still holds the prefix they complete (the window before a
+#: branch point, released during decode) are released at ``UNTIL_FREE + now``: plain LRU and the
+#: reuse order's one-off class read the time ``now``; its class of reused pages (newest first)
+#: keeps them after all its other pages, since their prefix is still held; ``free`` gives them
+#: the request's last access, as it does the prefix.
+UNTIL_FREE = 1 << 59
 
 
 def cdiv(a: int, b: int) -> int:

@@ -22,6 +22,7 @@ import numpy as np
 
 from jenga.flat_arrays import BULK, as_ids, unique_counts, view, zeros
 from jenga.prefix.evictor import PrefixEvictor
+from jenga.prefix.policy import UNTIL_FREE
 
 PROTECTED = 1 << 61  # priorities of class 3 are PROTECTED - release time
 
@@ -89,7 +90,11 @@ class ReuseEvictor(PrefixEvictor):
         if last_access < 0:
             return last_access
         page_uses = self.index.page_uses[group]
-        protected = PROTECTED - last_access
+        if last_access >= UNTIL_FREE:  # a window its holder's prefix needs: last of class 3
+            last_access -= UNTIL_FREE
+            protected = PROTECTED
+        else:
+            protected = PROTECTED - last_access
         if len(ids) > BULK:
             reused = view(page_uses)[ids] >= 2
             if not reused.any():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jenga.prefix.policy import NEVER, PageOps, Policy, cdiv
+from jenga.prefix.policy import NEVER, UNTIL_FREE, PageOps, Policy, cdiv
 from jenga.request import GroupState, Request
 from jenga.tables import TokenTable
 
@@ -166,24 +166,21 @@ class SlidingPolicy(FullPolicy):
         return sorted((max(0, m - band - w + 1) // tpp, m // tpp)
                       for m, band in ((req.hit, 0), (req.junction, 0), (req.prompt_len, self.slack)) if m > 0)
 
-    def grow(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> None:
-        if gs.table is None:
-            gs.since = ops.now
-        super().grow(req, gs, end, ops)
-
     def release_range(self, req: Request, gs: GroupState, stop: int, ops: PageOps) -> None:
         """Like the base class, except the window before a branch point (``retained_spans``):
         a later request with that prefix needs exactly those pages, whose value is that of
         the full-attention prefix they complete, which this request still holds.  They are
-        released with the time the request was admitted (never the newest pages, which the
-        reuse order's class 3 evicts first, nor aged); ``free`` gives them its last access."""
+        released at ``UNTIL_FREE + now``: the time they leave, except that the reuse order
+        keeps them after every other page reused before (its newest-first class would else take
+        them first, though their prefix is still held); ``free`` gives them its last access,
+        as it does the prefix."""
         start, tpp = gs.released, self.tpp
         for lo, hi in self.retained_spans(req):
             lo, hi = max(start, lo), min(stop, hi)
             if lo >= hi:
                 continue
             super().release_range(req, gs, lo, ops)
-            ops.drop_run(self.gi, gs.pages, lo, hi, gs.since, tpp)
+            ops.drop_run(self.gi, gs.pages, lo, hi, UNTIL_FREE + ops.now, tpp)
             gs.released = start = hi
         if start < stop:
             super().release_range(req, gs, stop, ops)
