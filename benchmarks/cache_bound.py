@@ -12,9 +12,10 @@ request is still prefilling, needs a reuse closer than one prefill: articles64 r
 64 admissions later).  Ties in next use go to
 the deepest block first, so a cached prefix stays a prefix.
 
-Defined where every block costs the same bytes: models whose layers all keep every prompt
-token (full attention, or a sliding window at least as long as the longest prompt).  Elsewhere
-(Gemma's 1k window, Mamba state) ``None``.
+``belady_serial_hit`` is defined where every block costs the same bytes: models whose layers all
+keep every prompt token (full attention, or a sliding window at least as long as the longest
+prompt).  Elsewhere (Gemma's 1k window, Mamba state) ``bridged_hit_bound`` bounds the same
+one-at-a-time ceiling from above.
 """
 
 from __future__ import annotations
@@ -86,3 +87,94 @@ def belady_serial_hit(reqs: list[TraceRequest], pool_blocks: int) -> float:
             heap = [(-nxt, -depth[nd], nd) for nd, nxt in cached.items()]
             heapq.heapify(heap)
     return hit / max(total, 1)
+
+
+def block_costs(model) -> list[tuple[str, int, int]] | None:
+    """Per group: (what a hit of n blocks needs of it, bytes per block or state, window blocks):
+    ``full`` every block, ``window`` the blocks of the window before the hit, ``state`` one
+    state; None for a kind this bound does not model (chunked local, vision)."""
+    out = []
+    for g in model.groups:
+        s = g.spec
+        if s.kind == "mamba":
+            out.append(("state", s.state_bytes() * g.num_layers, 1))
+        elif s.kind == "full":
+            out.append(("full", s.bytes_per_token() * g.num_layers * BLOCK, 0))
+        elif s.kind == "sliding":
+            out.append(("window", s.bytes_per_token() * g.num_layers * BLOCK, -(-(s.window - 1) // BLOCK)))
+        else:
+            return None
+    return out
+
+
+def _hit_bytes(costs, n: int) -> int:
+    """Bytes a hit of ``n`` blocks needs cached: every full-attention block, the sliding pages of
+    the window before it, one state."""
+    return sum(b * (n if kind == "full" else 1 if kind == "state" else min(n, w)) for kind, b, w in costs)
+
+
+def _own_bytes(costs, tokens: int) -> int:
+    """Bytes a running request of ``tokens`` (prompt + output) holds at least: every full-attention
+    block, its last window (whole blocks), its state."""
+    return sum(b * (-(-tokens // BLOCK) if kind == "full" else 1 if kind == "state" else min(tokens // BLOCK, w))
+               for kind, b, w in costs)
+
+
+def bridged_hit_bound(reqs: list[TraceRequest], model, memory: int) -> float | None:
+    """An upper bound on the hit rate of serving ``reqs`` one request at a time in arrival order
+    with ``memory`` bytes, where blocks differ in cost (a sliding window's pages are needed only
+    before the hit point, a Mamba state once): defined where ``belady_serial_hit`` is not.
+
+    A hit of request j on n blocks whose first block was last used by request i (before j),
+    where i used all n blocks and no request between i and j uses any of them (a *bridge*),
+    needs those blocks' pages cached at every moment between i and j: nobody in between can
+    recompute them.  At a moment k strictly inside some bridges, those bridges' pages are
+    disjoint (two bridges sharing a block would each be used inside the other) and disjoint from
+    request k's own pages, which it holds while it runs; so the bridges' bytes fit in ``memory``
+    minus request k's own.  A hit of m < n blocks needs at least m/n of the bridge's bytes (the
+    window and the state are a fixed part), so each such moment gives a fractional knapsack over
+    the bridges spanning it (value: hit tokens).  Bridges are stabbed greedily (earliest end
+    first, at the moment just before it) so each is counted at one moment; a hit that is no
+    bridge, or spans no moment, counts in full.  Any choice of moments is sound; this one is
+    tight for a cyclic trace (articles64: equal to ``belady_serial_hit`` where both exist)."""
+    costs = block_costs(model)
+    if costs is None:
+        return None
+    order = sorted(reqs, key=lambda r: r.arrival_step)
+    first_user: dict[int, int] = {}  # first block's node -> latest request using it
+    users: dict[int, int] = {}  # any node -> latest request using it
+    bridges, whole, total = [], 0, 0
+    for j, r in enumerate(order):
+        ids = r.block_ids.tolist()
+        total += len(r.tokens)
+        n, limit = 0, (len(r.tokens) - 1) // BLOCK
+        while n < min(len(ids), limit) and ids[n] in users:
+            n += 1
+        if n:
+            i = first_user[ids[0]]
+            if users[ids[n - 1]] == i:  # i used the whole hit, and nobody since used its first block
+                bridges.append((j, i, n * BLOCK, _hit_bytes(costs, n)))
+            else:
+                whole += n * BLOCK
+        if ids:
+            first_user[ids[0]] = j
+        for node in ids:
+            users[node] = j
+    bridges.sort()
+    bound = float(whole)
+    while bridges:
+        j, i = bridges[0][:2]
+        if j - i < 2:  # no moment strictly inside
+            bound += bridges.pop(0)[2]
+            continue
+        k = j - 1
+        mine = [b for b in bridges if b[1] < k < b[0]]
+        bridges = [b for b in bridges if not b[1] < k < b[0]]
+        room = max(0, memory - _own_bytes(costs, len(order[k].tokens) + order[k].output_len))
+        for _, _, value, cost in sorted(mine, key=lambda b: -b[2] / b[3]):
+            take = min(1.0, room / cost)
+            bound += take * value
+            room -= take * cost
+            if room <= 0:
+                break
+    return bound / max(total, 1)

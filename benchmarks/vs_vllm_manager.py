@@ -20,7 +20,8 @@ carved large pages) and bytes they need (``manager_traces.needed_bytes``: shared
 duplicate prefix copies are waste).  Waste = 1 - needed / held over all steps.  Prefix hit =
 hit tokens / prompt tokens of first admissions (re-admissions after a preemption apart); *best*
 is what a cache that never evicts would hit; *ceiling* (where every block costs the same bytes) is
-what a clairvoyant cache serving one request at a time on this pool would hit (``cache_bound``).  us/step = perf_counter around the manager calls only
+what a clairvoyant cache serving one request at a time on this pool would hit (``cache_bound``;
+where blocks differ in cost, ``<= x`` bounds it from above, shown when below best).  us/step = perf_counter around the manager calls only
 (lookup, allocate, token commit incl. block hashing, free).  GC = the longest garbage-collector
 pause during the run (``gc.callbacks``; start-up's heap and the trace's token lists are frozen
 first, see ``frozen_heap``).  Steps = scheduler steps to serve the whole trace (a request an admission
@@ -39,7 +40,7 @@ from collections import deque
 from contextlib import contextmanager
 from types import SimpleNamespace
 
-from cache_bound import belady_serial_hit, bytes_per_block
+from cache_bound import belady_serial_hit, bridged_hit_bound, bytes_per_block
 from manager_sides import JengaSide, VllmSide
 from manager_traces import TRACES, BlockTrie, needed_bytes
 
@@ -220,6 +221,9 @@ def run_row(row: str, a) -> dict:
     per_block = bytes_per_block(model, max(len(r.tokens) for r in reqs))
     if per_block is not None and trie.best_hit > 0:
         out["ceiling"] = belady_serial_hit(reqs, memory // per_block)
+    elif trie.best_hit > 0:  # blocks of unequal cost: an upper bound on that ceiling, shown below best only
+        bound = bridged_hit_bound(reqs, model, memory)
+        out["bound"] = bound if bound is not None and bound < trie.best_hit - 5e-4 else None
     sides = [JengaSide(model, memory)]
     if not a.no_vllm:
         sides.append(VllmSide(model, memory, a.budget, None if a.retention == "dense" else int(a.retention)))
@@ -279,7 +283,8 @@ def fmt(res: dict) -> list[str]:
     jw = f"{waste(j)} ({waste(j, 'stranded')})"
     strand = _pct((j["stranded"] - j["held"]) / j["steps"] / j["pool"])
     rehit = f"{_pct(j['rehit'] / j['requery'])}" if j["requery"] else "-"
-    best = _pct(res["best"]) + ("" if res["ceiling"] is None else f"; {_pct(res['ceiling'])}")
+    best = _pct(res["best"]) + ("" if res["ceiling"] is None else f"; {_pct(res['ceiling'])}") + \
+        ("" if res.get("bound") is None else f"; <= {_pct(res['bound'])}")
     if v is None:
         return [res["row"], f"- / {hit(j)} ({best})", rehit, f"- / {jw}", strand,
                 f"- / {j['us_step']:.0f}", "-", f"{j['gc_ms']:.1f}", f"- / {j['preempt']}", f"- / {j['steps']}"]

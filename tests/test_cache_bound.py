@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from cache_bound import belady_serial_hit, bytes_per_block  # noqa: E402
+from cache_bound import belady_serial_hit, bridged_hit_bound, bytes_per_block  # noqa: E402
+from conftest import full, group, model, sliding  # noqa: E402
 from manager_traces import BlockTrie, TraceRequest  # noqa: E402
 
 from jenga.specs import ModelSpec  # noqa: E402
@@ -51,3 +52,22 @@ def test_ceiling_only_where_every_block_costs_the_same():
     assert bytes_per_block(ministral, 22_000) == 36 * 4096 * 16
     assert bytes_per_block(ministral, 40_000) is None
     assert bytes_per_block(ModelSpec.from_hf_config("jamba-1.5-mini", vision=False), 100) is None
+
+
+def test_bridged_bound_equals_the_ceiling_where_blocks_cost_the_same():
+    llama = ModelSpec.from_hf_config("llama-3.1-8b", vision=False)
+    b = bytes_per_block(llama, 100)
+    for blocks in (9, 13):
+        assert bridged_hit_bound(_cyclic(), llama, blocks * b) == pytest.approx(belady_serial_hit(_cyclic(), blocks))
+
+
+def test_bridged_bound_charges_a_hit_only_the_window_before_it():
+    # one full and one sliding layer of equal bytes per block, window 17 tokens (one block before
+    # the hit): a hit on an article's 4 blocks needs 4 + 1 units cached, a running request holds
+    # 5 full blocks + its last window block (6).  With 12 units, at moment 2 (C's first question
+    # running) the 6 left hold A's bridge and a fifth of B's; at moment 4 (B's second) C's bridge.
+    toy = model(group("full", full(), 1), group("swa", sliding(17), 1, first_layer=1))
+    unit = toy.groups[0].spec.bytes_per_token() * 16
+    assert bytes_per_block(toy, 65) is None  # no uniform-cost ceiling here
+    assert bridged_hit_bound(_cyclic(), toy, 12 * unit) == pytest.approx((64 + 64 / 5 + 64) / 390)
+    assert bridged_hit_bound(_cyclic(), toy, 11 * unit) == pytest.approx(128 / 390)
