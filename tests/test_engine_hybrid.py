@@ -106,6 +106,35 @@ def test_prefill_step_ends_on_the_prompt_end_checkpoint(name):
 
 
 @pytest.mark.parametrize("name", HYBRIDS)
+def test_recompute_under_shared_attention_pages_matches_hf(name):
+    """The second request of an 85-token shared prefix: its state resumes at the checkpoint 64
+    (none at the junction 80 yet), so tokens [64, 80) are recomputed for the state layers while
+    the attention layers share the first request's cached pages up to 80 and write no K/V there
+    (slot -1; ``jenga.shared_recompute``).  The third resumes at 80.  Tokens and logits equal HF's."""
+    shared, a, b, c = prompts([85, 25, 13, 9], seed=7)
+    llm = jenga.LLM(name, kv_memory="8MiB", max_num_batched_tokens=64, state_checkpoint_interval=32)
+    writes, backend = [], llm.runner.backend
+    write_kv = backend.write_kv
+
+    def spy(view, slots, k, v):
+        writes.append(slots.clone())
+        return write_kv(view, slots, k, v)
+
+    backend.write_kv = spy
+    first = llm.generate([shared + a], GREEDY)
+    n_attn = len(writes) // llm.scheduler.stats.steps  # one write per attention layer and step
+    writes.clear()
+    second = llm.generate([shared + b], GREEDY)
+    assert second[0].prefix_hit_tokens == 64, "the state should resume at the periodic checkpoint 64"
+    # first step [64, 96): positions 64..79 (the first 16 rows) are in shared pages, not written
+    assert all((w[:16] == -1).all() and (w[16:] >= 0).all() for w in writes[:n_attn])
+    assert sum(int((w < 0).sum()) for w in writes) == 16 * n_attn
+    third = llm.generate([shared + c], GREEDY)
+    assert third[0].prefix_hit_tokens == 80, "the state should resume at the junction checkpoint 80"
+    assert_hf_equal(llm, first + second + third)
+
+
+@pytest.mark.parametrize("name", HYBRIDS)
 def test_preemption_and_eviction_match_hf(name):
     llm = jenga.LLM(name, kv_memory=HYBRIDS[name], max_num_batched_tokens=64, state_checkpoint_interval=32)
     outs = llm.generate(prompts([90, 70, 80, 60], seed=4), SamplingParams(max_tokens=16, return_logits=True))

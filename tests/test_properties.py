@@ -369,8 +369,8 @@ class ManagerMachine(RuleBasedStateMachine):
         # the engine writes K/V of tokens [start, start + n) ...
         for gt in live.table.groups:
             g = gt.group
-            if isinstance(gt, TokenTable):
-                for pos in range(start, start + n):
+            if isinstance(gt, TokenTable):  # none below write_from (shared cached pages)
+                for pos in range(max(start, gt.write_from), start + n):
                     page = gt.page_ids[pos // TPP]
                     assert page is not None
                     self.shadow.setdefault((g, page), {})[pos % TPP] = tokens[pos]
@@ -417,7 +417,7 @@ class ManagerMachine(RuleBasedStateMachine):
         tokens = self.mgr.requests[r].tokens
         for gt in live.table.groups:
             if isinstance(gt, TokenTable):
-                for pos in range(start, min(start + n, len(tokens))):
+                for pos in range(max(start, gt.write_from), min(start + n, len(tokens))):
                     out.setdefault((gt.group, gt.page_ids[pos // TPP]), {})[pos % TPP] = tokens[pos]
         return out
 
@@ -472,8 +472,9 @@ class ManagerMachine(RuleBasedStateMachine):
                 assert old[0] == gp, f"slot {slot} moved from {old[0]} to {gp}"
                 continue
             kind = slot[0]
-            if kind == "t":
-                role = "hit" if slot[2] < hit_pages else "fresh"
+            if kind == "t":  # a hit's pages, up to the junction where the state recomputes below it
+                shared = max(hit_pages, live.table.groups[slot[1]].write_from // TPP if first else 0)
+                role = "hit" if slot[2] < shared else "fresh"
             elif kind == "i":
                 role = "fresh" if slot[2] in to_fill[slot[1]] else "hit"
             elif kind == "r":
@@ -535,10 +536,13 @@ class ManagerMachine(RuleBasedStateMachine):
                 assert len(gt.page_ids) * TPP >= end
                 for pos in range(lo, end):
                     assert gt.page_ids[pos // TPP] is not None, f"group {g}: token {pos} has no page"
-                for pos in range(lo, start):
+                if first and gt.write_from > start:  # recomputed for a state hit below the junction
+                    assert (start, gt.write_from) == (live.hit, req.junction) and type(pol) is FullPolicy
+                    self.seen["recompute under shared"] += 1
+                for pos in range(lo, max(start, gt.write_from)):  # read, never written by this step
                     got = self._content((g, gt.page_ids[pos // TPP]), live.rid).get(pos % TPP)
                     assert got == req.tokens[pos], f"group {g}: position {pos} holds {got}, not {req.tokens[pos]}"
-                for pos in range(start, start + n):  # written pages are the request's own
+                for pos in range(max(start, gt.write_from), start + n):  # written pages are the request's own
                     slot = ("t", g, pos // TPP)
                     assert live.roles[slot][1] == "fresh", f"request {live.rid} writes into shared {slot}"
             elif isinstance(pol, ImagePolicy):
@@ -607,6 +611,8 @@ def test_random_request_streams_with_reuse_eviction(spec_name):
     if "mamba" in spec_name or "every" in spec_name:  # one state page per step (state_policy.py)
         assert seen["read let go of at allocate"] > 0 and seen["work page became a checkpoint"] > 0, dict(seen)
         assert seen["chunk split"] > 0, dict(seen)
+    if spec_name == "full+mamba":  # a state hit below the junction shares the attention pages up to it
+        assert seen["recompute under shared"] > 0, dict(seen)
     if capacity(spec_name, min_large(spec_name), True) < MAX_LEN:
         assert seen["none"] > 0, dict(seen)
 

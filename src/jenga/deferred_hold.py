@@ -72,7 +72,7 @@ class DeferredHold:
         self._recording = rec
         try:
             for pol, gs in zip(self.policies, req.groups, strict=True):
-                pol.hit(req, gs, req.hit, self)
+                pol.hit(req, gs, self._hit_of(pol, req), self)  # past req.hit: jenga.shared_recompute
         finally:
             self._recording = None
         req.reserve = rec or None

@@ -39,9 +39,7 @@ from jenga.prefix.hashing import ImageRef, root_hash
 from jenga.prefix.index import PrefixIndex
 from jenga.prefix.policies import (
     OUT_OF_RANGE_AGE,
-    FullPolicy,
     ImagePolicy,
-    MambaPolicy,
     Policy,
     SlidingPolicy,
     policy_for,
@@ -50,6 +48,7 @@ from jenga.prefix.reuse_evictor import ReuseEvictor
 from jenga.prompt_hashes import PromptHashes
 from jenga.released_keys import ReleasedKeys
 from jenga.request import GroupState, Request
+from jenga.shared_recompute import SharedRecompute
 from jenga.specs import LayerGroup, ModelSpec
 from jenga.stats import CacheStats, collect_stats
 from jenga.tables import PageTables
@@ -63,7 +62,7 @@ REPEAT_MEMO_SIZE = 256  # freed ids remembered as having run (a re-add is a repe
 
 
 class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, CacheControl, ByteAccounting,
-                     FillAbort, ChunkSplit):
+                     FillAbort, ChunkSplit, SharedRecompute):
     """Jenga's KV-cache manager for one (possibly composite) model.
 
     ``memory_bytes`` is the KV budget; it is cut into ``floor(memory / S) - 1`` large pages of
@@ -131,11 +130,7 @@ class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, Ca
         self._state_group = [not g.spec.per_token for g in model.groups]
         # images are text spans (must lie inside the prompt) when some group embeds them in-sequence
         self._in_sequence_images = any(g.kind == "vision" for g in self.source_model.groups)
-        # full-attention policies, when a state or sliding group needs the junction (where the
-        # cached full-attention prefix ends) for its checkpoints or window retention
-        full = [p for p in self.policies if type(p) is FullPolicy]
-        partial = any(isinstance(p, (SlidingPolicy, MambaPolicy)) for p in self.policies)
-        self._junction_policies = full if full and partial else None
+        self._init_junction()  # the junction's policies; who shares past a state hit (jenga.shared_recompute)
         self._full_bound = self._bound_policy()  # bounds how far a lookup hashes (jenga.prompt_hashes)
         self._shared = list(self._state_group)  # per allocate: fill shared large pages first
         self.now = 0
@@ -214,9 +209,7 @@ class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, Ca
             top = max(0, min(top, max_tokens))
         top = self._hash_for_lookup(req, top)
         cand = self._fixed_point(req, top, self.policies)
-        if self._junction_policies is not None:
-            junction = self._fixed_point(req, top, self._junction_policies)
-            req.junction = junction // self.block * self.block if junction > cand else 0
+        self._find_junction(req, top, cand)
         req.hit = req.num_computed = cand
         self._record_hit(req)  # held once anything else happens (jenga.deferred_hold)
         return cand

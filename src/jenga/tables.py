@@ -17,11 +17,17 @@ from dataclasses import dataclass, field
 @dataclass(slots=True)
 class TokenTable:
     """A token kind (full, sliding, chunked): ``page_ids[i]`` holds tokens
-    ``[i*tokens_per_page, (i+1)*tokens_per_page)``; ``None`` = not held, never read."""
+    ``[i*tokens_per_page, (i+1)*tokens_per_page)``; ``None`` = not held, never read.
+
+    ``write_from``: the engine writes no K/V of a position below it.  It is the request's hit
+    except where a state group's hit lies below this group's cached prefix
+    (:mod:`jenga.shared_recompute`): the tokens between are computed (for the state layers;
+    their queries read the cached K/V here) while these cached pages are shared, never written."""
 
     group: int
     tokens_per_page: int
     page_ids: list[int | None]
+    write_from: int = 0
 
 
 @dataclass(slots=True)

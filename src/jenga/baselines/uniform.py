@@ -163,6 +163,8 @@ class UniformChunkedPolicy(_ReleaseAtNextAllocate, ChunkedPolicy):
 class UniformMambaPolicy(MambaPolicy):
     """v1 "align" mode with retention 0: one state kept, at the prompt's last block end."""
 
+    recompute_under_shared = False  # v1 recomputes a state hit's gap into fresh attention blocks
+
     def __init__(self, gi: int, group: LayerGroup, block: int, align: int):
         super().__init__(gi, group, block)
         self.every = align

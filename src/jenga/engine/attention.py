@@ -6,7 +6,8 @@ Contract (see ``docs/memory-layout.md``):
   ``kv_view[x, 0]`` and V in ``kv_view[x, 1]`` for the ``B`` tokens of that page. The page stride
   may be larger than ``2·B·H·D`` elements (padded pages); nothing here assumes contiguity.
 * A write slot is ``exec_page · B + offset``: token position ``t`` of a request goes to slot
-  ``page_ids[t // B] · B + t % B`` where ``page_ids`` are exec page ids (``s · n_g``).
+  ``page_ids[t // B] · B + t % B`` where ``page_ids`` are exec page ids (``s · n_g``); slot
+  ``-1`` writes nothing (``TokenTable.write_from``: the K/V is in a shared cached page).
 * Page ids are ``None`` where the manager does not hold the page (left the sliding window,
   earlier chunk). Such pages are never read: they are trimmed off the block table or replaced
   by ``pad_page`` and masked; garbage bytes in the buffer (other groups' data, NaN patterns)
@@ -190,8 +191,12 @@ def write_kv(kv_view: Tensor, slots: Tensor, k: Tensor, v: Tensor) -> None:
     """Store ``k, v: [T, H, D]`` at ``slots: [T]`` (``exec_page · B + offset``) of ``kv_view``.
 
     Works on strided views of the shared buffer (writes land in the buffer), casts to the view
-    dtype. Slots must be distinct within one call.
+    dtype. Slots must be distinct within one call; a slot ``-1`` writes nothing (a token whose
+    K/V a shared cached page already holds).
     """
+    if slots.numel() and bool(slots.min() < 0):
+        keep = slots >= 0
+        slots, k, v = slots[keep], k[keep], v[keep]
     B = kv_view.shape[2]
     page = torch.div(slots, B, rounding_mode="floor")
     off = slots - page * B

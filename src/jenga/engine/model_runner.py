@@ -11,6 +11,8 @@ every decoder layer reads and writes its K/V only through ``manager.layout.kv_vi
   (a manager bug, not a caller mistake);
 * the flattened token arrays (positions, request index, write slots) are built with torch
   ops; the only Python loops are per request and per page, never per token;
+* a token below its table's ``write_from`` (its K/V is in a shared cached page, the request
+  recomputes it for its state layers: ``jenga.shared_recompute``) gets write slot ``-1``;
 * the step's requests are laid out decodes first, then prefill chunks, each part with its own
   metadata (:mod:`jenga.engine.split_attention`), so decodes never pay for a prefill's
   query padding.
@@ -96,8 +98,9 @@ class ModelRunner:
         n_layers = g.num_layers
         window, chunk = self.windows[gi], self.chunks[gi]
         B = items[0].tables.groups[gi].tokens_per_page
-        rows, firsts, cols = [], [], []
+        rows, firsts, cols, skips = [], [], [], []
         for it, c, n in zip(items, starts, new, strict=True):  # per request: slice of its page list
+            skips.append(it.tables.groups[gi].write_from)
             first = 0
             if window is not None:
                 first = max(0, c - window + 1)
@@ -127,6 +130,8 @@ class ModelRunner:
         q_req, q_pos = common["q_req"], common["q_pos"]
         slot_page = table[q_req, torch.div(q_pos, B, rounding_mode="floor") - first_t[q_req]]
         slots = slot_page * B + q_pos % B
+        if any(w > c for w, c in zip(skips, starts, strict=True)):  # K/V in a shared cached page: not written
+            slots = torch.where(q_pos < torch.tensor(skips, dtype=torch.long)[q_req], -1, slots)
         dev = self.device
         return AttentionMetadata(
             page_size=B, block_tables=table.to(dev), page_offsets=first_t.to(dev), page_held=held.to(dev),

@@ -102,6 +102,11 @@ def cdiv(a: int, b: int) -> int:
 class Policy(ABC):
     """Behaviour of one group.  ``gi`` is the group index, ``block`` the hash block size."""
 
+    #: a hit of this kind below the full-attention groups' cached prefix may leave those groups
+    #: holding that prefix while the tokens between are recomputed (their engine writes no K/V
+    #: below ``TokenTable.write_from``; :mod:`jenga.shared_recompute`)
+    recompute_under_shared = False
+
     def __init__(self, gi: int, group: LayerGroup, block: int):
         self.gi, self.group, self.block = gi, group, block
         self.tpp = group.tokens_per_page

@@ -33,6 +33,9 @@ class MambaPolicy(Policy):
       are the branch points), a short prompt of which nothing was cached every one (where
       a later request leaves it is not known yet)."""
 
+    #: jenga's engine writes no K/V below ``TokenTable.write_from`` (``jenga.shared_recompute``)
+    recompute_under_shared = True
+
     def __init__(self, gi: int, group: LayerGroup, block: int):
         super().__init__(gi, group, block)
         self.every = group.spec.checkpoint_interval
@@ -222,7 +225,11 @@ class CopyForwardMambaPolicy(MambaPolicy):
     (findable for hits) but stays held by the request as its ``read`` page (the copy source
     of the next step); it is dropped at the following commit, like a prefix hit's page.
     So a hit's read page stays held until that commit too, a checkpoint at a step's end
-    gets its own page, and every periodic position is checkpointed."""
+    gets its own page, and every periodic position is checkpointed.  vLLM's model runner
+    writes the K/V of every computed token, so attention groups never hold cached pages past
+    this kind's hit (:mod:`jenga.shared_recompute`)."""
+
+    recompute_under_shared = False
 
     def _periodic(self, req: Request, periodic: range) -> range:
         return periodic

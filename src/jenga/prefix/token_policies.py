@@ -54,11 +54,11 @@ class FullPolicy(Policy):
 
     def grow(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> None:
         pages = gs.pages
+        if gs.table is None:  # the hit's pages (shared, maybe past req.hit) are never written
+            gs.table = TokenTable(self.gi, self.tpp, pages, len(pages) * self.tpp)
         n = cdiv(end, self.tpp) - len(pages)
         if n > 0:
             pages.extend(ops.take_run(self.gi, n))
-        if gs.table is None:
-            gs.table = TokenTable(self.gi, self.tpp, pages)
         if ops.caching:  # findable from allocation on: a request admitted later in this step shares them
             self.register_upto(req, gs, end - req.num_lookahead, ops)
 
@@ -81,14 +81,16 @@ class FullPolicy(Policy):
         where the committed tokens end after a fill was aborted (a free or a rejection
         before the step's commit).  ``rewind`` then forgets them."""
         table, pages, out = ops.index_table(self.gi), gs.pages, []
-        for i in range(max(computed // self.tpp, gs.released), min(gs.registered, len(pages))):
+        lo = max(computed, gs.table.write_from if gs.table is not None else 0) // self.tpp
+        for i in range(max(lo, gs.released), min(gs.registered, len(pages))):
             page = pages[i]
             if page is not None and table.get(self.page_key(req, i)) == page:
                 out.append(page)
         return out
 
     def rewind(self, req: Request, gs: GroupState, computed: int) -> None:
-        gs.registered = min(gs.registered, computed // self.tpp)
+        shared = gs.table.write_from if gs.table is not None else 0  # cached pages of the hit stay
+        gs.registered = min(gs.registered, max(computed, shared) // self.tpp)
 
     def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
         tpp, pages = self.tpp, gs.pages

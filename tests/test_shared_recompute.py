@@ -1,0 +1,101 @@
+"""Recompute under shared pages (``jenga.shared_recompute``): a request whose state hit lies
+below the cached attention prefix (the junction) holds the cached attention pages up to the
+junction and writes K/V only from there (``TokenTable.write_from``); exact page ids on a tiny
+hybrid (2-token pages, state checkpoints every 4 tokens), against vLLM's protocol
+(``CopyForwardMambaSpec``), which keeps fresh pages."""
+
+from __future__ import annotations
+
+from conftest import full, group, make_manager, mamba, model
+
+from jenga.baselines import make_manager as make_baseline
+from jenga.specs import CopyForwardMambaSpec
+
+P = list(range(10))  # the shared prefix: 5 attention pages; state checkpoints at 4 and 8 only
+
+
+def hybrid(state=None):
+    return model(group("full", full(), 1), group("mamba", state or mamba(4), 1, first_layer=1))
+
+
+def first_writer(mgr):
+    """a: P + 6 tokens, one step; freed (its pages cached: attention 0..7, checkpoints 4, 8, 12, 16)."""
+    mgr.add_request("a", P + [100, 101, 102, 103, 104, 105])
+    assert mgr.lookup("a") == 0
+    t = mgr.allocate("a", 16)
+    assert (t.groups[0].page_ids, t.groups[0].write_from) == (list(range(8)), 0)
+    mgr.append_tokens("a", [1])
+    mgr.free("a")
+
+
+def test_state_hit_below_the_junction_shares_the_attention_pages_up_to_it():
+    mgr = make_manager(hybrid(), 64, tokens_per_page=2)
+    first_writer(mgr)
+    mgr.add_request("b", P + list(range(200, 210)))
+    assert mgr.lookup("b") == 8 and mgr.requests["b"].junction == 10  # no state at 10 yet
+    t = mgr.allocate("b", 12)  # tokens [8, 20): 8, 9 recomputed for the state layers only
+    att, st = t.groups
+    assert att.page_ids == [0, 1, 2, 3, 4, 10, 11, 12, 13, 14]  # a's page 4 (tokens 8, 9) shared
+    assert att.write_from == 10 and t.num_computed == 8  # computed from 8, K/V written from 10
+    assert [mgr.ref[0][p] for p in range(5)] == [1] * 5
+    assert (st.work_page, st.read_page, st.checkpoints) == (30, 18, {10: 31})  # junction checkpoint
+    mgr.check_integrity()
+    mgr.append_tokens("b", [2])
+    mgr.check_integrity()
+    mgr.free("b")
+    mgr.add_request("c", P + list(range(300, 310)))
+    assert mgr.lookup("c") == 10  # b's junction checkpoint
+    t = mgr.allocate("c", 10)
+    assert t.groups[0].page_ids[:5] == [0, 1, 2, 3, 4] and t.groups[0].write_from == 10
+    mgr.check_integrity()
+
+
+def test_vllm_protocol_keeps_fresh_pages_for_the_recomputed_tokens():
+    """vLLM's worker writes the K/V of every computed token: the attention group holds only
+    the common hit and takes fresh pages from it (the page for tokens 8, 9 is a copy)."""
+    state = CopyForwardMambaSpec("toy", shapes=((64,),), dtypes=("bf16",), checkpoint_interval=4)
+    mgr = make_manager(hybrid(state), 64, tokens_per_page=2)
+    first_writer(mgr)
+    mgr.add_request("b", P + list(range(200, 210)))
+    assert mgr.lookup("b") == 8 and mgr.requests["b"].junction == 10
+    t = mgr.allocate("b", 12)
+    assert t.groups[0].page_ids == [0, 1, 2, 3, 11, 12, 13, 14, 15, 16] and t.groups[0].write_from == 8
+    assert mgr.ref[0][4] == 0  # a's page 4 stays cached, unheld
+    mgr.check_integrity()
+
+
+def test_uniform_baseline_keeps_fresh_pages():
+    spec = hybrid()
+    mgr = make_baseline("uniform", spec, 1 << 20, tokens_per_page=2)
+    assert not mgr._ahead
+
+
+def test_no_hit_at_all_shares_the_whole_cached_attention_prefix():
+    """A state with no checkpoint in the prefix (interval 16): the hit is 0, the attention
+    group still holds a's pages up to the junction 10 and writes from there."""
+    mgr = make_manager(hybrid(mamba(16)), 64, tokens_per_page=2)
+    first_writer(mgr)
+    mgr.add_request("b", P + list(range(200, 210)))
+    assert mgr.lookup("b") == 0 and mgr.requests["b"].junction == 10
+    t = mgr.allocate("b", 20)
+    assert t.groups[0].page_ids[:5] == [0, 1, 2, 3, 4] and t.groups[0].write_from == 10
+    assert t.groups[0].page_ids[5:] == [9, 10, 11, 12, 13]  # large page 8 is carved for state (a's 16)
+    assert (t.groups[1].work_page, t.groups[1].checkpoints) == (28, {10: 29})
+    mgr.check_integrity()
+
+
+def test_a_dropped_step_keeps_the_shared_pages_registered():
+    """b freed after its allocate, before the commit: the pages it would have filled (from 10)
+    leave the index; a's shared pages below the junction stay registered and cached."""
+    mgr = make_manager(hybrid(), 64, tokens_per_page=2)
+    first_writer(mgr)
+    mgr.add_request("b", P + list(range(200, 210)))
+    mgr.lookup("b")
+    t = mgr.allocate("b", 12)
+    pages = list(t.groups[0].page_ids)
+    mgr.free("b")
+    mgr.check_integrity()
+    assert all(mgr.index.is_registered(0, p) for p in pages[:5])
+    assert not any(mgr.index.is_registered(0, p) for p in pages[5:])
+    mgr.add_request("c", P + [7])
+    assert mgr.lookup("c") == 8 and mgr.requests["c"].junction == 10
