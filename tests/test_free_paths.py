@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 from conftest import full, group, make_manager, model, serve, sliding, snapshot
 
@@ -14,6 +15,7 @@ import jenga.allocator
 import jenga.ledger
 import jenga.prefix.evictor
 import jenga.prefix.reuse_evictor
+from jenga.flat_arrays import largest_keys
 from jenga.prefix.evictor import PrefixEvictor
 
 P = list(range(1, 41))  # a shared prefix of 40 tokens
@@ -37,6 +39,11 @@ def trace(mgr) -> list:
     serve(mgr, "b", P + [200], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
     serve(mgr, "c", P[:32] + [400] * 5, list(range(20, 34)))
     mgr.check_integrity()
+    return trace_order(mgr)
+
+
+def trace_order(mgr) -> list:
+    """The manager's snapshot, then the order in which every cached page is evicted."""
     state = snapshot(mgr)
     order = []
     ev = mgr.evictor
@@ -84,3 +91,60 @@ def test_numpy_free_paths_equal_the_per_element_paths(monkeypatch, eviction, sli
     for mod in modules:
         monkeypatch.setattr(mod, "BULK", 10**9)
     assert trace(twin) == want
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5, 8, 9, 16])
+def test_largest_key_per_large_page_is_the_lexicographic_max_of_its_cached_slots(k):
+    rng = np.random.default_rng(k)
+    cached = rng.random((40, k)) < 0.6
+    cached[np.arange(40), rng.integers(0, k, 40)] = True  # every large page holds a cached slot
+    kt, kn = rng.integers(-3, 3, (40, k)), rng.integers(-4, 0, (40, k))
+    ts, ns = largest_keys(cached, kt, kn)
+    want = [max((kt[r, j], kn[r, j]) for j in range(k) if cached[r, j]) for r in range(40)]
+    assert list(zip(ts.tolist(), ns.tolist(), strict=True)) == want
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_long_drop_with_gaps_equals_the_per_element_path(monkeypatch, caching):
+    """A run with pages already let go of (``None``) inside it: the numpy path's fallback."""
+    def scenario(mgr):
+        serve(mgr, "a", P + [100, 101], [1, 2, 3], free=False)
+        serve(mgr, "b", P + [200], [1, 2], free=False)
+        gs = mgr.requests["b"].groups[0]
+        for i in (3, 17, 18, len(gs.pages) - 1):  # dropped one by one before the free
+            mgr.drop(0, gs.pages[i], mgr.now, (i + 1) * mgr.policies[0].tpp)
+            gs.pages[i] = None
+        mgr.free("b")
+        mgr.free("a")
+        mgr.check_integrity()
+        return snapshot(mgr)
+
+    fresh = make_manager(swa_model(2), 200, caching=caching, eviction="reuse")
+    twin = copy.deepcopy(fresh)
+    monkeypatch.setattr(jenga.ledger, "BULK", 4)
+    want = scenario(fresh)
+    monkeypatch.setattr(jenga.ledger, "BULK", 10**9)
+    assert scenario(twin) == want
+
+
+@pytest.mark.parametrize("eviction", ["lru", "reuse"])
+def test_retime_keys_skips_missing_and_held_pages_on_both_paths(monkeypatch, eviction):
+    """``retime_keys`` with keys nobody holds (gone from the index), held pages and cached ones:
+    only the cached pages change, the same on the numpy and the per-element path."""
+    def scenario(mgr):
+        serve(mgr, "a", P + [100, 101], [1, 2, 3])
+        serve(mgr, "b", P[:16] + [200], [1, 2], free=False)  # holds the first pages again
+        table = mgr.index.table[1]
+        keys = sorted(table, key=table.get)[:30]
+        keys[2:2] = [b"gone" * 8, b"also gone" * 4]
+        ends = [16 * (i + 1) for i in range(len(keys))]
+        mgr.retime_keys(1, keys, ends, mgr.now + 5)
+        mgr.check_integrity()
+        return trace_order(mgr)
+
+    fresh = make_manager(swa_model(2), 200, window_slack=4, out_of_window_age=1000, eviction=eviction)
+    twin = copy.deepcopy(fresh)
+    monkeypatch.setattr(jenga.ledger, "BULK", 4)
+    want = scenario(fresh)
+    monkeypatch.setattr(jenga.ledger, "BULK", 10**9)
+    assert scenario(twin) == want

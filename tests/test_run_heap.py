@@ -12,6 +12,7 @@ from conftest import full, group, make_manager, model, run, sliding, snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from jenga.prefix import run_heap
 from jenga.prefix.run_heap import RunHeap
 
 OPS = st.lists(st.one_of(
@@ -27,6 +28,21 @@ OPS = st.lists(st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(OPS)
 def test_run_heap_pops_in_per_element_heap_order(ops):
+    check_ops(ops)
+
+
+@settings(max_examples=300, deadline=None)
+@given(OPS)
+def test_run_heap_of_runs_only_pops_in_per_element_heap_order(ops):
+    """Every batch of two or more a sorted run (``SMALL`` = 1): the runs' own paths."""
+    small, run_heap.SMALL = run_heap.SMALL, 1
+    try:
+        check_ops(ops)
+    finally:
+        run_heap.SMALL = small
+
+
+def check_ops(ops):
     gen = [0] * 16  # an element is valid while its id's generation is the one it was pushed with
 
     def one(i, t, n, g):

@@ -25,6 +25,7 @@ def check_allocator(alloc) -> dict[str, int]:
             f"large {large}: counted {used}/{cached}, recorded {alloc.n_used[large]}/{alloc.n_cached[large]}"
         assert used + cached > 0, f"large {large} all free but still owned by group {g}"
         assert bool(alloc.in_e[large]) == (used == 0), f"large {large}: E flag {alloc.in_e[large]}, used {used}"
+        assert not (alloc.in_e[large] and large in alloc._slots[g]), f"large {large} in E with visible free slots"
         slots = alloc._hidden.get(large) if alloc.in_e[large] else alloc._slots[g].get(large)
         free_slots = sorted(slots or [])
         expect = [i for i in range(k) if st[i] == FREE]

@@ -78,10 +78,10 @@ class EvictableSet:
             flags[entered] = 1
             cached = int(view(self.n_cached)[entered].sum())
             partly_free = []
-            if slots_of:  # the entering large pages with free slots, in order
+            if slots_of:  # the entering large pages with free slots, in order (a large page
+                # with visible free slots was not in E: one flagged now has just entered)
                 free = np.fromiter(slots_of, dtype=np.int64, count=len(slots_of))
-                partly_free = np.sort(free[np.isin(free, entered)]).tolist()
-            entered = entered.tolist()
+                partly_free = np.sort(free[flags[free] == 1]).tolist()
         else:
             for large in larges:
                 if in_e[large]:
@@ -99,7 +99,7 @@ class EvictableSet:
         self.cached_small[group] -= cached
         self.free_small[group] -= hidden_slots
         self.hidden_free[group] += hidden_slots
-        if self.evictor is not None and entered:
+        if self.evictor is not None and len(entered):
             self.evictor.on_larges_evictable(group, entered)
 
     def _leave_e(self, large: int) -> None:

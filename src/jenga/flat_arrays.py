@@ -8,6 +8,9 @@ from array import array
 
 import numpy as np
 
+#: the smallest int64 (no key)
+LOWEST = np.iinfo(np.int64).min
+
 #: runs longer than this are changed with numpy; shorter ones element by element (each numpy
 #: call costs about a microsecond, a Python step per element a tenth of that)
 BULK = 64
@@ -39,3 +42,18 @@ def unique_counts(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         xs = np.sort(xs)
     starts = np.flatnonzero(np.concatenate(([True], xs[1:] != xs[:-1])))
     return xs[starts], np.diff(np.append(starts, len(xs)))
+
+
+def largest_keys(cached: np.ndarray, kt: np.ndarray, kn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row (a large page's slots): the largest ``(t, n)`` key among its cached slots."""
+    k = cached.shape[1]
+    if k > 8:
+        tt = np.where(cached, kt, LOWEST)
+        ts = tt.max(axis=1)
+        return ts, np.where(cached & (tt == ts[:, None]), kn, LOWEST).max(axis=1)
+    ts, ns = np.where(cached[:, 0], kt[:, 0], LOWEST), np.where(cached[:, 0], kn[:, 0], LOWEST)
+    for j in range(1, k):  # a few slots: column by column (a reduction along a short axis is slow)
+        t, n = kt[:, j], kn[:, j]
+        better = cached[:, j] & ((t > ts) | ((t == ts) & (n > ns)))
+        ts, ns = np.where(better, t, ts), np.where(better, n, ns)
+    return ts, ns

@@ -7,6 +7,7 @@ It works on the manager's allocator, index, evictor and per-group reference coun
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable
 
 import numpy as np
@@ -88,22 +89,29 @@ class PageLedger(PageOps):
         if len(seg) <= BULK:
             self._drop_short(group, seg, start, last_access, tokens_per_page)
             return
-        held = seg if None not in seg else [p for p in seg if p is not None]
-        if not held:
-            return
-        pos = np.arange(start, stop) if len(held) == len(seg) else \
-            start + np.flatnonzero(np.fromiter((p is not None for p in seg), dtype=bool, count=len(seg)))
-        ids, negs = np.asarray(held, dtype=np.int64), -(pos + 1) * tokens_per_page
+        try:  # every page held (the common case): one C pass, which refuses a None
+            ids, pos = np.frombuffer(array("q", seg), dtype=np.int64), np.arange(start, stop)
+        except TypeError:
+            held = [p for p in seg if p is not None]
+            if not held:
+                return
+            ids = np.asarray(held, dtype=np.int64)
+            pos = start + np.flatnonzero(np.fromiter((p is not None for p in seg), dtype=bool, count=len(seg)))
+        negs = -(pos + 1) * tokens_per_page
         refs = view(self.ref[group])
         r = refs[ids] - 1
         assert r.min() >= 0, f"drop of unreferenced pages of group {group}"
         refs[ids] = r
         if r.any():  # still held by others: their keys are recorded for an undone pin
-            last = r == 0
-            if self.caching:
-                self._released.put_many(group, ids[~last], last_access, negs[~last])
+            held = r > 0
+            if self.caching:  # ``put`` for those, ``forget`` for the rest, in one pass
+                self._released.update_many(group, ids, held, last_access, negs)
+            last = ~held
             ids, negs = ids[last], negs[last]
-        self._released.forget_many(group, ids)
+            if not self.caching:
+                self._released.forget_many(group, ids)
+        else:
+            self._released.forget_many(group, ids)
         reg = view(self.index.flags[group])[ids] == 1
         if self.caching and reg.all():
             self.evictor.add_run(group, ids, negs, last_access)
@@ -173,8 +181,24 @@ class PageLedger(PageOps):
             ref[page] = 1
         return pages
 
-    def retime_run(self, group: int, pages: list[int], negs: list[int], last_access: int) -> None:
-        self.evictor.retime_run(group, pages, negs, last_access)
+    def retime_keys(self, group: int, keys: list[bytes], ends: list[int], last_access: int) -> None:
+        found = list(map(self.index.table[group].get, keys))
+        ref = self.ref[group]
+        if len(found) <= BULK:
+            picked = [(page, -end) for page, end in zip(found, ends, strict=True) if page is not None and not ref[page]]
+            if picked:
+                pages, negs = zip(*picked, strict=True)
+                self.evictor.retime_run(group, list(pages), list(negs), last_access)
+            return
+        try:  # every key registered (the common case): one C pass, which refuses a None
+            ids, negs = np.frombuffer(array("q", found), dtype=np.int64), -np.asarray(ends, dtype=np.int64)
+        except TypeError:
+            known = np.fromiter((page is not None for page in found), dtype=bool, count=len(found))
+            ids = np.asarray([page for page in found if page is not None], dtype=np.int64)
+            negs = -np.asarray(ends, dtype=np.int64)[known]
+        free = view(ref)[ids] == 0  # unheld: CACHED
+        if free.any():
+            self.evictor.retime_run(group, ids[free], negs[free], last_access)
 
     def register(self, group: int, page: int, key: bytes) -> bool:
         return self.index.register(group, page, key)

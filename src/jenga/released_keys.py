@@ -51,17 +51,20 @@ class ReleasedKeys:
         self.count -= 1
         return self.t[group][page], self.n[group][page]
 
-    def put_many(self, group: int, pages: np.ndarray, t: int, negs: np.ndarray) -> None:
-        """``put`` ``(t, negs[i])`` for distinct ``pages``."""
-        on = view(self.on[group])
-        self.count += int(np.count_nonzero(on[pages] == 0))
-        on[pages] = 1
-        view(self.t[group])[pages] = t
-        view(self.n[group])[pages] = negs
-
     def forget_many(self, group: int, pages: np.ndarray) -> None:
         """Forget the keys recorded for distinct ``pages``."""
         if self.count:
             on = view(self.on[group])
             self.count -= int(np.count_nonzero(on[pages]))
             on[pages] = 0
+
+    def update_many(self, group: int, pages: np.ndarray, held: np.ndarray, t: int, negs: np.ndarray) -> None:
+        """After distinct ``pages`` were dropped: ``put`` ``(t, negs[i])`` where ``held[i]`` (others
+        still hold the page), forget the key of the rest (their last reference went)."""
+        on = view(self.on[group])
+        keep = held.view(np.uint8)
+        self.count += int(np.count_nonzero(keep)) - int(np.count_nonzero(on[pages]))
+        on[pages] = keep
+        mine = pages[held]
+        view(self.t[group])[mine] = t
+        view(self.n[group])[mine] = negs[held]

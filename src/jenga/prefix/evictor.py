@@ -18,13 +18,12 @@ from collections.abc import Mapping
 import numpy as np
 
 from jenga.allocator import CACHED, EvictionSource, LargePageAllocator
-from jenga.flat_arrays import BULK, as_ids, view, zeros
+from jenga.flat_arrays import BULK, as_ids, largest_keys, view, zeros
 from jenga.prefix.index import PrefixIndex
 from jenga.prefix.policy import UNTIL_FREE
 from jenga.prefix.run_heap import RunHeap
 
 Key = tuple[int, int]  # (last_access, -prefix_length)
-_LOWEST = np.iinfo(np.int64).min
 BULK_RUN = 16  # a run's pages go to bulk eviction when at least this many come next in the order
 
 
@@ -85,11 +84,11 @@ class PrefixEvictor(EvictionSource):
         self._heaps = []
         for g in range(n):
             valid = _CachedWithKey(a.state[g], self.key_t[g], self.key_n[g])
-            self._heaps.append(RunHeap(valid.one, valid.many))
+            self._heaps.append(RunHeap(valid.one, valid.many, reads="tni"))
         # per group: fully evictable large pages by key; an element is valid while the large
         # page's version is the one it entered E with (ties go to the lower large page id)
         self._large_ver = zeros(a.num_large)
-        self._large_heaps = [RunHeap(self._large_check, self._large_check_many) for _ in range(n)]
+        self._large_heaps = [RunHeap(self._large_check, self._large_check_many, reads="ig") for _ in range(n)]
         self.num_evicted_pages = 0
         allocator.evictor = self
 
@@ -145,7 +144,8 @@ class PrefixEvictor(EvictionSource):
             view(self.key_n[group])[ids] = negs
             if self._small_order[group]:
                 ts = np.full(len(ids), prios, dtype=np.int64) if type(prios) is int else prios
-                self._heaps[group].push(ts, negs, ids, ids)
+                back = slice(None, None, -1)  # a run's pages come first to last: the order wants last first
+                self._heaps[group].push(ts[back], negs[back], ids[back], ids[back])
         else:
             kt, kn = self.key_t[group], self.key_n[group]
             ts = [prios] * len(ids) if type(prios) is int else prios
@@ -366,12 +366,17 @@ class PrefixEvictor(EvictionSource):
         if k == 1:
             ts, ns = kt[ids], kn[ids]
         else:
-            block = ids[:, None] * k + np.arange(k)
-            cached = view(alloc.state[group])[block] == CACHED
-            tt = np.where(cached, kt[block], _LOWEST)
-            ts = tt.max(axis=1)
-            ns = np.where(cached & (tt == ts[:, None]), kn[block], _LOWEST).max(axis=1)
-        self._large_heaps[group].push(ts, ns, ids, ver[ids])
+            st = view(alloc.state[group])
+            if ids[-1] - ids[0] == len(ids) - 1 and (ids[1:] > ids[:-1]).all():  # consecutive: one slice
+                span = slice(int(ids[0]) * k, (int(ids[-1]) + 1) * k)
+                cached = st[span].reshape(-1, k) == CACHED
+                kt, kn = kt[span].reshape(-1, k), kn[span].reshape(-1, k)
+            else:
+                block = ids[:, None] * k + np.arange(k)
+                cached, kt, kn = st[block] == CACHED, kt[block], kn[block]
+            ts, ns = largest_keys(cached, kt, kn)
+        back = slice(None, None, -1)  # a run's large pages come first to last: the order wants last first
+        self._large_heaps[group].push(ts[back], ns[back], ids[back], ver[ids][back])
 
     def on_large_unevictable(self, large: int) -> None:
         self._large_ver[large] += 1

@@ -60,9 +60,10 @@ class PageOps(ABC):
         an unregistered one FREE."""
 
     @abstractmethod
-    def retime_run(self, group: int, pages: list[int], negs: list[int], last_access: int) -> None:
-        """Give distinct CACHED, unheld ``pages`` (``-prefix length`` in ``negs``) the release
-        time ``last_access``, as if their holder had dropped them now."""
+    def retime_keys(self, group: int, keys: list[bytes], ends: list[int], last_access: int) -> None:
+        """Give the pages registered under distinct ``keys`` (the ``i``-th ends at token ``ends[i]``)
+        that are CACHED and unheld the release time ``last_access``, as if their holder had
+        dropped them now; the others are left alone."""
 
     @abstractmethod
     def register(self, group: int, page: int, key: bytes) -> bool:

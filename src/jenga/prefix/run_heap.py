@@ -29,13 +29,15 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 class RunHeap:
     """Sorted runs behind one heap (module doc)."""
 
-    __slots__ = ("heap", "runs", "check", "check_many", "_next", "_pushed", "_base")
+    __slots__ = ("heap", "runs", "check", "check_many", "reads", "_next", "_pushed", "_base")
 
     def __init__(self, check: Callable[[int, int, int, int], bool],
-                 check_many: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]):
+                 check_many: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+                 reads: str = "tnig"):
         self.heap: list[tuple[int, int, int, int]] = []
         self.runs: dict[int, list] = {}  # run number -> [ts, ns, ids, gs, pos]
         self.check, self.check_many = check, check_many
+        self.reads = [x for x, name in enumerate("tnig") if name in reads]  # what check_many looks at
         self._next = 0
         self._pushed = 0  # elements pushed since the last compaction
         self._base = 0  # elements left right after it
@@ -60,8 +62,10 @@ class RunHeap:
                 push(heap, (t, n, i, -1 - g))
         else:
             ts, ns, ids, gs = (np.asarray(x, dtype=np.int64) for x in (ts, ns, ids, gs))
-            order = np.lexsort((ids, ns, ts))
-            if not (order[1:] > order[:-1]).all():
+            if _in_order(ts, ns, ids):
+                ts, ns, ids, gs = (np.ascontiguousarray(x) for x in (ts, ns, ids, gs))
+            else:
+                order = np.lexsort((ids, ns, ts))
                 ts, ns, ids, gs = ts[order], ns[order], ids[order], gs[order]
             self._push_run([ts, ns, ids, gs, 0])
         self._pushed += m
@@ -172,15 +176,17 @@ class RunHeap:
         singles = [e for e in self.heap if e[3] < 0]
         heap = []
         if singles:
-            t, n, i, r = (np.fromiter((e[x] for e in singles), dtype=np.int64, count=len(singles)) for x in range(4))
-            ok = self.check_many(i, t, n, -1 - r)
+            t, n, i, r = (np.fromiter((e[x] for e in singles), dtype=np.int64, count=len(singles))
+                          if x in self.reads else None for x in range(4))
+            ok = self.check_many(i, t, n, None if r is None else -1 - r)
             heap = [e for e, v in zip(singles, ok.tolist(), strict=True) if v]
         live = len(heap)
         runs = {}
         rs = [e[3] for e in self.heap if e[3] >= 0]
         if rs:
             rests = [self.runs[r] for r in rs]
-            ts, ns, ids, gs = (np.concatenate([run[x][run[4]:] for run in rests]) for x in range(4))
+            ts, ns, ids, gs = (np.concatenate([run[x][run[4]:] for run in rests]) if x in self.reads else None
+                               for x in range(4))  # (what the check does not read: not gathered)
             sizes = np.fromiter((len(run[2]) - run[4] for run in rests), dtype=np.int64, count=len(rests))
             starts = np.cumsum(sizes) - sizes
             valid = np.flatnonzero(self.check_many(ids, ts, ns, gs))
@@ -196,6 +202,16 @@ class RunHeap:
         heapq.heapify(heap)
         self.heap, self.runs = heap, runs
         self._pushed, self._base = 0, live
+
+
+def _in_order(ts: np.ndarray, ns: np.ndarray, ids: np.ndarray) -> bool:
+    """Whether ``(ts, ns, ids)`` is sorted (a free's pages, last page first, usually are)."""
+    if not (ts[1:] >= ts[:-1]).all():
+        return False
+    rise_n = ns[1:] > ns[:-1]
+    if rise_n.all():
+        return True
+    return bool(((ts[1:] > ts[:-1]) | rise_n | ((ns[1:] == ns[:-1]) & (ids[1:] >= ids[:-1]))).all())
 
 
 def _count_below(ts: np.ndarray, ns: np.ndarray, ids: np.ndarray, bound: tuple[int, int, int]) -> int:

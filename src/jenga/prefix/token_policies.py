@@ -197,21 +197,17 @@ class SlidingPolicy(FullPolicy):
         if not ops.caching or not released:
             return
         m, hashes, tpp = self.tpp // self.block, req.hashes, self.tpp
-        table, ref = ops.index_table(self.gi), ops.ref[self.gi]
         stop, done = min(released, len(hashes) // m), 0
-        pages: list[int] = []
-        negs: list[int] = []
+        keys: list[bytes] = []
+        ends: list[int] = []
         for lo, hi in self.retained_spans(req):  # sorted: each page once, in order
             lo, hi = max(lo, done), min(hi, stop)
-            if lo >= hi:
-                continue
-            done = hi
-            for i, page in enumerate(map(table.get, hashes[(lo + 1) * m - 1:hi * m:m]), lo + 1):
-                if page is not None and not ref[page]:  # registered, unheld: CACHED
-                    pages.append(page)
-                    negs.append(-i * tpp)
-        if pages:
-            ops.retime_run(self.gi, pages, negs, req.last_access)
+            if lo < hi:
+                done = hi
+                keys += hashes[(lo + 1) * m - 1:hi * m:m]  # page i's key (``page_key``), ending at (i+1) * tpp
+                ends += range((lo + 1) * tpp, (hi + 1) * tpp, tpp)
+        if keys:
+            ops.retime_keys(self.gi, keys, ends, req.last_access)
 
 
 class ChunkedPolicy(FullPolicy):
