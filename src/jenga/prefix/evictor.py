@@ -21,7 +21,7 @@ from jenga.allocator import CACHED, EvictionSource, LargePageAllocator
 from jenga.flat_arrays import BULK, as_ids, largest_keys, view, zeros
 from jenga.prefix.index import PrefixIndex
 from jenga.prefix.policy import UNTIL_FREE
-from jenga.prefix.run_heap import RunHeap
+from jenga.prefix.run_heap import SMALL, RunHeap
 
 Key = tuple[int, int]  # (last_access, -prefix_length)
 BULK_RUN = 16  # a run's pages go to bulk eviction when at least this many come next in the order
@@ -345,6 +345,13 @@ class PrefixEvictor(EvictionSource):
             ver, kt, kn, st = self._large_ver, self.key_t[group], self.key_n[group], alloc.state[group]
             if type(larges) is not list:
                 larges = [int(x) for x in larges]
+            if k == 1 and len(larges) <= SMALL:  # a page is its own large page: its key, one loop
+                entries = []
+                for large in larges:
+                    v = ver[large] = ver[large] + 1
+                    entries.append((kt[large], kn[large], large, -1 - v))
+                self._large_heaps[group].push_singles(entries)
+                return
             vs = []
             for large in larges:
                 ver[large] += 1

@@ -70,6 +70,16 @@ class RunHeap:
             self._push_run([ts, ns, ids, gs, 0])
         self._pushed += m
 
+    def push_singles(self, entries: list[tuple[int, int, int, int]]) -> None:
+        """``push`` of at most ``SMALL`` elements given as ``(t, n, id, -1 - g)`` tuples (Python ints)."""
+        assert len(entries) <= SMALL
+        if self._pushed + len(entries) > 2 * self._base + 1024:
+            self.compact()
+        push, heap = heapq.heappush, self.heap
+        for e in entries:
+            push(heap, e)
+        self._pushed += len(entries)
+
     def _push_run(self, run: list) -> None:
         r = self._next
         self._next += 1
