@@ -107,7 +107,8 @@ def check_ops(ops):
         gen[top[2]] += 1
 
 @pytest.mark.parametrize("two_groups", [False, True])
-def test_bulk_large_eviction_keeps_the_one_at_a_time_order(two_groups):
+@pytest.mark.parametrize("decode", [0, 5])
+def test_bulk_large_eviction_keeps_the_one_at_a_time_order(two_groups, decode):
     """Pages released in runs at different times (some hit in between, so their run entries
     hold stale elements), in one group of one page per large page or with a sliding group of
     two pages per large page beside it (their orders interleave): ``evict_large_many`` frees
@@ -115,12 +116,15 @@ def test_bulk_large_eviction_keeps_the_one_at_a_time_order(two_groups):
     groups = [group("full", full(), 1)]
     if two_groups:
         groups = [group("full", full(), 2), group("swa", sliding(8), 1, first_layer=2)]
-    mgr = make_manager(model(*groups), 200)
+    mgr = make_manager(model(*groups), 400 if decode else 200)
     assert mgr.alloc.k == ([1, 2] if two_groups else [1])
     for rid, base in enumerate((0, 1000, 2000, 3000)):
         mgr.add_request(rid, list(range(base, base + 40)))
         mgr.lookup(rid)
         run(mgr, rid, 40, [7])
+    for tok in range(decode):  # each decode step releases one window page alone (a single heap entry)
+        for rid in range(4):
+            run(mgr, rid, 1, [8 + tok])
     for rid in (2, 0, 3, 1):
         mgr.free(rid)
     mgr.add_request("hit", list(range(1000, 1040)) + [5])  # pins pages of request 1's runs

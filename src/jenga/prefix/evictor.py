@@ -20,11 +20,11 @@ import numpy as np
 from jenga.allocator import CACHED, EvictionSource, LargePageAllocator
 from jenga.flat_arrays import BULK, as_ids, largest_keys, view, zeros
 from jenga.prefix.index import PrefixIndex
+from jenga.prefix.large_eviction import LargeEviction
 from jenga.prefix.policy import UNTIL_FREE
 from jenga.prefix.run_heap import SMALL, RunHeap
 
 Key = tuple[int, int]  # (last_access, -prefix_length)
-BULK_RUN = 16  # a run's pages go to bulk eviction when at least this many come next in the order
 
 
 class CachedKeys(Mapping):
@@ -65,7 +65,7 @@ class _CachedWithKey:
         return (view(self.state)[pages] == CACHED) & (view(self.t)[pages] == ts) & (view(self.n)[pages] == ns)
 
 
-class PrefixEvictor(EvictionSource):
+class PrefixEvictor(LargeEviction, EvictionSource):
     """Holds the key of every CACHED page; evicts small pages per group and whole large pages."""
 
     def __init__(self, allocator: LargePageAllocator, index: PrefixIndex):
@@ -261,55 +261,6 @@ class PrefixEvictor(EvictionSource):
                 return None
             g = group
         return self._evict_top(g)
-
-    def evict_large_many(self, m: int) -> list[int]:
-        """``evict_large()`` up to ``m`` times; the freed large pages in eviction order.  Runs
-        are merged a stretch at a time: what every group's head run holds below the next
-        entry of any group's heap comes before everything else."""
-        out: list[int] = []
-        heaps = self._large_heaps
-        bulk = self.index.events is None  # (bulk would reorder KV events across groups)
-        while len(out) < m:
-            tops = [(e, g) for g in range(len(heaps)) if heaps[g] and (e := heaps[g].top()) is not None]
-            if not tops:
-                break
-            live = [g for _, g in tops]
-            nexts = [min(e[:3] for e in heaps[g].heap[1:3]) for g in live if len(heaps[g]) > 1]
-            cutoff = min(nexts) if nexts else None
-            if not bulk or m - len(out) < BULK_RUN or not any(heaps[g].run_ahead(BULK_RUN, cutoff) for g in live):
-                out.append(self._evict_top(min(tops)[1]))  # a short stretch: one at a time
-                continue
-            out.extend(self._evict_merged(m - len(out), live, [heaps[g].segment(cutoff) for g in live]))
-        return out
-
-    def _evict_merged(self, m: int, live: list[int], segs: list[tuple[np.ndarray, ...]]) -> list[int]:
-        """Evict the first ``m`` valid elements of the merged ``segs`` (group ``live[j]``'s head
-        run stretch is ``segs[j]``); the large page ids in eviction order."""
-        ts, ns, ids = (np.concatenate([seg[x] for seg in segs]) for x in range(3))
-        valid = np.concatenate([self._large_check_many(seg[2], seg[0], seg[1], seg[3]) for seg in segs])
-        owner = np.repeat(np.arange(len(live)), [len(seg[2]) for seg in segs])
-        order = np.lexsort((ids, ns, ts))
-        taken = np.flatnonzero(valid[order])[:m]
-        stop = int(taken[-1]) + 1 if len(taken) == m else len(order)
-        counts = np.bincount(owner[order[:stop]], minlength=len(live))
-        for j, g in enumerate(live):
-            self._large_heaps[g].consume(int(counts[j]))
-        picked = order[taken]
-        larges, owners = ids[picked], owner[picked]
-        alloc = self.alloc
-        for j, g in enumerate(live):
-            mine = larges[owners == j]
-            if not len(mine):
-                continue
-            k = alloc.k[g]
-            if k == 1:
-                pages = mine
-            else:  # the cached pages of each large page, in order
-                block = (mine[:, None] * k + np.arange(k)).ravel()
-                pages = block[view(alloc.state[g])[block] == CACHED]
-            self._drop_pages(g, pages.tolist())
-            alloc.evict_whole_many(g, mine)
-        return larges.tolist()
 
     def _evict_top(self, g: int) -> int:
         """Evict the large page at the top of group ``g``'s heap (checked valid)."""
