@@ -121,22 +121,16 @@ class PrefixIndex:
     def register_many(self, group: int, pages: list[int | None], keys: list[bytes]) -> None:
         """``register`` each (page, key) pair in order; ``None`` pages are skipped."""
         table, key_of, events = self.table[group], self.key_of[group], self.events
-        if len(pages) > 8 and None not in pages and events is None and len(set(keys)) == len(keys) \
-                and not any(map(table.__contains__, keys)) and not any(map(key_of.__contains__, pages)):
+        if len(pages) > 8 and len(keys) == len(pages) and None not in pages and events is None \
+                and not any(map(key_of.__contains__, pages)) and self._insert_fresh(table, keys, pages):
             # the common case, a run of fresh pages with new keys: each dict updated in one call
-            table.update(zip(keys, pages, strict=True))
             key_of.update(zip(pages, keys, strict=True))
             if self.flags is not None:
                 flags = self.flags[group]
                 for page in pages:
                     flags[page] = 1
-            if self.uses is not None:  # each key re-inserted as the newest, one use more
-                uses = self.uses[group]
-                counts = np.fromiter(map(uses.pop, keys, repeat(0)), dtype=np.int64, count=len(keys)) + 1
-                uses.update(zip(keys, counts.tolist(), strict=True))
-                view(self.page_uses[group])[np.asarray(pages, dtype=np.int64)] = counts
-                while len(uses) > self.USES_KEPT:
-                    self._drop_oldest_use(group)
+            if self.uses is not None:
+                self._count_first_uses(group, keys, pages)
             return
         counting = self.uses is not None
         if counting:
@@ -158,6 +152,37 @@ class PrefixIndex:
                 uses[key] = page_uses[page] = uses.pop(key, 0) + 1  # re-inserted: the newest key
                 if len(uses) > kept:
                     self._drop_oldest_use(group)
+
+    @staticmethod
+    def _insert_fresh(table: dict[bytes, int], keys: list[bytes], pages: list[int]) -> bool:
+        """Insert every (key, page) when no key is in ``table`` and the keys are distinct (one
+        probe per key: ``setdefault``); else change nothing and return False.  The caller made
+        sure no page is registered, so a key already in ``table`` never maps to its own page."""
+        n = len(table)
+        got = list(map(table.setdefault, keys, pages))
+        if len(table) - n == len(keys):
+            return True
+        for key, page, was in zip(keys, pages, got, strict=True):
+            if was == page:  # inserted here: taken out again (a repeated key: once)
+                table.pop(key, None)
+        return False
+
+    def _count_first_uses(self, group: int, keys: list[bytes], pages: list[int]) -> None:
+        """The uses of freshly registered ``keys``: each re-inserted into ``uses`` as the newest,
+        one use more (``_first_use`` for each, in order).  Keys never counted before (the usual
+        case) enter with ``setdefault`` in order and get 1 in place: the same end state."""
+        uses = self.uses[group]
+        seen = list(map(uses.setdefault, keys, repeat(0)))  # a stored count is never 0
+        ids = np.asarray(pages, dtype=np.int64)
+        if any(seen):  # some were counted before (maybe evicted since): pop and re-insert all
+            counts = np.fromiter(map(uses.pop, keys, repeat(0)), dtype=np.int64, count=len(keys)) + 1
+            uses.update(zip(keys, counts.tolist(), strict=True))
+            view(self.page_uses[group])[ids] = counts
+        else:
+            uses.update(zip(keys, repeat(1)))
+            view(self.page_uses[group])[ids] = 1
+        while len(uses) > self.USES_KEPT:
+            self._drop_oldest_use(group)
 
     def is_registered(self, group: int, page: int) -> bool:
         return page in self.key_of[group]
