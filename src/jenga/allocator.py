@@ -28,6 +28,8 @@ from jenga.eviction_source import CACHED, FREE, USED, EvictionSource, Supply
 from jenga.flat_arrays import BULK, zeros
 from jenga.run_moves import RunMoves
 
+CARVE_LOOP = 16  # up to this many large pages carved at once: a slice assignment each
+
 __all__ = ["CACHED", "FREE", "USED", "EvictionSource", "LargePageAllocator", "Supply"]
 
 class LargePageAllocator(EvictableSet, RunMoves):
@@ -188,14 +190,14 @@ class LargePageAllocator(EvictableSet, RunMoves):
             assert group_of[large] == -1, f"large page {large} popped while owned"
             group_of[large] = group
             tag_of[large] = tag
-        if m * k > BULK:
+        if m > CARVE_LOOP and m * k > BULK:
             self._carve_flat(group, np.asarray(larges, dtype=np.int64))
-        else:
+        else:  # one slice per large page: cheaper than numpy's index arrays for a few of them
             used = bytes([USED]) * k
             for large in larges:
                 n_used[large] = k
                 base = large * k
-                assert not any(state[base:base + k]), f"large page {large} carved with pages in use"
+                assert state.count(FREE, base, base + k) == k, f"large page {large} carved with pages in use"
                 state[base:base + k] = used
         if k == 1:
             out.extend(larges)
