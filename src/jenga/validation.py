@@ -41,6 +41,8 @@ def _fast_array(ids: Any) -> array | None:
         return None
     if type(ids) is range:
         return out
+    if len(out) <= 16 and all(type(t) is int for t in ids):  # a few ids (a decode step, a chunk's none)
+        return out
     small = np.flatnonzero(np.frombuffer(out, dtype=np.uint32) <= 1)  # where a bool could hide
     if small.size and any(type(ids[i]) is not int for i in small.tolist()):
         return None  # a bool, or a numpy integer 0 / 1: named or converted by the slow path

@@ -43,6 +43,7 @@ class MambaPolicy(Policy):
             raise InvalidArgumentError(f"group {group.name!r}: state checkpoint interval {self.every} is not a "
                                        f"multiple of tokens_per_page {block}; use a tokens_per_page dividing it")
         self.token_bytes = 0
+        self._tails_of: dict[int, tuple[int, ...]] = {}
 
     def key(self, req: Request, pos: int) -> bytes:
         return req.hashes[pos // self.block - 1]
@@ -73,11 +74,21 @@ class MambaPolicy(Policy):
         end = req.prompt_len // self.block * self.block
         if req.prompt_len < self.TAIL_FROM * self.every:
             return req.junction, end
-        marks, d = [req.junction, end], self.block
-        while d < self.every:
-            marks.append(end - d)
-            d *= 2
-        return tuple(marks)
+        return (req.junction, end) + self._tails(end)
+
+    def _tails(self, end: int) -> tuple[int, ...]:
+        """``end - d`` for ``d`` = 1, 2, 4, ... blocks below one interval (kept per ``end``: a
+        long prompt asks at every allocate and commit)."""
+        tails = self._tails_of.get(end)
+        if tails is None:
+            if len(self._tails_of) >= 4096:
+                self._tails_of.clear()
+            tails, d = [], self.block
+            while d < self.every:
+                tails.append(end - d)
+                d *= 2
+            tails = self._tails_of[end] = tuple(tails)
+        return tails
 
     def step_end(self, req: Request, stop: int) -> int:
         """A step crossing the prompt-end checkpoint ends on it (vLLM's scheduler does the
