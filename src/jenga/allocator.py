@@ -172,12 +172,18 @@ class LargePageAllocator(EvictableSet, RunMoves):
             self._hide_slots(group, large)
         base = large * self.k[group]
         state = self.state[group]
-        for slot in taken:
-            page = base + slot
-            assert state[page] == FREE, f"page {group}:{page} taken while {state[page]}"
-            state[page] = USED
-            out.append(page)
         c = len(taken)
+        if c > 8 and taken[-1] - taken[0] == c - 1:  # ascending, distinct: consecutive slots
+            lo = base + taken[0]  # (a freshly carved large page's): one slice each way
+            assert state.count(FREE, lo, lo + c) == c, f"pages {group}:{lo}..{lo + c - 1} taken while not free"
+            state[lo:lo + c] = bytes([USED]) * c
+            out.extend(range(lo, lo + c))
+        else:
+            for slot in taken:
+                page = base + slot
+                assert state[page] == FREE, f"page {group}:{page} taken while {state[page]}"
+                state[page] = USED
+                out.append(page)
         self.free_small[group] -= c
         self.n_used[large] += c
         self.used_small[group] += c
