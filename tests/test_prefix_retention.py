@@ -117,6 +117,30 @@ def test_long_prompt_keeps_tail_checkpoints_one_two_four_blocks_before_its_end()
     mgr.check_integrity()
 
 
+def test_tail_checkpoints_only_where_the_uncached_part_of_the_prompt_is_long():
+    """Tails serve a later prompt branching shortly before this one's end inside a long new
+    part (another question on a document nobody asked about yet).  A long prompt that continues
+    a cached prefix with a short new part (the next turn of a conversation) gets its branch
+    points only; a long new part after a cached prefix (a system prompt) keeps its tails."""
+    mgr = make_manager(hybrid(8), 256)
+    doc = list(range(1000, 1066))
+
+    def new_checkpoints(rid, prompt) -> tuple[int, list[int]]:
+        before = set(cached_keys(mgr, 1))
+        hit = serve(mgr, rid, prompt, [5])
+        return hit, sorted(-k[1] for p, k in cached_keys(mgr, 1).items() if p not in before)
+
+    assert new_checkpoints("a", doc + [1, 2, 3, 4]) == (0, [64, 66, 68, 69, 70])
+    # the next turn: 11 new tokens after a's prompt-end checkpoint 70; the step's last periodic
+    # checkpoint 80 and the prompt end 81 (tails 77, 79 before this rule)
+    assert new_checkpoints("b", doc + [1, 2, 3, 4, 5] + [9] * 10) == (70, [80, 81])
+    system = list(range(3000, 3010))
+    assert new_checkpoints("s", system + [1]) == (0, [8, 11])
+    # 66 new tokens after the junction 10: periodic 72, tails 74, 75 (72 is both), the end 76
+    assert new_checkpoints("c", system + list(range(4000, 4066))) == (8, [10, 72, 74, 75, 76])
+    mgr.check_integrity()
+
+
 def test_periodic_checkpoints_of_a_prompt_go_first_its_branch_points_stay():
     mgr = make_manager(hybrid(8), 64, out_of_window_age=1000)
     serve(mgr, "a", P + [100, 101, 102, 103, 104], [1])  # periodic 8, prompt end 15

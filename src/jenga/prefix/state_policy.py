@@ -27,8 +27,9 @@ class MambaPolicy(Policy):
     * a checkpoint at the step's last token needs no page: at the commit the work page
       *becomes* that checkpoint (registered) and the next step copies it into a fresh work
       page (``_take_work_as_checkpoint``);
-    * periodic checkpoints where they can still pay: a long prompt (one with tail
-      checkpoints) gets only the last periodic position of each step, a short prompt that
+    * periodic checkpoints where they can still pay: a long prompt (8+ intervals; tail
+      checkpoints where its uncached part is that long too, ``_marks``) gets only the last
+      periodic position of each step, a short prompt that
       continues a cached prefix (a hit or a junction) none (its junction and prompt end
       are the branch points), a short prompt of which nothing was cached every one (where
       a later request leaves it is not known yet)."""
@@ -62,17 +63,20 @@ class MambaPolicy(Policy):
             ops.hold(self.gi, page)
             gs.read, gs.read_pos = page, p
 
-    #: a prompt of at least this many checkpoint intervals also gets tail checkpoints
+    #: a prompt with an uncached part of at least this many checkpoint intervals also gets
+    #: tail checkpoints
     TAIL_FROM = 8
 
     def _marks(self, req: Request) -> tuple[int, ...]:
-        """The junction and prompt-end checkpoint positions (block multiples); a long prompt
-        adds checkpoints 1, 2, 4, ... blocks before its end (below one interval): a later
-        prompt that branches off shortly before this one's end (another question on the same
-        document) then resumes within a factor of two of its branch point, not up to an
-        interval before it.  Short prompts skip them (a state page is large next to them)."""
+        """The junction and prompt-end checkpoint positions (block multiples); a prompt whose
+        uncached part (after its hit or junction) is long adds checkpoints 1, 2, 4, ... blocks
+        before its end (below one interval): a later prompt that branches off shortly before
+        this one's end (another question on the same document) then resumes within a factor
+        of two of its branch point, not up to an interval before it.  Short new parts skip
+        them (a state page is large next to them; a prompt continuing a cached prefix, such as
+        the next turn of a conversation, is branched off at its junction or its end)."""
         end = req.prompt_len // self.block * self.block
-        if req.prompt_len < self.TAIL_FROM * self.every:
+        if req.prompt_len - max(req.hit, req.junction) < self.TAIL_FROM * self.every:
             return req.junction, end
         return (req.junction, end) + self._tails(end)
 
@@ -114,7 +118,7 @@ class MambaPolicy(Policy):
     def _periodic(self, req: Request, periodic: range) -> range:
         """Which of a step's periodic positions get a checkpoint (see the class doc)."""
         if req.prompt_len >= self.TAIL_FROM * self.every:
-            return periodic[-1:]  # a long prompt: the step's last one (its tails cover the end)
+            return periodic[-1:]  # a long prompt: the step's last one (tails or a branch point cover the end)
         if req.hit or req.junction:
             return periodic[:0]  # a short prompt continuing a cached prefix: its branch points only
         return periodic
