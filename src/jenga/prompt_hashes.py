@@ -1,6 +1,6 @@
 """Which block hashes of a request are computed, and when: only those a lookup can reach.
 
-A prompt's blocks are hashed as a chain (``jenga.prefix.hashing``: one blake3 call per block,
+A prompt's blocks are hashed as a chain (``jenga.prefix.hashing``: one BLAKE2b call per block,
 the salt at the root), so a 128k-token prompt costs thousands of calls.  ``add_request`` only
 takes what the hash memo remembers of the same request (a re-add after a preemption); ``lookup``
 hashes block by block (in doubling chunks) only up to the first page a full-attention group has
