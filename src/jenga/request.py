@@ -27,7 +27,6 @@ class GroupState:
     read: int | None = None
     read_pos: int = 0
     checkpoints: dict[int, int] = field(default_factory=dict)
-    since: int = 0  # sliding kinds: the manager's clock at the request's first allocate
     table: GroupTable | None = None
 
 
