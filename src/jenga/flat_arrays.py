@@ -4,6 +4,7 @@ microsecond; none is kept, so ``copy.deepcopy`` of a manager copies plain buffer
 
 from __future__ import annotations
 
+import struct
 from array import array
 
 import numpy as np
@@ -28,9 +29,20 @@ def view(buf: array | bytearray) -> np.ndarray:
 
 def as_ids(xs) -> np.ndarray:
     """``xs`` (a list, tuple, range or array of ints) as an int64 numpy array."""
+    if type(xs) is list:
+        return int64s(xs)
     if type(xs) is range:
         return np.arange(xs.start, xs.stop, xs.step, dtype=np.int64)
     return np.asarray(xs, dtype=np.int64)
+
+
+def int64s(xs: list[int]) -> np.ndarray:
+    """A list of ints as a new int64 numpy array, in one C pass: ``struct`` packs about three
+    times faster than ``array('q', xs)`` or ``np.asarray`` convert.  Raises ``struct.error`` on
+    an element that is not an int (a None: the callers' fallback)."""
+    out = np.empty(len(xs), dtype=np.int64)
+    struct.pack_into(f"{len(xs)}q", out, 0, *xs)
+    return out
 
 
 def unique_counts(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

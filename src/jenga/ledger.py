@@ -7,12 +7,12 @@ It works on the manager's allocator, index, evictor and per-group reference coun
 
 from __future__ import annotations
 
-from array import array
+import struct
 from collections.abc import Iterable
 
 import numpy as np
 
-from jenga.flat_arrays import BULK, view
+from jenga.flat_arrays import BULK, as_ids, int64s, view
 from jenga.prefix.policy import PageOps
 
 
@@ -37,7 +37,7 @@ class PageLedger(PageOps):
         if self.index.uses is not None:
             self.index.count_uses(group, pages)
         if len(pages) > BULK:  # keys as three lists (was cached, release time, -prefix length)
-            ids = np.asarray(pages, dtype=np.int64)
+            ids = as_ids(pages)
             refs = view(ref)
             free = refs[ids] == 0
             refs[ids] += 1
@@ -90,12 +90,12 @@ class PageLedger(PageOps):
             self._drop_short(group, seg, start, last_access, tokens_per_page)
             return
         try:  # every page held (the common case): one C pass, which refuses a None
-            ids, pos = np.frombuffer(array("q", seg), dtype=np.int64), np.arange(start, stop)
-        except TypeError:
+            ids, pos = int64s(seg), np.arange(start, stop)
+        except struct.error:
             held = [p for p in seg if p is not None]
             if not held:
                 return
-            ids = np.asarray(held, dtype=np.int64)
+            ids = int64s(held)
             pos = start + np.flatnonzero(np.fromiter((p is not None for p in seg), dtype=bool, count=len(seg)))
         negs = -(pos + 1) * tokens_per_page
         refs = view(self.ref[group])
@@ -191,8 +191,8 @@ class PageLedger(PageOps):
                 self.evictor.retime_run(group, list(pages), list(negs), last_access)
             return
         try:  # every key registered (the common case): one C pass, which refuses a None
-            ids, negs = np.frombuffer(array("q", found), dtype=np.int64), -np.asarray(ends, dtype=np.int64)
-        except TypeError:
+            ids, negs = int64s(found), -int64s(ends)
+        except struct.error:
             known = np.fromiter((page is not None for page in found), dtype=bool, count=len(found))
             ids = np.asarray([page for page in found if page is not None], dtype=np.int64)
             negs = -np.asarray(ends, dtype=np.int64)[known]
