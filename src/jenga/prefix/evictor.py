@@ -143,9 +143,11 @@ class PrefixEvictor(LargeEviction, EvictionSource):
             view(self.key_t[group])[ids] = prios
             view(self.key_n[group])[ids] = negs
             if self._small_order[group]:
-                ts = np.full(len(ids), prios, dtype=np.int64) if type(prios) is int else prios
-                back = slice(None, None, -1)  # a run's pages come first to last: the order wants last first
-                self._heaps[group].push(ts[back], negs[back], ids[back], ids[back])
+                # a run's pages come first to last: the order wants last first (contiguous copies,
+                # the ids once for both columns; one priority for all needs no reversal)
+                back = ids[::-1].copy()
+                ts = np.full(len(ids), prios, dtype=np.int64) if type(prios) is int else prios[::-1].copy()
+                self._heaps[group].push(ts, negs[::-1].copy(), back, back)
         else:
             kt, kn = self.key_t[group], self.key_n[group]
             ts = [prios] * len(ids) if type(prios) is int else prios
