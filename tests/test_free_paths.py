@@ -6,6 +6,7 @@ equal their element-by-element paths (``BULK`` raised everywhere so the twin nev
 from __future__ import annotations
 
 import copy
+import struct
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ import jenga.allocator
 import jenga.ledger
 import jenga.prefix.evictor
 import jenga.prefix.reuse_evictor
-from jenga.flat_arrays import largest_keys
+from jenga.flat_arrays import int64s, largest_keys
 from jenga.prefix.evictor import PrefixEvictor
 
 P = list(range(1, 41))  # a shared prefix of 40 tokens
@@ -148,3 +149,27 @@ def test_retime_keys_skips_missing_and_held_pages_on_both_paths(monkeypatch, evi
     want = scenario(fresh)
     monkeypatch.setattr(jenga.ledger, "BULK", 10**9)
     assert scenario(twin) == want
+
+
+@pytest.mark.parametrize("xs", [[], [7], list(range(5, 300, 3)), [2**62, 0, -3, True, np.int64(9)]])
+def test_int64s_equals_numpy_conversion_and_refuses_a_none(xs):
+    got = int64s(xs)
+    assert got.dtype == np.int64 and got.flags.writeable
+    assert got.tolist() == np.asarray(xs, dtype=np.int64).tolist()
+    with pytest.raises(struct.error):
+        int64s(xs + [None])
+
+
+def test_long_drop_of_an_unreferenced_page_fails_before_any_change(monkeypatch):
+    """The bulk drop checks references only when some page stays held: a page already at zero
+    references makes that check fail, with no state changed."""
+    monkeypatch.setattr(jenga.ledger, "BULK", 4)
+    mgr = make_manager(swa_model(2), 200, eviction="reuse")
+    serve(mgr, "a", P + [100, 101], [1, 2, 3], free=False)
+    pages = list(mgr.requests["a"].groups[0].pages)
+    gone = pages[:6]
+    mgr.drop_run(0, list(gone), 0, len(gone), mgr.now, mgr.policies[0].tpp)
+    before = snapshot(mgr)
+    with pytest.raises(AssertionError, match="unreferenced"):
+        mgr.drop_run(0, list(pages), 0, len(pages), mgr.now, mgr.policies[0].tpp)
+    assert snapshot(mgr) == before
