@@ -21,7 +21,7 @@ from jenga.allocator import CACHED, EvictionSource, LargePageAllocator
 from jenga.flat_arrays import BULK, as_ids, largest_keys, view, zeros
 from jenga.prefix.index import PrefixIndex
 from jenga.prefix.large_eviction import LargeEviction
-from jenga.prefix.policy import UNTIL_FREE
+from jenga.prefix.policy import held_window_time
 from jenga.prefix.run_heap import SMALL, RunHeap
 
 Key = tuple[int, int]  # (last_access, -prefix_length)
@@ -136,7 +136,7 @@ class PrefixEvictor(LargeEviction, EvictionSource):
         elif type(ids) is np.ndarray:  # a few pages left of a long run: Python ints for the loops
             ids, negs = ids.tolist(), np.asarray(negs).tolist()
         if self._plain:  # a window kept for a held prefix (``UNTIL_FREE + now``): LRU reads ``now``
-            prios = last_access - UNTIL_FREE if last_access >= UNTIL_FREE else last_access
+            prios = held_window_time(last_access)[0]
         else:
             prios = self.priorities_of(group, ids, last_access)
         if bulk:

@@ -96,6 +96,11 @@ OUT_OF_RANGE_AGE = 1 << 40
 UNTIL_FREE = 1 << 59
 
 
+def held_window_time(stamp: int) -> tuple[int, bool]:
+    """A release stamp read back: (the time it stands for, whether it is ``UNTIL_FREE + now``)."""
+    return (stamp - UNTIL_FREE, True) if stamp >= UNTIL_FREE else (stamp, False)
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from jenga.flat_arrays import BULK, as_ids, unique_counts, view, zeros
 from jenga.prefix.evictor import PrefixEvictor
-from jenga.prefix.policy import UNTIL_FREE
+from jenga.prefix.policy import held_window_time
 
 PROTECTED = 1 << 61  # priorities of class 3 are PROTECTED - release time
 
@@ -90,11 +90,9 @@ class ReuseEvictor(PrefixEvictor):
         if last_access < 0:
             return last_access
         page_uses = self.index.page_uses[group]
-        if last_access >= UNTIL_FREE:  # a window its holder's prefix needs: last of class 3
-            last_access -= UNTIL_FREE
-            protected = PROTECTED
-        else:
-            protected = PROTECTED - last_access
+        last_access, held_window = held_window_time(last_access)
+        # a window its holder's prefix needs: last of class 3
+        protected = PROTECTED if held_window else PROTECTED - last_access
         if len(ids) > BULK:
             reused = view(page_uses)[ids] >= 2
             if not reused.any():
