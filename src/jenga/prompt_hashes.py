@@ -27,8 +27,22 @@ class PromptHashes:
 
     def _hash_upto(self, req: Request, blocks: int) -> None:
         """Hash the request's first ``blocks`` blocks (those not hashed yet)."""
-        if blocks > len(req.hashes):
-            extend_block_hashes(req.hashes, req.tokens, self.block, req.salt_root, req.images, stop=blocks)
+        hashes = req.hashes
+        if blocks <= len(hashes):
+            return
+        if req.images:
+            extend_block_hashes(hashes, req.tokens, self.block, req.salt_root, req.images, stop=blocks)
+            return
+        memo = self._hash_memo
+        if not hashes:  # the first block names the donor, a recent prompt starting alike (jenga.prefix.hash_memo)
+            extend_block_hashes(hashes, req.tokens, self.block, req.salt_root, stop=1)
+            if not hashes:
+                return
+            req.lender = memo.donor(hashes[0])
+            memo.offer(req.tokens, hashes)
+        if req.lender is not None:
+            memo.lend(req.lender, req.tokens, hashes, self.block, blocks)
+        extend_block_hashes(hashes, req.tokens, self.block, req.salt_root, stop=blocks)
 
     def _hash_for_lookup(self, req: Request, top: int) -> int:
         """Hash what a hit of at most ``top`` tokens can reach; returns a bound on the hit that

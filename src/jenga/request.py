@@ -54,6 +54,7 @@ class Request:
     next_event: int = 0  # append_tokens commits groups once num_computed reaches this
     salt_root: bytes = b""
     pairs: list | None = None  # (policy, group state) pairs with work, set at the first allocate
+    lender: tuple | None = None  # (tokens, hashes) of a prompt starting alike (jenga.prefix.hash_memo)
 
     @property
     def start(self) -> int:

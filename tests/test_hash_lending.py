@@ -1,0 +1,82 @@
+"""A prompt borrows a recent prompt's block hashes over their common token prefix
+(``HashMemo.lend``): its hashes are exactly those hashing gives, for any shared length, salt,
+donor still computing, and split of the hashing into calls."""
+
+from __future__ import annotations
+
+import random
+from array import array
+
+import pytest
+from conftest import full, group, make_manager, model, serve
+
+from jenga.prefix.hash_memo import HashMemo
+from jenga.prefix.hashing import extend_block_hashes, root_hash
+
+
+def _chain(tokens, block, salt=None, stop=None):
+    out: list[bytes] = []
+    extend_block_hashes(out, array("I", tokens), block, root_hash(salt), stop=stop)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_lent_hashes_equal_hashing(seed):
+    rng = random.Random(seed)
+    block = rng.choice([1, 2, 4, 16])
+    base = [rng.randrange(2**32) for _ in range(rng.randrange(1, 12) * block + rng.randrange(block))]
+    shared = rng.randrange(block, len(base) + 1)
+    other = base[:shared] + [rng.randrange(2**32) for _ in range(rng.randrange(0, 6 * block))]
+    common = next((i for i, (x, y) in enumerate(zip(base, other, strict=False)) if x != y), min(len(base), len(other)))
+    d_tokens = array("I", base)
+    d_hashes = _chain(base, block, "s", stop=rng.randrange(1, len(base) // block + 2))  # a donor still computing
+    tokens, hashes = array("I", other), _chain(other, block, "s", stop=1)
+    want = _chain(other, block, "s")
+    stop = rng.randrange(1, len(other) // block + 2)
+    HashMemo.lend((d_tokens, d_hashes), tokens, hashes, block, stop)
+    assert len(hashes) == max(1, min(stop, len(d_hashes), common // block, len(other) // block))
+    assert hashes == want[:len(hashes)]
+    for stop in sorted(rng.sample(range(1, len(other) // block + 2), k=min(3, len(other) // block + 1))):
+        HashMemo.lend((d_tokens, d_hashes), tokens, hashes, block, stop)  # later calls: never past stop
+        assert hashes == want[:len(hashes)] and len(hashes) <= max(1, stop, len(hashes))
+        extend_block_hashes(hashes, tokens, block, root_hash("s"), stop=stop)
+    extend_block_hashes(hashes, tokens, block, root_hash("s"))
+    assert hashes == want
+    other_salt = _chain(other, block, "t", stop=1)
+    HashMemo.lend((d_tokens, d_hashes), tokens, other_salt, block, len(other) // block)
+    assert len(other_salt) == 1  # another tenant's chain: nothing lent
+
+
+def _spec():
+    return model(group("full", full(), 2), max_len=1 << 16)
+
+
+def test_a_prompt_sharing_a_prefix_borrows_exactly_the_shared_blocks():
+    mgr = make_manager(_spec(), 4096, tokens_per_page=16)
+    article = list(range(1000, 1000 + 16 * 40 + 5))
+    serve(mgr, "a", article + [1, 2, 3], [7], free=False)  # live donor: 40 blocks of article + 1
+    mgr.add_request("b", article + [4, 5, 6] * 9)
+    hit = mgr.lookup("b")
+    b = mgr.requests["b"]
+    a = mgr.requests["a"]
+    assert b.lender is not None and b.lender[1] is a.hashes  # borrowed from "a"
+    assert hit == 40 * 16
+    assert b.hashes == _chain(b.tokens, 16)[:len(b.hashes)] and b.hashes[:40] == a.hashes[:40]
+    mgr.allocate("b", len(b.tokens) - hit)
+    mgr.append_tokens("b", [9])
+    assert b.hashes == _chain(b.tokens, 16) and len(b.hashes) > len(a.hashes) == 40  # its own tail hashed
+    mgr.check_integrity()
+
+
+def test_no_lending_across_salts_or_with_images():
+    mgr = make_manager(_spec(), 4096, tokens_per_page=16)
+    prompt = list(range(50, 50 + 16 * 8))
+    serve(mgr, "a", prompt, [1], salt="x")
+    mgr.add_request("b", prompt, cache_salt="y")
+    assert mgr.lookup("b") == 0
+    assert mgr.requests["b"].lender is None  # another tenant's first hash: no donor
+    assert mgr.requests["b"].hashes == _chain(prompt, 16, "y", stop=7)
+    mgr.add_request("c", prompt, cache_salt="x")
+    mgr.lookup("c")
+    assert mgr.requests["c"].lender is not None
+    assert mgr.requests["c"].hashes == _chain(prompt, 16, "x", stop=7)
