@@ -88,12 +88,11 @@ def extend_block_hashes(hashes: list[bytes], tokens: Sequence[int], block: int, 
     raw = _u32_bytes(tokens, start * block, end * block)
     width = block * 4
     parent = hashes[-1] if hashes else root
-    append = hashes.append
-    if not images:
-        for part in np.frombuffer(raw, dtype=f"V{width}").tolist():  # the blocks' bytes, split in C
-            parent = blake2b(parent + part).digest()[:DIGEST_BYTES]
-            append(parent)
+    if not images:  # the blocks' bytes split in C; the chain in one comprehension (no append call)
+        hashes += [parent := blake2b(parent + part).digest()[:DIGEST_BYTES]
+                   for part in np.frombuffer(raw, dtype=f"V{width}").tolist()]
         return
+    append = hashes.append
     for i in range(start, end):
         lo, hi = i * block, (i + 1) * block
         msg = [parent, raw[(i - start) * width:(i - start + 1) * width]]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import struct
 from itertools import repeat
 
 import numpy as np
 
-from jenga.flat_arrays import view, zeros
+from jenga.flat_arrays import int64s, view, zeros
 
 
 class PrefixIndex:
@@ -121,16 +122,7 @@ class PrefixIndex:
     def register_many(self, group: int, pages: list[int | None], keys: list[bytes]) -> None:
         """``register`` each (page, key) pair in order; ``None`` pages are skipped."""
         table, key_of, events = self.table[group], self.key_of[group], self.events
-        if len(pages) > 8 and len(keys) == len(pages) and None not in pages and events is None \
-                and not any(map(key_of.__contains__, pages)) and self._insert_fresh(table, keys, pages):
-            # the common case, a run of fresh pages with new keys: each dict updated in one call
-            key_of.update(zip(pages, keys, strict=True))
-            if self.flags is not None:
-                flags = self.flags[group]
-                for page in pages:
-                    flags[page] = 1
-            if self.uses is not None:
-                self._count_first_uses(group, keys, pages)
+        if len(pages) > 8 and len(keys) == len(pages) and events is None and self._fresh_run(group, pages, keys):
             return
         counting = self.uses is not None
         if counting:
@@ -153,6 +145,30 @@ class PrefixIndex:
                 if len(uses) > kept:
                     self._drop_oldest_use(group)
 
+    def _fresh_run(self, group: int, pages: list[int | None], keys: list[bytes]) -> bool:
+        """The common case, a run of fresh pages with new keys: each dict updated in one call,
+        the flags and page counts in one numpy pass.  False (nothing changed) otherwise."""
+        table, key_of, flags = self.table[group], self.key_of[group], self.flags
+        if flags is None:
+            if None in pages or any(map(key_of.__contains__, pages)) or not self._insert_fresh(table, keys, pages):
+                return False
+            key_of.update(zip(pages, keys, strict=True))
+            if self.uses is not None:
+                self._count_first_uses(group, keys, int64s(pages))
+            return True
+        try:
+            ids = int64s(pages)
+        except struct.error:  # a None
+            return False
+        registered = view(flags[group])
+        if registered[ids].any() or not self._insert_fresh(table, keys, pages):
+            return False
+        key_of.update(zip(pages, keys, strict=True))
+        registered[ids] = 1
+        if self.uses is not None:
+            self._count_first_uses(group, keys, ids)
+        return True
+
     @staticmethod
     def _insert_fresh(table: dict[bytes, int], keys: list[bytes], pages: list[int]) -> bool:
         """Insert every (key, page) when no key is in ``table`` and the keys are distinct (one
@@ -167,14 +183,12 @@ class PrefixIndex:
                 table.pop(key, None)
         return False
 
-    def _count_first_uses(self, group: int, keys: list[bytes], pages: list[int]) -> None:
-        """The uses of freshly registered ``keys``: each re-inserted into ``uses`` as the newest,
-        one use more (``_first_use`` for each, in order).  Keys never counted before (the usual
-        case) enter with ``setdefault`` in order and get 1 in place: the same end state."""
+    def _count_first_uses(self, group: int, keys: list[bytes], ids: np.ndarray) -> None:
+        """The uses of freshly registered ``keys`` (of pages ``ids``): each re-inserted into
+        ``uses`` as the newest, one use more (``_first_use`` for each, in order).  Keys never
+        counted before (the usual case: ``uses`` has none of them) enter in order with 1."""
         uses = self.uses[group]
-        seen = list(map(uses.setdefault, keys, repeat(0)))  # a stored count is never 0
-        ids = np.asarray(pages, dtype=np.int64)
-        if any(seen):  # some were counted before (maybe evicted since): pop and re-insert all
+        if not uses.keys().isdisjoint(keys):  # some were counted before (maybe evicted since): pop, re-insert all
             counts = np.fromiter(map(uses.pop, keys, repeat(0)), dtype=np.int64, count=len(keys)) + 1
             uses.update(zip(keys, counts.tolist(), strict=True))
             view(self.page_uses[group])[ids] = counts
