@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 
-from manager_traces import BLOCK, TraceRequest
+from manager_traces import BLOCK, BlockTrie, TraceRequest
 
 NEVER = 1 << 62
 
@@ -120,7 +120,7 @@ def _own_bytes(costs, tokens: int) -> int:
                for kind, b, w in costs)
 
 
-def bridged_hit_bound(reqs: list[TraceRequest], model, memory: int) -> float | None:
+def bridged_hit_bound(reqs: list[TraceRequest], model, memory: int, after_uses: int = 1) -> float | None:
     """An upper bound on the hit rate of serving ``reqs`` one request at a time in arrival order
     with ``memory`` bytes, where blocks differ in cost (a sliding window's pages are needed only
     before the hit point, a Mamba state once): defined where ``belady_serial_hit`` is not.
@@ -136,12 +136,18 @@ def bridged_hit_bound(reqs: list[TraceRequest], model, memory: int) -> float | N
     the bridges spanning it (value: hit tokens).  Bridges are stabbed greedily (earliest end
     first, at the moment just before it) so each is counted at one moment; a hit that is no
     bridge, or spans no moment, counts in full.  Any choice of moments is sound; this one is
-    tight for a cyclic trace (articles64: equal to ``belady_serial_hit`` where both exist)."""
+    tight for a cyclic trace (articles64: equal to ``belady_serial_hit`` where both exist).
+
+    ``after_uses`` > 1 counts only bridges whose first block had been used by at least that many
+    requests up to i: with 2, the bound of a policy that keeps no prefix used once over a later
+    request's pages (a scan-resistant one: one-off pages go before pages reused).  Where the two
+    bounds differ, the hits between them need pages kept on no evidence of reuse."""
     costs = block_costs(model)
     if costs is None:
         return None
     order = sorted(reqs, key=lambda r: r.arrival_step)
     first_user: dict[int, int] = {}  # first block's node -> latest request using it
+    first_uses: dict[int, int] = {}  # first block's node -> requests that used it
     users: dict[int, int] = {}  # any node -> latest request using it
     bridges, whole, total = [], 0, 0
     for j, r in enumerate(order):
@@ -153,11 +159,13 @@ def bridged_hit_bound(reqs: list[TraceRequest], model, memory: int) -> float | N
         if n:
             i = first_user[ids[0]]
             if users[ids[n - 1]] == i:  # i used the whole hit, and nobody since used its first block
-                bridges.append((j, i, n * BLOCK, _hit_bytes(costs, n)))
+                if j - i < 2 or first_uses[ids[0]] >= after_uses:  # (no moment inside: no page kept)
+                    bridges.append((j, i, n * BLOCK, _hit_bytes(costs, n)))
             else:
                 whole += n * BLOCK
         if ids:
             first_user[ids[0]] = j
+            first_uses[ids[0]] = first_uses.get(ids[0], 0) + 1
         for node in ids:
             users[node] = j
     bridges.sort()
@@ -178,3 +186,31 @@ def bridged_hit_bound(reqs: list[TraceRequest], model, memory: int) -> float | N
             if room <= 0:
                 break
     return bound / max(total, 1)
+
+
+def main(argv=None) -> int:
+    """Print both bounds of ``bridged_hit_bound`` (every bridge; prefixes reused before) per row."""
+    import argparse
+
+    from vs_vllm_manager import budget_of, scaled
+
+    from jenga.specs import ModelSpec
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("rows", help="comma-separated model:trace, e.g. gemma-3-12b:articles64")
+    for row in p.parse_args(argv).rows.split(","):
+        name, trace = row.split(":")
+        model = ModelSpec.from_hf_config(name, vision=False)
+        memory, _ = budget_of(name, None)
+        reqs = scaled(trace, 1.0)
+        BlockTrie(reqs)
+        bounds = [bridged_hit_bound(reqs, model, memory, u) for u in (1, 2)]
+        print(f"{row}: one-at-a-time bound {_pct(bounds[0])}, without first-use bridges {_pct(bounds[1])}")
+    return 0
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f} %"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -71,3 +71,20 @@ def test_bridged_bound_charges_a_hit_only_the_window_before_it():
     assert bytes_per_block(toy, 65) is None  # no uniform-cost ceiling here
     assert bridged_hit_bound(_cyclic(), toy, 12 * unit) == pytest.approx((64 + 64 / 5 + 64) / 390)
     assert bridged_hit_bound(_cyclic(), toy, 11 * unit) == pytest.approx(128 / 390)
+
+
+def test_bound_without_first_use_bridges_counts_only_prefixes_reused_before():
+    # a pool holding every article: rounds 2 and 3 hit (6 x 64 of 9 x 65 tokens); with
+    # ``after_uses=2`` round 2's hits need pages kept since their only earlier use, across other
+    # requests: only round 3's count; with 3 none does
+    llama = ModelSpec.from_hf_config("llama-3.1-8b", vision=False)
+    pool = 13 * bytes_per_block(llama, 100)
+    reqs = _cyclic(3)
+    assert bridged_hit_bound(reqs, llama, pool) == pytest.approx(6 * 64 / 585)
+    assert bridged_hit_bound(reqs, llama, pool, after_uses=2) == pytest.approx(3 * 64 / 585)
+    assert bridged_hit_bound(reqs, llama, pool, after_uses=3) == 0.0
+    # a repeat right after the first use spans no other request: it keeps nothing past one, counts
+    art = np.arange(1, 65, dtype=np.int64)
+    twice = [TraceRequest(f"q{i}", np.concatenate([art, [1000 + i]]), 1, arrival_step=i) for i in range(2)]
+    BlockTrie(twice)
+    assert bridged_hit_bound(twice, llama, pool, after_uses=2) == pytest.approx(64 / 130)
