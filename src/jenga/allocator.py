@@ -26,6 +26,7 @@ from jenga.allocator_check import check_allocator
 from jenga.evictable_set import EvictableSet
 from jenga.eviction_source import CACHED, FREE, USED, EvictionSource, Supply
 from jenga.flat_arrays import BULK, zeros
+from jenga.free_pool import FreePool
 from jenga.run_moves import RunMoves
 
 CARVE_LOOP = 16  # up to this many large pages carved at once: a slice assignment each
@@ -50,7 +51,7 @@ class LargePageAllocator(EvictableSet, RunMoves):
         self.n_cached = zeros(n)
         self.in_e = bytearray(n)
         self.num_e = 0
-        self._free_large = list(range(n))  # a heap: lowest id first
+        self._free_large = FreePool(n)  # lowest id first
         self.state = [bytearray(n * k) for k in self.k]
         # visible free slots (large pages outside E), per group
         self._slots: list[dict[int, list[int]]] = [{} for _ in page_bytes]
@@ -144,7 +145,7 @@ class LargePageAllocator(EvictableSet, RunMoves):
                 # fully evictable ones in eviction order, each carved as it is freed
                 if self._free_large:
                     whole = min(whole, len(self._free_large))
-                    self._carve_whole(group, tag, [heapq.heappop(self._free_large) for _ in range(whole)], out)
+                    self._carve_whole(group, tag, self._free_large.take(whole), out)
                     carved += whole
                     continue
                 if self.evictor is not None:
@@ -215,7 +216,7 @@ class LargePageAllocator(EvictableSet, RunMoves):
         self.used_small[group] += m * k
 
     def _carve(self, group: int, tag: object) -> int:
-        large = heapq.heappop(self._free_large)
+        large = self._free_large.pop()
         self.num_carved += 1
         assert self.group_of[large] == -1, f"large page {large} popped while owned"
         k = self.k[group]
@@ -377,7 +378,7 @@ class LargePageAllocator(EvictableSet, RunMoves):
         self.owned[group] -= 1
         self.group_of[large] = -1
         self.tag_of[large] = None
-        heapq.heappush(self._free_large, large)
+        self._free_large.push(large)
 
     def _add_free_slot(self, group: int, large: int, slot: int) -> None:
         slots = self._slots[group].get(large)

@@ -7,8 +7,6 @@ count each of them as one whole large page; the evictor is told of every entry a
 
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 
 from jenga.flat_arrays import view
@@ -29,7 +27,7 @@ class EvictableSet:
             self.group_of[large] = -1
             self.owned[group] -= 1
             self.tag_of[large] = None
-            heapq.heappush(self._free_large, large)
+            self._free_large.push(large)
         elif self.n_used[large] == 0:
             self._enter_e(large)
         else:

@@ -15,6 +15,9 @@ import numpy as np
 from jenga.flat_arrays import BULK, as_ids, int64s, view
 from jenga.prefix.policy import PageOps
 
+#: a run of at most this many pages is dropped element by element (cheaper than numpy's ~25 calls)
+DROP_LOOP = 128
+
 
 class PageLedger(PageOps):
     """Reference counts and the hand-offs between allocator, index and evictor."""
@@ -86,7 +89,7 @@ class PageLedger(PageOps):
         setting them to None; cached pages handed to the evictor together (a long run in numpy)."""
         seg = pages[start:stop]
         pages[start:stop] = [None] * len(seg)
-        if len(seg) <= BULK:
+        if len(seg) <= DROP_LOOP:
             self._drop_short(group, seg, start, last_access, tokens_per_page)
             return
         try:  # every page held (the common case): one C pass, which refuses a None

@@ -5,8 +5,6 @@ pass; used for runs longer than ``jenga.flat_arrays.BULK``.  A mixin of that cla
 
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 
 from jenga.eviction_source import CACHED, USED
@@ -73,13 +71,7 @@ class RunMoves:
         for large in ids:
             group_of[large] = -1
             tag_of[large] = None
-        free = self._free_large
-        if len(ids) > len(free) // 8:
-            free.extend(ids)
-            heapq.heapify(free)
-        else:
-            for large in ids:
-                heapq.heappush(free, large)
+        self._free_large.push_many(ids)
 
     def _carve_flat(self, group: int, larges: np.ndarray) -> None:
         """The page state of large pages ``larges`` just carved for ``group``: all pages USED."""

@@ -47,17 +47,45 @@ class LargeEviction:
     def _evict_each(self, m: int, out: list[int], tops: list, bulk: bool) -> None:
         """``evict_large()`` into ``out`` while the smallest head (``tops``: each group's, as
         ``(element, group)``) is a single element (any head without ``bulk``): only the
-        evicting group's head changes, so only it is looked at again."""
+        evicting group's head changes, so only it is looked at again.  A group's consecutive
+        picks are evicted together (``_evict_larges``): popping a large page's element leaves
+        every other element's validity as it was (each large page has one current version)."""
         heaps = self._large_heaps
-        while len(out) < m and tops:
+        picked: list[int] = []
+        last = -1
+        while len(out) + len(picked) < m and tops:
             e, g = min(tops)
-            if bulk and m - len(out) >= BULK_RUN and heaps[g].heap[0][3] >= 0:
-                return  # a run's head: the caller may take a stretch of it in bulk
-            out.append(self._evict_top(g))
-            top = heaps[g].top()
+            heap = heaps[g]
+            if bulk and m - len(out) - len(picked) >= BULK_RUN and heap.heap[0][3] >= 0:
+                break  # a run's head: the caller may take a stretch of it in bulk
+            if g != last:
+                if picked:
+                    self._evict_larges(last, picked, out)
+                    picked = []
+                last = g
+            picked.append(heap.pop()[2])
+            top = heap.top()
             tops = [x for x in tops if x[1] != g]
             if top is not None:
                 tops.append((top, g))
+        if picked:
+            self._evict_larges(last, picked, out)
+
+    def _evict_larges(self, g: int, larges: list[int], out: list[int]) -> None:
+        """``_evict_large_page`` for each of ``larges`` (fully evictable, of group ``g``, popped
+        from its order), their cached pages dropped in one call; appended to ``out``."""
+        alloc = self.alloc
+        k = alloc.k[g]
+        if k == 1:
+            pages = larges
+        else:
+            st = alloc.state[g]
+            pages = [p for large in larges for p in range(large * k, (large + 1) * k) if st[p] == CACHED]
+        self._drop_pages(g, pages)
+        evict_whole = alloc.evict_whole
+        for large in larges:
+            evict_whole(large)
+        out.extend(larges)
 
     def _evict_merged(self, m: int, live: list[int], segs: list[tuple[np.ndarray, ...]]) -> list[int]:
         """Evict the first ``m`` valid elements of the merged ``segs`` (group ``live[j]``'s head
