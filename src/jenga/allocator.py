@@ -193,6 +193,9 @@ class LargePageAllocator(EvictableSet, RunMoves):
         """Carve ``larges`` (just taken from the pool) for ``group`` and take all their pages."""
         k, state, m = self.k[group], self.state[group], len(larges)
         group_of, tag_of, n_used = self.group_of, self.tag_of, self.n_used
+        if m > 1 and larges[-1] - larges[0] == m - 1 and larges == list(range(larges[0], larges[-1] + 1)):
+            self._carve_range(group, tag, larges[0], m, out)  # ascending, consecutive: one slice each
+            return
         for large in larges:
             assert group_of[large] == -1, f"large page {large} popped while owned"
             group_of[large] = group

@@ -1,13 +1,17 @@
 """The allocator's page moves for a run of pages at once, with numpy over its flat arrays:
 USED -> CACHED (a free), CACHED -> USED (a hit), whole one-page large pages evicted or carved.
 Each does what the per-page loop in :class:`jenga.allocator.LargePageAllocator` does, in one
-pass; used for runs longer than ``jenga.flat_arrays.BULK``.  A mixin of that class."""
+pass; used for runs longer than ``jenga.flat_arrays.BULK``.  Also without numpy: a carve of
+consecutive fresh large pages (slices) and the eviction of a few whole large pages of one group
+(one loop).  A mixin of that class."""
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 
-from jenga.eviction_source import CACHED, USED
+from jenga.eviction_source import CACHED, FREE, USED
 from jenga.flat_arrays import unique_counts, view
 
 
@@ -80,3 +84,40 @@ class RunMoves:
         assert not state[pages].any(), "large pages carved with pages in use"
         state[pages] = USED
         view(self.n_used)[larges] = k
+
+    def _carve_range(self, group: int, tag: object, lo: int, m: int, out: list[int]) -> None:
+        """``_carve_whole`` of the consecutive large pages ``[lo, lo + m)`` (fresh ids from the
+        pool): one slice assignment per array, their pages appended to ``out`` in order."""
+        k, state, group_of, hi = self.k[group], self.state[group], self.group_of, lo + m
+        assert group_of[lo:hi].count(-1) == m, f"large pages {lo}..{hi - 1} popped while owned"
+        group_of[lo:hi] = [group] * m
+        self.tag_of[lo:hi] = [tag] * m
+        self.n_used[lo:hi] = array("q", [k]) * m
+        assert state.count(FREE, lo * k, hi * k) == m * k, f"large pages {lo}..{hi - 1} carved with pages in use"
+        state[lo * k:hi * k] = bytes([USED]) * (m * k)
+        out.extend(range(lo * k, hi * k))
+        self.num_carved += m
+        self.owned[group] += m
+        self.used_small[group] += m * k
+
+    def evict_whole_each(self, group: int, larges: list[int]) -> None:
+        """``evict_whole`` for each of the distinct ``larges`` (all of ``group``), in one loop."""
+        k, state, in_e, n_used, n_cached = self.k[group], self.state[group], self.in_e, self.n_used, self.n_cached
+        hidden, group_of, tag_of, push = self._hidden, self.group_of, self.tag_of, self._free_large.push
+        free = bytes(k)
+        hidden_free = 0
+        for large in larges:
+            assert in_e[large] and n_used[large] == 0 and group_of[large] == group, f"large {large} is not fully evictable"
+            in_e[large] = 0
+            hidden.pop(large, None)
+            hidden_free += k - n_cached[large]
+            state[large * k:(large + 1) * k] = free  # all FREE
+            n_cached[large] = 0
+            group_of[large] = -1
+            tag_of[large] = None
+            push(large)
+        m = len(larges)
+        self.num_e -= m
+        self.e_count[group] -= m
+        self.hidden_free[group] -= hidden_free
+        self.owned[group] -= m

@@ -82,9 +82,7 @@ class LargeEviction:
             st = alloc.state[g]
             pages = [p for large in larges for p in range(large * k, (large + 1) * k) if st[p] == CACHED]
         self._drop_pages(g, pages)
-        evict_whole = alloc.evict_whole
-        for large in larges:
-            evict_whole(large)
+        alloc.evict_whole_each(g, larges)
         out.extend(larges)
 
     def _evict_merged(self, m: int, live: list[int], segs: list[tuple[np.ndarray, ...]]) -> list[int]:
