@@ -322,8 +322,12 @@ class ManagerMachine(RuleBasedStateMachine):
             before, split = snapshot(self.mgr), self.mgr.chunk_tokens(r, n)
             assert snapshot(self.mgr) == before, "chunk_tokens changed the manager"
             end = req.prompt_len // TPP * TPP
-            assert split == n or (self.has_state and self.caching and start < end == start + split < start + n)
+            # ... or, after a state hit below the junction, on the junction (state_policy._junction_end)
+            on_junction = req.hit > 0 and start < req.junction == start + split < start + n
+            assert split == n or (self.has_state and self.caching and (start < end == start + split < start + n
+                                                                       or on_junction))
             self.seen["chunk split"] += split < n
+            self.seen["junction split"] += on_junction
             n = split
         la = data.draw(st.sampled_from([0, 0, 0, 1, 3]))
         return n, (la if start + n + la <= MAX_LEN else 0)
@@ -346,6 +350,7 @@ class ManagerMachine(RuleBasedStateMachine):
         live.phase, live.table = "running", t
         to_fill = {gt.group: set(gt.to_fill) for gt in t.groups if isinstance(gt, ImageTable)}
         ckpts = {gt.group: dict(gt.checkpoints) for gt in t.groups if isinstance(gt, StateTable)}
+        self._check_left_to_others(req, start, n, ckpts)
         live.step = (start, n, la, to_fill, ckpts)
         self._assign_roles(live, req, first)
         self._check_step(live, req, start, n, la, first)
@@ -354,6 +359,22 @@ class ManagerMachine(RuleBasedStateMachine):
                 del live.roles[("r", gt.group)]  # writes anything: let go of (checked above)
                 self.seen["read let go of at allocate"] += 1
         return True
+
+    def _check_left_to_others(self, req, start, n, ckpts) -> None:
+        """A checkpoint position of jenga's state kind without a page of its own: another live
+        request's step writes that state (same key, a page of its own)."""
+        if not self.caching:
+            return
+        for pol in self.mgr.policies:
+            if type(pol) is not MambaPolicy:
+                continue
+            g = pol.gi
+            for pos in set(pol._positions(req, start, start + n - 1)) - set(ckpts[g]):
+                key = pol.key(req, pos)
+                others = [o for o in self.mgr.requests.values() if o is not req
+                          for p in o.groups[g].checkpoints if p // TPP <= len(o.hashes) and pol.key(o, p) == key]
+                assert others, f"checkpoint {pos} of {req.request_id}: no page and no other writer"
+                self.seen["checkpoint left to another writer"] += 1
 
     def _append(self, r, tok):
         live, req = self.live[r], self.mgr.requests[r]

@@ -6,7 +6,7 @@ hybrid (2-token pages, state checkpoints every 4 tokens), against vLLM's protoco
 
 from __future__ import annotations
 
-from conftest import full, group, make_manager, mamba, model
+from conftest import cached_keys, full, group, make_manager, mamba, model
 
 from jenga.baselines import make_manager as make_baseline
 from jenga.specs import CopyForwardMambaSpec
@@ -99,3 +99,101 @@ def test_a_dropped_step_keeps_the_shared_pages_registered():
     assert not any(mgr.index.is_registered(0, p) for p in pages[5:])
     mgr.add_request("c", P + [7])
     assert mgr.lookup("c") == 8 and mgr.requests["c"].junction == 10
+
+
+def test_a_state_hit_below_the_junction_ends_its_step_on_the_junction():
+    """b resumes a's state at 8 below its junction 10: ``chunk_tokens`` ends its first step
+    at 10, so the work page becomes the junction checkpoint (no second state page in the
+    step); the next step copies it into a fresh work page and lets go of it (cached,
+    unreferenced, evictable); c hits it."""
+    mgr = make_manager(hybrid(), 64, tokens_per_page=2)
+    first_writer(mgr)
+    assert sorted(cached_keys(mgr, 1)) == [16, 17, 18, 19]  # a's checkpoints 4, 8, 12, 16
+    mgr.add_request("b", P + list(range(200, 210)))
+    assert mgr.lookup("b") == 8 and mgr.requests["b"].junction == 10
+    assert mgr.chunk_tokens("b", 12) == 2
+    t = mgr.allocate("b", 2)
+    att, st = t.groups
+    assert (att.page_ids, att.write_from) == ([0, 1, 2, 3, 4], 10)
+    assert (st.work_page, st.read_page, st.checkpoints) == (20, 18, {})  # no junction page
+    assert (mgr.ref[1][20], mgr.ref[1][18]) == (1, 0) and 18 in cached_keys(mgr, 1)  # read: copied
+    mgr.check_integrity()
+    mgr.append_tokens("b", [])
+    mgr.check_integrity()
+    gs = mgr.requests["b"].groups[1]
+    assert (gs.work, gs.read, gs.read_pos, gs.checkpoints) == (None, 20, 10, {})  # work page = checkpoint 10
+    assert mgr.ref[1][20] == 1 and 20 not in cached_keys(mgr, 1)
+    assert mgr.chunk_tokens("b", 10) == 10  # the rest of the prompt: one step
+    t = mgr.allocate("b", 10)
+    assert t.groups[0].page_ids == [0, 1, 2, 3, 4, 11, 12, 13, 14, 15]
+    assert (t.groups[1].work_page, t.groups[1].read_page, t.groups[1].checkpoints) == (21, 20, {})
+    assert (mgr.ref[1][21], mgr.ref[1][20]) == (1, 0)
+    assert sorted(cached_keys(mgr, 1)) == [16, 17, 18, 19, 20]  # the junction checkpoint: evictable
+    mgr.check_integrity()
+    mgr.append_tokens("b", [2])
+    mgr.check_integrity()
+    mgr.free("b")
+    mgr.add_request("c", P + list(range(300, 310)))
+    assert mgr.lookup("c") == 10 and mgr.requests["c"].groups[1].read == 20
+
+
+def test_the_step_ends_on_the_junction_only_after_a_state_hit_of_a_short_prompt():
+    """No state hit (interval 16: hit 0), a long prompt (8+ intervals) and vLLM's protocol
+    keep the full step (the junction checkpoint gets its own page)."""
+    mgr = make_manager(hybrid(mamba(16)), 64, tokens_per_page=2)
+    first_writer(mgr)
+    mgr.add_request("b", P + list(range(200, 210)))
+    assert (mgr.lookup("b"), mgr.requests["b"].junction, mgr.chunk_tokens("b", 12)) == (0, 10, 12)
+    mgr = make_manager(hybrid(), 64, tokens_per_page=2)
+    first_writer(mgr)
+    mgr.add_request("b", P + list(range(200, 230)))  # 40 tokens = 10 intervals
+    assert (mgr.lookup("b"), mgr.requests["b"].junction, mgr.chunk_tokens("b", 12)) == (8, 10, 12)
+    state = CopyForwardMambaSpec("toy", shapes=((64,),), dtypes=("bf16",), checkpoint_interval=4)
+    mgr = make_manager(hybrid(state), 64, tokens_per_page=2)
+    first_writer(mgr)
+    mgr.add_request("b", P + list(range(200, 210)))
+    assert (mgr.lookup("b"), mgr.requests["b"].junction, mgr.chunk_tokens("b", 12)) == (8, 10, 12)
+
+
+def test_a_state_another_request_of_the_step_writes_gets_no_second_page():
+    """b and c (no state hit, junction 10) run in one step: b takes the junction checkpoint
+    page 29, c none (b writes that state); committed, d hits b's page.  A dropped step
+    (b freed before its commit) leaves the state to the next writer."""
+    def two_writers():
+        mgr = make_manager(hybrid(mamba(16)), 64, tokens_per_page=2)
+        first_writer(mgr)
+        states = []
+        for r, base in (("b", 200), ("c", 300)):
+            mgr.add_request(r, P + list(range(base, base + 10)))
+            assert (mgr.lookup(r), mgr.requests[r].junction, mgr.chunk_tokens(r, 20)) == (0, 10, 20)
+            st = mgr.allocate(r, 20).groups[1]
+            states.append((st.work_page, st.read_page, st.checkpoints))
+            mgr.check_integrity()
+        assert states == [(28, None, {10: 29}), (40, None, {})]
+        return mgr
+
+    mgr = two_writers()
+    mgr.append_tokens("c", [5])
+    mgr.append_tokens("b", [5])
+    mgr.check_integrity()
+    assert sorted(cached_keys(mgr, 1)) == [16, 29]
+    mgr.add_request("d", P + list(range(400, 410)))
+    assert mgr.lookup("d") == 10 and mgr.requests["d"].groups[1].read == 29
+    mgr = two_writers()
+    mgr.free("b")
+    mgr.check_integrity()
+    mgr.add_request("e", P + list(range(500, 510)))
+    assert mgr.lookup("e") == 0
+    assert mgr.allocate("e", 20).groups[1].checkpoints == {10: 28}  # its own page again
+    mgr.check_integrity()
+
+
+def test_vllm_protocol_writes_every_checkpoint_of_its_own():
+    state = CopyForwardMambaSpec("toy", shapes=((64,),), dtypes=("bf16",), checkpoint_interval=16)
+    mgr = make_manager(hybrid(state), 64, tokens_per_page=2)
+    first_writer(mgr)
+    for r, base in (("b", 200), ("c", 300)):
+        mgr.add_request(r, P + list(range(base, base + 10)))
+        mgr.lookup(r)
+        assert list(mgr.allocate(r, 20).groups[1].checkpoints) == [10, 16, 20]  # c too
+    mgr.check_integrity()

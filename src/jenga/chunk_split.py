@@ -5,7 +5,8 @@ the step's budget) and asks the manager; each group's policy may end the step ea
 (``Policy.step_end``).  A state group ends a prefill step that would cross the prompt-end
 checkpoint exactly on it, so the state at the prompt's last full block is the step's work
 page, not a second page live beside it (vLLM's ``_mamba_block_aligned_split`` does the same
-for its own manager).  Nothing changes without prefix caching (no checkpoints) or for
+for its own manager); jenga's own state kind also ends the step of a short prompt resuming a
+cached state below its junction on the junction.  Nothing changes without prefix caching (no checkpoints) or for
 groups that store per-token pages.
 """
 

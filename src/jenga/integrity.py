@@ -35,6 +35,8 @@ def check_manager(mgr) -> None:
     if check is not None:
         check()
     assert totals["free"] + totals["used"] + totals["cached"] == mgr.alloc.num_large * mgr.alloc.large_bytes
+    for pol in mgr.policies:
+        pol.check(mgr.requests.values())
     refs: Counter = Counter()
     for req in mgr.requests.values():
         dup = [k for k, c in Counter(held_pages(mgr, req, images=False)).items() if c > 1]

@@ -19,7 +19,7 @@ Policy (vLLM-v1-like)
 * Token budget ``max_num_batched_tokens`` per step; running requests first, in admission
   order (decodes take 1 token, prefills a chunk of what is left of the budget), then waiting
   requests FCFS while the budget and ``max_num_seqs`` allow (chunked prefill).  The manager's
-  ``chunk_tokens`` may shorten a chunk (a state group ends a step on its prompt-end checkpoint,
+  ``chunk_tokens`` may shorten a chunk (a state group ends a step on its prompt-end checkpoint or junction,
   :mod:`jenga.chunk_split`).
 * A waiting request is added to the manager, ``lookup`` finds its cached prefix (those tokens
   are not fed again), then ``allocate`` asks for the first chunk.  If that returns ``None`` the

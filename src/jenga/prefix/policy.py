@@ -152,6 +152,9 @@ class Policy(ABC):
     def rewind(self, req: Request, gs: GroupState, computed: int) -> None:
         """Forget registrations past ``computed`` (after ``unfilled``'s pages left the index)."""
 
+    def check(self, requests) -> None:
+        """``check_integrity``: recount what the policy tracks across live ``requests``."""
+
     @abstractmethod
     def free(self, req: Request, gs: GroupState, ops: PageOps) -> None:
         """Drop every page the request holds, keyed by its last access."""
