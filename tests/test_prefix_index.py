@@ -13,7 +13,7 @@ from jenga.prefix.index import PrefixIndex
 
 
 def _state(ix: PrefixIndex):
-    return (list(ix.table[0].items()), list(ix.key_of[0].items()), list(ix.uses[0].items()),
+    return (list(ix.table[0].items()), list(ix.key_of[0].items()), list(ix.counts(0).items()),
             list(ix.page_uses[0]), bytes(ix.flags[0]))
 
 
@@ -61,3 +61,48 @@ def test_register_many_equals_one_at_a_time(seed):
             single.drop(0, page)
             free.append(page)
         assert _state(bulk) == _state(single)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_count_and_uncount_of_a_long_run_equal_one_at_a_time(seed):
+    """``count_uses`` / ``uncount_uses`` of runs past ``BULK`` (numpy) end as ``count_use`` /
+    ``uncount_use`` page by page: counts, their keys' order, uncounted keys entering in order,
+    counts taken to 0 leaving ``uses``."""
+    rng = random.Random(seed)
+    n = 400
+    bulk, single = PrefixIndex(1), PrefixIndex(1)
+    kept = rng.choice([150, 1 << 20])  # a small cap leaves registered pages uncounted
+    for ix in (bulk, single):
+        ix.USES_KEPT = kept
+        ix.track_uses([n])
+        ix.track_pages([n])
+    pages = rng.sample(range(n), 300)
+    keys = [rng.randbytes(16) for _ in pages]
+    for ix in (bulk, single):
+        for lo in range(0, 300, 30):
+            ix.register_many(0, pages[lo:lo + 30], keys[lo:lo + 30])
+    assert _state(bulk) == _state(single)
+    held: list[list[int]] = []
+    for _ in range(12):
+        if held and rng.random() < 0.4:
+            run = held.pop(rng.randrange(len(held)))
+            bulk.uncount_uses(0, run)
+            for page in run:
+                single.uncount_use(0, page)
+        else:
+            run = rng.sample(pages, rng.randrange(65, 200))
+            held.append(run)
+            bulk.count_uses(0, run)
+            for page in run:
+                single.count_use(0, page)
+        assert _state(bulk) == _state(single)
+    for run in held:  # every hold taken back: counts down to 0 and below, keys popped
+        bulk.uncount_uses(0, run)
+        for page in run:
+            single.uncount_use(0, page)
+        assert _state(bulk) == _state(single)
+    extra = rng.sample(pages, 100)  # uncounted below zero: popped, page count 0
+    bulk.uncount_uses(0, extra)
+    for page in extra:
+        single.uncount_use(0, page)
+    assert _state(bulk) == _state(single)

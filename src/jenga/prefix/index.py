@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import struct
-from itertools import repeat
+from itertools import compress, repeat
 
 import numpy as np
 
-from jenga.flat_arrays import int64s, view, zeros
+from jenga.flat_arrays import BULK, int64s, view, zeros
 
 
 class PrefixIndex:
@@ -23,8 +23,11 @@ class PrefixIndex:
         # per group: key -> times its content was computed or hit, kept after eviction
         # (at most ``USES_KEPT`` keys, the oldest first out); None = not tracked
         self.uses: list[dict[bytes, int]] | None = None
-        # per group and registered page: its key's use count (a flat copy of ``uses`` for bulk reads)
+        # per group and registered page: its key's use count (for bulk reads; the newer one where
+        # ``stale``: bulk counts of hits change only this, ``uses`` takes it when the page leaves)
         self.page_uses: list | None = None
+        # per group and registered page: 1 while ``uses`` holds an older count than ``page_uses``
+        self.stale: list[bytearray] | None = None
         # per group and page: 1 while registered (``key_of`` as flags, for bulk reads); None = not kept
         self.flags: list[bytearray] | None = None
 
@@ -35,6 +38,7 @@ class PrefixIndex:
         if self.uses is None:
             self.uses = [{} for _ in self.table]
             self.page_uses = [zeros(n) for n in num_pages]
+            self.stale = [bytearray(n) for n in num_pages]
 
     def track_pages(self, num_pages: list[int]) -> None:
         """Keep ``flags`` from now on (``num_pages``: each group's page count; call while empty)."""
@@ -42,41 +46,75 @@ class PrefixIndex:
         self.flags = [bytearray(n) for n in num_pages]
 
     def uses_of(self, group: int, page: int) -> int:
-        return self.uses[group].get(self.key_of[group][page], 0)
+        key = self.key_of[group][page]
+        return self.page_uses[group][page] if self.stale[group][page] else self.uses[group].get(key, 0)
+
+    def counts(self, group: int) -> dict[bytes, int]:
+        """A copy of ``uses`` with every count current (the stale ones from ``page_uses``)."""
+        out, page_uses, stale = dict(self.uses[group]), self.page_uses[group], self.stale[group]
+        for page, key in self.key_of[group].items():
+            if stale[page]:
+                assert key in out and page_uses[page] > 0, f"group {group}: a stale count of an uncounted key"
+                out[key] = page_uses[page]
+        return out
 
     def count_use(self, group: int, page: int) -> None:
         """A live request reuses registered ``page`` (a prefix hit)."""
         uses, key = self.uses[group], self.key_of[group][page]
-        uses[key] = self.page_uses[group][page] = uses.get(key, 0) + 1
+        uses[key] = self.page_uses[group][page] = self.page_uses[group][page] + 1
+        self.stale[group][page] = 0
 
     def count_uses(self, group: int, pages: list[int]) -> None:
-        """``count_use`` for each of ``pages``."""
+        """``count_use`` for each of ``pages`` (distinct).  A long run in numpy: the counts
+        change in ``page_uses`` only and the pages turn ``stale`` (``uses`` takes their counts
+        when they leave the index; a counted key keeps its place there either way); keys not
+        counted (dropped by ``USES_KEPT``) enter ``uses`` in page order, as one at a time."""
         uses, key_of, page_uses = self.uses[group], self.key_of[group], self.page_uses[group]
+        if len(pages) > BULK:
+            ids = int64s(pages)
+            counts = view(page_uses)[ids] + 1
+            view(page_uses)[ids] = counts
+            fresh = counts == 1
+            if fresh.any():
+                uses.update(zip(map(key_of.__getitem__, compress(pages, fresh.tolist())), repeat(1)))
+                ids = ids[~fresh]
+            view(self.stale[group])[ids] = 1
+            return
+        stale = self.stale[group]
         for page in pages:
-            key = key_of[page]
-            uses[key] = page_uses[page] = uses.get(key, 0) + 1
+            uses[key_of[page]] = page_uses[page] = page_uses[page] + 1
+            stale[page] = 0
 
     def uncount_use(self, group: int, page: int) -> None:
         """Take back ``count_use`` (the hold did not become a use)."""
         uses, key = self.uses[group], self.key_of[group][page]
-        n = uses.get(key, 0) - 1
+        n = self.page_uses[group][page] - 1
         if n > 0:
             uses[key] = n
         else:
             uses.pop(key, None)
         self.page_uses[group][page] = max(n, 0)
+        self.stale[group][page] = 0
 
     def uncount_uses(self, group: int, pages: list[int]) -> None:
-        """``uncount_use`` for each of ``pages``."""
+        """``uncount_use`` for each of ``pages`` (distinct; a long run in numpy, as ``count_uses``)."""
         uses, key_of, page_uses = self.uses[group], self.key_of[group], self.page_uses[group]
-        for page in pages:
-            key = key_of[page]
-            n = uses.get(key, 0) - 1
-            if n > 0:
-                uses[key] = page_uses[page] = n
+        if len(pages) > BULK:
+            ids = int64s(pages)
+            counts = view(page_uses)[ids] - 1
+            gone = counts <= 0
+            if gone.any():  # counts down to 0: the keys leave ``uses``
+                for key in map(key_of.__getitem__, compress(pages, gone.tolist())):
+                    uses.pop(key, None)
+                counts[gone] = 0
+                view(self.stale[group])[ids[gone]] = 0
+                view(self.stale[group])[ids[~gone]] = 1
             else:
-                uses.pop(key, None)
-                page_uses[page] = 0
+                view(self.stale[group])[ids] = 1
+            view(page_uses)[ids] = counts
+            return
+        for page in pages:
+            self.uncount_use(group, page)
 
     def get(self, group: int, key: bytes) -> int | None:
         return self.table[group].get(key)
@@ -101,8 +139,9 @@ class PrefixIndex:
 
     def _use_again(self, group: int, key: bytes) -> None:
         """Registered ``key`` was computed again (by a page that is not registered)."""
-        uses = self.uses[group]
-        uses[key] = self.page_uses[group][self.table[group][key]] = uses.get(key, 0) + 1
+        uses, page_uses, holder = self.uses[group], self.page_uses[group], self.table[group][key]
+        uses[key] = page_uses[holder] = page_uses[holder] + 1
+        self.stale[group][holder] = 0
 
     def _first_use(self, group: int, page: int, key: bytes) -> None:
         """``page`` was just registered with ``key``: count the use (the newest key of ``uses``)."""
@@ -118,6 +157,7 @@ class PrefixIndex:
         holder = self.table[group].get(old)
         if holder is not None:
             self.page_uses[group][holder] = 0
+            self.stale[group][holder] = 0
 
     def register_many(self, group: int, pages: list[int | None], keys: list[bytes]) -> None:
         """``register`` each (page, key) pair in order; ``None`` pages are skipped."""
@@ -204,6 +244,9 @@ class PrefixIndex:
     def drop(self, group: int, page: int) -> None:
         key = self.key_of[group].pop(page)
         del self.table[group][key]
+        if self.stale is not None and self.stale[group][page]:  # the newer count goes to ``uses``
+            self.uses[group][key] = self.page_uses[group][page]
+            self.stale[group][page] = 0
         if self.flags is not None:
             self.flags[group][page] = 0
         if self.events is not None:
@@ -213,9 +256,13 @@ class PrefixIndex:
         """``drop`` each of ``pages``."""
         key_of, table, events = self.key_of[group], self.table[group], self.events
         flags = self.flags[group] if self.flags is not None else None
+        stale = self.stale[group] if self.stale is not None else None
         for page in pages:
             key = key_of.pop(page)
             del table[key]
+            if stale is not None and stale[page]:  # the newer count goes to ``uses``
+                self.uses[group][key] = self.page_uses[group][page]
+                stale[page] = 0
             if flags is not None:
                 flags[page] = 0
             if events is not None:
