@@ -4,7 +4,7 @@ than the pool keeps a resident subset that hits instead of thrashing."""
 
 from __future__ import annotations
 
-from conftest import cached_keys, full, group, make_manager, model, serve
+from conftest import cached_keys, full, group, make_manager, model, serve, sliding
 
 from jenga.prefix.reuse_evictor import PROTECTED
 
@@ -134,3 +134,37 @@ def test_protected_pages_over_their_share_of_the_pool_no_longer_hold_admission_b
     assert mgr.can_allocate("z", 3)
     assert mgr.allocate("z", 3).groups[0].page_ids == [2, 3, 1]  # one-off first, then the newest protected
     mgr.check_integrity()
+
+
+def test_admission_leaves_room_for_its_next_chunk_when_its_prompt_was_seen_and_outgrows_a_window():
+    # full + sliding (window 2) layers; prefix [1, 2, 3, 4] served twice (protected: full pages
+    # 0..3 and its window page 8), article [11..14] once (one-off), r running on 2 free pages
+    spec = model(group("full", full(), 1), group("swa", sliding(2), 1, first_layer=1))
+    mgr = make_manager(spec, 20, eviction="reuse")
+    serve(mgr, "x", [1, 2, 3, 4, 5], [0])
+    serve(mgr, "x2", [1, 2, 3, 4, 6], [0])
+    serve(mgr, "b", [11, 12, 13, 14, 15], [0])
+    mgr.add_request("r", [40, 41])
+    assert mgr.lookup("r") == 0
+    assert mgr.allocate("r", 2) is not None
+    assert [sorted(mgr.evictor.protected[g]) for g in range(2)] == [[0, 1, 2, 3], [8]]
+    # z asks the article again (seen: it hits 4 tokens) with a 7-token prompt, longer than the
+    # window: a 2-token chunk [4, 6) is followed by [6, 7), one more full page (the window holds
+    # its 2 pages either way); the unprotected pages fit the chunk and the margin, not that page
+    mgr.add_request("z", [11, 12, 13, 14, 16, 17, 18])
+    assert mgr.lookup("z") == 4
+    assert not mgr.can_allocate("z", 2)
+    assert mgr._next_chunk(mgr.requests["z"]) == [1, 0]
+    assert mgr.allocate("z", 2) is None
+    mgr.check_integrity()
+    assert mgr.allocate("z", 1) is not None  # [4, 5), then [5, 6): both fit beside the protected pages
+    assert [sorted(mgr.evictor.protected[g]) for g in range(2)] == [[0, 1, 2, 3], [8]]
+    mgr.check_integrity()
+
+
+def test_without_a_window_shorter_than_the_prompt_no_next_chunk_is_reserved():
+    mgr = protected_setup()  # full attention only
+    mgr.add_request("z", [1, 2, 9, 9, 9])
+    assert mgr.lookup("z") == 2  # seen, but every layer reads the whole prompt
+    assert not mgr._windowed(mgr.requests["z"])
+    assert mgr.can_allocate("z", 1)

@@ -15,9 +15,12 @@ from jenga.request import Request
 class AllocationQuota:
     """Mixin (module doc); needs the manager's policies, allocator, evictor and requests."""
 
+    _plan_end = 0  # the end of the last ``_plan``
+
     def _plan(self, req: Request, end: int) -> tuple[list[int], list]:
         """Pages each group needs to cover ``[0, end)``, and the log of cached pages held."""
         need = [0] * len(self.policies)
+        self._plan_end = end  # read by ``_quota_of``
         self._log = log = []
         try:
             for pol, gs in req.pairs or zip(self.policies, req.groups, strict=True):
@@ -51,7 +54,10 @@ class AllocationQuota:
         of the pool (default half: a
         reused working set larger than the pool, e.g. a cyclic one) admissions may evict them
         in the evictor's order (newest first), so new requests keep the rest of the pool and
-        the protected set cannot starve admission."""
+        the protected set cannot starve admission.  Beside the margin it leaves evictable what
+        the request's next prefill chunk (as long as this one, up to the prompt's end) adds,
+        ``_next_chunk``: that chunk is no admission, so it could take protected pages (on a
+        sliding model, each article whose window it takes is a lost hit)."""
         if not any(need):
             return need
         quota = self._quota_for(need)
@@ -73,10 +79,48 @@ class AllocationQuota:
         # headroom: running requests grow by decode pages next, which must not come from
         # protected pages either (each evicted window page kills a whole window's hit)
         margin = self.admission_margin * self._allocated
-        if margin and self._quota_for([n + margin * (not st) for n, st in zip(need, self._state_group, strict=True)],
-                                      sup) is None:
+        nxt = self._next_chunk(req) if self._windowed(req) and self._seen_before(req) else [0] * len(need)
+        extra = [x + margin * (not st) for x, st in zip(nxt, self._state_group, strict=True)]
+        if any(extra) and self._quota_for([n + x for n, x in zip(need, extra, strict=True)], sup) is None:
             return None
         return self._quota_for(need, sup)
+
+    def _windowed(self, req: Request) -> bool:
+        """Whether some group reads less than ``req``'s whole prompt (a window shorter than it):
+        then a prefix like it hits only with the window at its end, all or nothing."""
+        p = req.prompt_len
+        return any(getattr(pol, "first_needed", None) is not None and pol.first_needed(p) > 0
+                   for pol in self.policies)
+
+    def _seen_before(self, req: Request) -> bool:
+        """Whether ``req``'s first page was computed or hit before (a use count, kept after
+        eviction): its prompt is part of a reused working set (a cyclic one evicted it)."""
+        uses, hashes = self.index.uses, req.hashes
+        if uses is None:
+            return False
+        for pol, st, u in zip(self.policies, self._state_group, uses, strict=True):
+            i = pol.tpp // self.block - 1 if not st else -1
+            if 0 <= i < len(hashes) and hashes[i] in u:
+                return True
+        return False
+
+    def _next_chunk(self, req: Request) -> list[int]:
+        """Pages each token group holds more once ``req``, planned up to ``_plan_end``, computes
+        as many tokens again (its next prefill chunk, up to the prompt's end): the pages at the
+        new end minus those already out of range (sliding window, chunk)."""
+        end = self._plan_end
+        stop = min(req.prompt_len, 2 * end - req.start)
+        if stop <= end:
+            return [0] * len(self.policies)
+        out = []
+        for pol, st in zip(self.policies, self._state_group, strict=True):
+            first = getattr(pol, "first_needed", None)  # token policies (state, image: none)
+            if st or first is None:
+                out.append(0)
+                continue
+            tpp = pol.tpp
+            out.append(max(0, cdiv(stop, tpp) - first(stop) // tpp - cdiv(end, tpp) + first(end) // tpp))
+        return out
 
     def _quota_for(self, need: list[int], sup: Supply | None = None) -> list[int] | None:
         """Large pages each group may take (steps 2-3), or ``None`` if ``need`` can't fit."""
