@@ -51,3 +51,30 @@ def test_precheck_refuses_only_what_the_exact_check_refuses():
                 mgr.free(running.pop(rng.randrange(len(running))))
             mgr.check_integrity()
         assert seen, f"{eviction}: the pre-check never refused (the test exercises nothing)"
+
+
+def test_precheck_counts_the_cached_pages_of_a_long_hit_run_exactly():
+    """A hit run longer than ``BULK`` pages is counted in one numpy gather: its cached (zero
+    reference) pages, not the ones a live request still holds."""
+    from jenga.flat_arrays import BULK
+
+    spec = model(group("full", full(), 1))
+    mgr = make_manager(spec, 400, tokens_per_page=2)
+    prompt = list(range(1, 2 * (BULK + 40) + 2))
+    mgr.add_request("a", prompt)
+    mgr.lookup("a")
+    mgr.allocate("a", len(prompt))
+    mgr.append_tokens("a", [7])
+    mgr.add_request("b", prompt[:2 * BULK])  # b keeps the first BULK - 1 pages referenced
+    mgr.allocate("b", 2 * BULK - mgr.lookup("b"))
+    mgr.free("a")
+    mgr.add_request("c", prompt[:-1] + [9])
+    hit = mgr.lookup("c")
+    req = mgr.requests["c"]
+    (group_, pages), = req.reserve
+    assert len(pages) > BULK and hit == 2 * len(pages)
+    assert not mgr._hit_cannot_fit(req, hit + 2)
+    ref = mgr._ref[group_]
+    assert req.reserve_cached == sum(ref[p] == 0 for p in pages) * mgr._alloc.page_bytes[group_]
+    assert 0 < req.reserve_cached < len(pages) * mgr._alloc.page_bytes[group_]
+    mgr.check_integrity()

@@ -197,3 +197,37 @@ def test_vllm_protocol_writes_every_checkpoint_of_its_own():
         mgr.lookup(r)
         assert list(mgr.allocate(r, 20).groups[1].checkpoints) == [10, 16, 20]  # c too
     mgr.check_integrity()
+
+
+def test_the_junction_from_the_lookup_bound_is_the_full_attention_fixed_point():
+    """``_find_junction`` takes the junction from ``_hash_for_lookup``'s bound instead of looking
+    the page keys up again: on random prompts (shared prefixes of 0-40 tokens, some with
+    ``max_tokens``, with live, cached and evicted pages) it equals the full-attention groups'
+    own fixed point."""
+    import random
+
+    rng = random.Random(3)
+    mgr = make_manager(hybrid(), 40, tokens_per_page=2)
+    prefixes = [[rng.randrange(1, 30) for _ in range(rng.randrange(0, 40))] for _ in range(5)]
+    live, checked = [], 0
+    for rid in range(150):
+        prompt = rng.choice(prefixes) + [rng.randrange(1, 30) for _ in range(rng.randrange(1, 9))]
+        mgr.add_request(rid, prompt)
+        cap = rng.choice([None, None, rng.randrange(0, 48)])
+        req = mgr.requests[rid]
+        top = min(len(prompt) - 1, len(prompt) // 2 * 2)
+        top = top if cap is None else max(0, min(top, cap))
+        hit = mgr.lookup(rid, max_tokens=cap)
+        bound = mgr._hash_for_lookup(req, top)
+        want = mgr._fixed_point(req, bound, mgr._junction_policies)
+        assert req.junction == (want // 2 * 2 if want > hit else 0), (rid, prompt, cap)
+        checked += req.junction > 0
+        if mgr.allocate(rid, len(prompt) - hit) is None:
+            mgr.free(rid)
+            continue
+        mgr.append_tokens(rid, [1])
+        live.append(rid)
+        while len(live) > rng.randrange(1, 5):
+            mgr.free(live.pop(rng.randrange(len(live))))
+        mgr.check_integrity()
+    assert checked > 20, f"only {checked} lookups found a junction (the test exercises little)"

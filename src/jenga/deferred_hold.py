@@ -15,6 +15,9 @@ keys stay as they were).
 
 from __future__ import annotations
 
+import numpy as np
+
+from jenga.flat_arrays import BULK, int64s, view
 from jenga.request import GroupState, Request
 
 
@@ -116,7 +119,13 @@ class DeferredHold:
             held = 0
             for group, pages in req.reserve:
                 r = ref[group]
-                held += ([r[p] for p in pages].count(0) if type(pages) is list else r[pages] == 0) * pb[group]
+                if type(pages) is not list:
+                    free = r[pages] == 0
+                elif len(pages) > BULK:  # a long hit run: one gather
+                    free = len(pages) - int(np.count_nonzero(view(r)[int64s(pages)]))
+                else:
+                    free = [r[p] for p in pages].count(0)
+                held += free * pb[group]
             req.reserve_cached = held
         avail = alloc.num_free_large * alloc.large_bytes
         for g, p in enumerate(pb):

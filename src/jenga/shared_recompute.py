@@ -40,9 +40,19 @@ class SharedRecompute:
         self._ahead = frozenset(p.gi for p in full) if share and self.caching else frozenset()
 
     def _find_junction(self, req: Request, top: int, cand: int) -> None:
-        """``req.junction``: where the full-attention groups' cached prefix ends, if past the hit."""
-        if self._junction_policies is not None:
-            junction = self._fixed_point(req, top, self._junction_policies)
+        """``req.junction``: where the full-attention groups' cached prefix ends, if past the hit.
+
+        ``top`` is what ``_hash_for_lookup`` returned (``jenga.prompt_hashes``): it already found
+        where the bounding full-attention group's cached pages end (the first missing page's
+        start, else ``top``), so with that group the only junction policy the junction is ``top``
+        rounded down to its pages, without looking the prompt's page keys up again."""
+        policies = self._junction_policies
+        if policies is not None:
+            if len(policies) == 1 and policies[0] is self._full_bound:
+                tpp = policies[0].tpp
+                junction = top // tpp * tpp
+            else:
+                junction = self._fixed_point(req, top, policies)
             req.junction = junction // self.block * self.block if junction > cand else 0
 
     def _hit_of(self, pol: Policy, req: Request) -> int:
