@@ -208,18 +208,19 @@ class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, Ca
         if max_tokens is not None:
             top = max(0, min(top, max_tokens))
         top = self._hash_for_lookup(req, top)
-        cand = self._fixed_point(req, top, self.policies)
+        cand = self._fixed_point(req, top, self.policies, self._full_bound)
         self._find_junction(req, top, cand)
         req.hit = req.num_computed = cand
         self._record_hit(req)  # held once anything else happens (jenga.deferred_hold)
         return cand
 
-    def _fixed_point(self, req: Request, cand: int, policies: list[Policy]) -> int:
-        """The longest prefix no longer than ``cand`` that every one of ``policies`` accepts."""
+    def _fixed_point(self, req: Request, cand: int, policies: list[Policy], bound: Policy | None = None) -> int:
+        """The longest prefix no longer than ``cand`` that every one of ``policies`` accepts;
+        ``bound``: a FullPolicy with all its pages below ``cand`` cached (``_hash_for_lookup``)."""
         while True:
             start = cand
             for pol in policies:
-                cand = pol.longest_prefix(req, cand, self)
+                cand = cand // pol.tpp * pol.tpp if pol is bound else pol.longest_prefix(req, cand, self)
             if cand == start:
                 return cand
 
