@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import statistics
 import sys
 import time
 import zlib
@@ -238,32 +239,47 @@ def run_row(row: str, a) -> dict:
     return out
 
 
+def _micro_once(side, budget: int) -> tuple[float, float]:
+    """(add of a 128k-token prompt, free of a computed 100k-token request), seconds, on one side."""
+    prompt = list(range(1, 128_001))  # the caller's ids exist before it calls add (128k int objects: ~3 ms)
+    gc.collect()
+    gc.freeze()  # as in a run (frozen_heap)
+    t0 = time.perf_counter()
+    side.add("h", prompt)
+    t_add = time.perf_counter() - t0
+    side.cancel("h")
+    side.add("f", list(range(7, 100_007)))
+    done, first = 0, True
+    while done < 100_000:
+        n = side.clip("f", min(budget, 100_000 - done), 0)
+        assert side.allocate("f", n, first), "memory too small for one 100k request"
+        done += n
+        first = False
+        side.commit("f", n, 1 if done == 100_000 else None)
+    t0 = time.perf_counter()
+    side.free("f")
+    t_free = time.perf_counter() - t0
+    gc.unfreeze()
+    return t_add, t_free
+
+
 def micro(name: str, a) -> list[str]:
-    """add (hash + lookup) of a 128k-token prompt and free of a 100k-token request, ms, both sides."""
+    """add (hash + lookup) of a 128k-token prompt and free of a 100k-token request, ms, both sides:
+    the median of ``a.repeat`` samples (each on a fresh manager, the sides alternating), and the
+    largest sample after it when there are several."""
     from jenga.specs import ModelSpec
     model = ModelSpec.from_hf_config(name, vision=False)
     memory, _ = budget_of(name, a.memory_gib)
+    makers = [lambda: JengaSide(model, memory)] + ([] if a.no_vllm else [lambda: VllmSide(model, memory, a.budget)])
+    samples: list[list[tuple[float, float]]] = [[] for _ in makers]
+    for _ in range(a.repeat):
+        for i, make in enumerate(makers):
+            samples[i].append(_micro_once(make(), a.budget))
     out = [name]
-    for side in [JengaSide(model, memory)] + ([] if a.no_vllm else [VllmSide(model, memory, a.budget)]):
-        prompt = list(range(1, 128_001))  # the caller's ids exist before it calls add (128k int objects: ~3 ms)
-        gc.collect()
-        gc.freeze()  # as in a run (frozen_heap)
-        t0 = time.perf_counter()
-        side.add("h", prompt)
-        t_add = time.perf_counter() - t0
-        side.cancel("h")
-        side.add("f", list(range(7, 100_007)))
-        done, first = 0, True
-        while done < 100_000:
-            n = side.clip("f", min(a.budget, 100_000 - done), 0)
-            assert side.allocate("f", n, first), "memory too small for one 100k request"
-            done += n
-            first = False
-            side.commit("f", n, 1 if done == 100_000 else None)
-        t0 = time.perf_counter()
-        side.free("f")
-        out += [f"{1e3 * t_add:.2f}", f"{1e3 * (time.perf_counter() - t0):.2f}"]
-        gc.unfreeze()
+    for got in samples:
+        for col in zip(*got, strict=True):
+            ms = sorted(1e3 * t for t in col)
+            out.append(f"{statistics.median(ms):.2f}" + (f" (max {ms[-1]:.2f})" if len(ms) > 1 else ""))
     return out
 
 
@@ -313,6 +329,7 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     p.add_argument("--micro", action="store_true", help="only time add (128k-token prompt) and free "
                    "(100k-token request) per model")
+    p.add_argument("--repeat", type=int, default=1, help="--micro: samples per side and model (median, max)")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     if not a.no_vllm:
