@@ -161,6 +161,34 @@ def snapshot(mgr: KVCacheManager) -> dict:
     )
 
 
+def random_lookups(mgr: KVCacheManager, rng, check, n: int = 150) -> int:
+    """Drive ``mgr`` (2-token pages) with ``n`` random prompts (one of 5 shared prefixes of 0-40
+    tokens plus 1-8 own tokens; some lookups capped by ``max_tokens``), keeping 1-4 requests live
+    and freeing the rest (so pages are live, cached and evicted), ``check_integrity`` every step.
+    After each lookup ``check(req, prompt, cap, hit, bound)`` (``bound``: ``_hash_for_lookup``'s)
+    asserts what the test proves; the number of times it returned true is returned."""
+    prefixes = [[rng.randrange(1, 30) for _ in range(rng.randrange(0, 40))] for _ in range(5)]
+    live, counted = [], 0
+    for rid in range(n):
+        prompt = rng.choice(prefixes) + [rng.randrange(1, 30) for _ in range(rng.randrange(1, 9))]
+        mgr.add_request(rid, prompt)
+        cap = rng.choice([None, None, rng.randrange(0, 48)])
+        req = mgr.requests[rid]
+        top = min(len(prompt) - 1, len(prompt) // 2 * 2)
+        top = top if cap is None else max(0, min(top, cap))
+        hit = mgr.lookup(rid, max_tokens=cap)
+        counted += bool(check(req, prompt, cap, hit, mgr._hash_for_lookup(req, top)))
+        if mgr.allocate(rid, len(prompt) - hit) is None:
+            mgr.free(rid)
+            continue
+        mgr.append_tokens(rid, [1])
+        live.append(rid)
+        while len(live) > rng.randrange(1, 5):
+            mgr.free(live.pop(rng.randrange(len(live))))
+        mgr.check_integrity()
+    return counted
+
+
 def write_model_dir(path, llm, gen_cfg: dict | None = None, tokenizer=None):
     """A local HF model directory with ``llm``'s config and weights (tied ``lm_head`` left out,
     as HF saves it), a ``generation_config.json`` only when ``gen_cfg`` is given, and tokenizer

@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import full, group, make_manager, mamba, model, sliding
+from conftest import full, group, make_manager, mamba, model, random_lookups, sliding
 
 
 def hybrid():
@@ -26,28 +26,12 @@ def three_kinds():
 
 @pytest.mark.parametrize("spec", [hybrid, windowed, three_kinds])
 def test_the_lookup_hit_is_the_general_fixed_point(spec):
-    rng = random.Random(5)
     mgr = make_manager(spec(), 40, tokens_per_page=2)
     assert mgr._full_bound is not None
-    prefixes = [[rng.randrange(1, 30) for _ in range(rng.randrange(0, 40))] for _ in range(5)]
-    live, hits = [], 0
-    for rid in range(150):
-        prompt = rng.choice(prefixes) + [rng.randrange(1, 30) for _ in range(rng.randrange(1, 9))]
-        mgr.add_request(rid, prompt)
-        cap = rng.choice([None, None, rng.randrange(0, 48)])
-        req = mgr.requests[rid]
-        top = min(len(prompt) - 1, len(prompt) // 2 * 2)
-        top = top if cap is None else max(0, min(top, cap))
-        hit = mgr.lookup(rid, max_tokens=cap)
-        bound = mgr._hash_for_lookup(req, top)
-        assert hit == mgr._fixed_point(req, bound, mgr.policies), (rid, prompt, cap)
-        hits += hit > 0
-        if mgr.allocate(rid, len(prompt) - hit) is None:
-            mgr.free(rid)
-            continue
-        mgr.append_tokens(rid, [1])
-        live.append(rid)
-        while len(live) > rng.randrange(1, 5):
-            mgr.free(live.pop(rng.randrange(len(live))))
-        mgr.check_integrity()
+
+    def check(req, prompt, cap, hit, bound):
+        assert hit == mgr._fixed_point(req, bound, mgr.policies), (req.request_id, prompt, cap)
+        return hit > 0
+
+    hits = random_lookups(mgr, random.Random(5), check)
     assert hits > 20, f"only {hits} lookups hit (the test exercises little)"

@@ -6,7 +6,7 @@ hybrid (2-token pages, state checkpoints every 4 tokens), against vLLM's protoco
 
 from __future__ import annotations
 
-from conftest import cached_keys, full, group, make_manager, mamba, model
+from conftest import cached_keys, full, group, make_manager, mamba, model, random_lookups
 
 from jenga.baselines import make_manager as make_baseline
 from jenga.specs import CopyForwardMambaSpec
@@ -206,28 +206,12 @@ def test_the_junction_from_the_lookup_bound_is_the_full_attention_fixed_point():
     own fixed point."""
     import random
 
-    rng = random.Random(3)
     mgr = make_manager(hybrid(), 40, tokens_per_page=2)
-    prefixes = [[rng.randrange(1, 30) for _ in range(rng.randrange(0, 40))] for _ in range(5)]
-    live, checked = [], 0
-    for rid in range(150):
-        prompt = rng.choice(prefixes) + [rng.randrange(1, 30) for _ in range(rng.randrange(1, 9))]
-        mgr.add_request(rid, prompt)
-        cap = rng.choice([None, None, rng.randrange(0, 48)])
-        req = mgr.requests[rid]
-        top = min(len(prompt) - 1, len(prompt) // 2 * 2)
-        top = top if cap is None else max(0, min(top, cap))
-        hit = mgr.lookup(rid, max_tokens=cap)
-        bound = mgr._hash_for_lookup(req, top)
+
+    def check(req, prompt, cap, hit, bound):
         want = mgr._fixed_point(req, bound, mgr._junction_policies)
-        assert req.junction == (want // 2 * 2 if want > hit else 0), (rid, prompt, cap)
-        checked += req.junction > 0
-        if mgr.allocate(rid, len(prompt) - hit) is None:
-            mgr.free(rid)
-            continue
-        mgr.append_tokens(rid, [1])
-        live.append(rid)
-        while len(live) > rng.randrange(1, 5):
-            mgr.free(live.pop(rng.randrange(len(live))))
-        mgr.check_integrity()
+        assert req.junction == (want // 2 * 2 if want > hit else 0), (req.request_id, prompt, cap)
+        return req.junction > 0
+
+    checked = random_lookups(mgr, random.Random(3), check)
     assert checked > 20, f"only {checked} lookups found a junction (the test exercises little)"
