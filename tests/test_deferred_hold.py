@@ -22,7 +22,7 @@ def _checked(mgr: KVCacheManager, seen: list) -> None:
             treq = twin.requests[req.request_id]
             twin._hold_pending()
             need, _log = twin._plan(treq, end)
-            assert twin._quota_of(treq, need) is None, "pre-check refused an allocation that fits"
+            assert twin._quota_of(treq, need, end) is None, "pre-check refused an allocation that fits"
             seen.append(req.request_id)
         return refused
 

@@ -154,7 +154,7 @@ def test_admission_leaves_room_for_its_next_chunk_when_its_prompt_was_seen_and_o
     mgr.add_request("z", [11, 12, 13, 14, 16, 17, 18])
     assert mgr.lookup("z") == 4
     assert not mgr.can_allocate("z", 2)
-    assert mgr._next_chunk(mgr.requests["z"]) == [1, 0]
+    assert mgr._next_chunk(mgr.requests["z"], 6) == [1, 0]  # chunk [4, 6)
     assert mgr.allocate("z", 2) is None
     mgr.check_integrity()
     assert mgr.allocate("z", 1) is not None  # [4, 5), then [5, 6): both fit beside the protected pages

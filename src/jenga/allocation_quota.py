@@ -15,12 +15,9 @@ from jenga.request import Request
 class AllocationQuota:
     """Mixin (module doc); needs the manager's policies, allocator, evictor and requests."""
 
-    _plan_end = 0  # the end of the last ``_plan``
-
     def _plan(self, req: Request, end: int) -> tuple[list[int], list]:
         """Pages each group needs to cover ``[0, end)``, and the log of cached pages held."""
         need = [0] * len(self.policies)
-        self._plan_end = end  # read by ``_quota_of``
         self._log = log = []
         try:
             for pol, gs in req.pairs or zip(self.policies, req.groups, strict=True):
@@ -43,7 +40,7 @@ class AllocationQuota:
         return [state or req.prompt_len <= (k // 4) * pol.tpp
                 for state, k, pol in zip(self._state_group, self.alloc.k, self.policies, strict=True)]
 
-    def _quota_of(self, req: Request, need: list[int]) -> list[int] | None:
+    def _quota_of(self, req: Request, need: list[int], end: int) -> list[int] | None:
         """``_quota_for`` for ``req``'s allocation; a first allocation (an admission) while
         other requests hold pages may not evict a page the evictor protects (one reused at
         least twice, ``eviction="reuse"``): the request waits for running ones to finish
@@ -79,7 +76,7 @@ class AllocationQuota:
         # headroom: running requests grow by decode pages next, which must not come from
         # protected pages either (each evicted window page kills a whole window's hit)
         margin = self.admission_margin * self._allocated
-        nxt = self._next_chunk(req) if self._windowed(req) and self._seen_before(req) else [0] * len(need)
+        nxt = self._next_chunk(req, end) if self._windowed(req) and self._seen_before(req) else [0] * len(need)
         extra = [x + margin * (not st) for x, st in zip(nxt, self._state_group, strict=True)]
         if any(extra) and self._quota_for([n + x for n, x in zip(need, extra, strict=True)], sup) is None:
             return None
@@ -104,11 +101,10 @@ class AllocationQuota:
                 return True
         return False
 
-    def _next_chunk(self, req: Request) -> list[int]:
-        """Pages each token group holds more once ``req``, planned up to ``_plan_end``, computes
-        as many tokens again (its next prefill chunk, up to the prompt's end): the pages at the
+    def _next_chunk(self, req: Request, end: int) -> list[int]:
+        """Pages each token group holds more once ``req``, planned up to ``end``, computes as
+        many tokens again (its next prefill chunk, up to the prompt's end): the pages at the
         new end minus those already out of range (sliding window, chunk)."""
-        end = self._plan_end
         stop = min(req.prompt_len, 2 * end - req.start)
         if stop <= end:
             return [0] * len(self.policies)

@@ -49,7 +49,7 @@ class CacheControl:
                                        f"{self.model.max_model_len}")
         old, req.num_lookahead = req.num_lookahead, num_lookahead
         need, log = self._plan(req, end)
-        ok = self._quota_of(req, need) is not None
+        ok = self._quota_of(req, need, end) is not None
         self._rollback(req, log)
         req.num_lookahead = old
         return ok

@@ -272,7 +272,7 @@ class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, Ca
             req.num_lookahead = old_lookahead
             return None
         need, log = self._plan(req, end)
-        quota = self._quota_of(req, need)
+        quota = self._quota_of(req, need, end)
         if quota is None:
             self._rollback(req, log)
             req.num_lookahead = old_lookahead

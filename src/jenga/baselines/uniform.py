@@ -180,7 +180,7 @@ class UniformMambaPolicy(MambaPolicy):
         ok = req.start < pos <= end - req.num_lookahead
         return range(pos, pos + 1) if ok and pos > 0 else range(0)
 
-    def _fresh_checkpoints(self, req: Request, end: int, ops: PageOps) -> range:
+    def _fresh_checkpoints(self, req: Request, end: int) -> range:
         return self._new_checkpoints(req, end)  # v1 writes its checkpoint whatever another request writes
 
     def limit(self, req: Request, gs: GroupState, ops: PageOps) -> int:

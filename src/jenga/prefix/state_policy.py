@@ -146,7 +146,7 @@ class MambaPolicy(Policy):
             return periodic[:0]  # a short prompt continuing a cached prefix: its branch points only
         return periodic
 
-    def _fresh_checkpoints(self, req: Request, end: int, ops: PageOps) -> list[int] | range:
+    def _fresh_checkpoints(self, req: Request, end: int) -> list[int] | range:
         """``_new_checkpoints`` less the positions whose state another live request's step
         already writes into a page of its own (same key, not committed yet): one copy of a
         state is enough (several requests of a step continuing the same new prefix each had
@@ -187,7 +187,7 @@ class MambaPolicy(Policy):
     def plan(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> int:
         n = 1 if gs.work is None else 0
         if ops.caching:
-            n += len(self._fresh_checkpoints(req, end, ops))
+            n += len(self._fresh_checkpoints(req, end))
         return n
 
     def grow(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> None:
@@ -198,7 +198,7 @@ class MambaPolicy(Policy):
             else:  # after _take_work_as_checkpoint: the same table object, a fresh work page
                 gs.table.work_page, gs.table.read_page = gs.work, gs.read
         if ops.caching:
-            for pos in self._fresh_checkpoints(req, end, ops):
+            for pos in self._fresh_checkpoints(req, end):
                 page = gs.checkpoints[pos] = ops.take(self.gi)
                 self._track(req, pos, page)
         if gs.read is not None:
@@ -316,7 +316,7 @@ class CopyForwardMambaPolicy(MambaPolicy):
     def _new_checkpoints(self, req: Request, end: int) -> list[int] | range:
         return self._positions(req, req.start, end - req.num_lookahead)
 
-    def _fresh_checkpoints(self, req: Request, end: int, ops: PageOps) -> list[int] | range:
+    def _fresh_checkpoints(self, req: Request, end: int) -> list[int] | range:
         return self._new_checkpoints(req, end)  # the worker writes each step's end state into a page of its own
 
     def _release_read(self, req: Request, gs: GroupState, ops: PageOps) -> None:
