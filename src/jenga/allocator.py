@@ -368,20 +368,7 @@ class LargePageAllocator(EvictableSet, RunMoves):
     def evict_whole(self, large: int) -> None:
         """Every CACHED page of fully evictable ``large`` -> FREE at once; the large page
         returns to the pool (the evictor has dropped their keys and index entries)."""
-        assert self.in_e[large] and self.n_used[large] == 0, f"large {large} is not fully evictable"
-        group = self.group_of[large]
-        k = self.k[group]
-        self.in_e[large] = 0
-        self.num_e -= 1
-        self.e_count[group] -= 1
-        self._hidden.pop(large, None)
-        self.hidden_free[group] -= k - self.n_cached[large]
-        self.state[group][large * k:(large + 1) * k] = bytes(k)  # all FREE
-        self.n_cached[large] = 0
-        self.owned[group] -= 1
-        self.group_of[large] = -1
-        self.tag_of[large] = None
-        self._free_large.push(large)
+        self.evict_whole_each(self.group_of[large], [large])
 
     def _add_free_slot(self, group: int, large: int, slot: int) -> None:
         slots = self._slots[group].get(large)

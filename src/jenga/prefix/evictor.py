@@ -267,20 +267,8 @@ class PrefixEvictor(LargeEviction, EvictionSource):
     def _evict_top(self, g: int) -> int:
         """Evict the large page at the top of group ``g``'s heap (checked valid)."""
         found = self._large_heaps[g].pop()[2]
-        self._evict_large_page(g, found)
+        self._evict_larges(g, [found])
         return found
-
-    def _evict_large_page(self, g: int, large: int) -> None:
-        """Every cached page of fully evictable ``large`` (of group ``g``) leaves; it is free."""
-        alloc = self.alloc
-        k = alloc.k[g]
-        if k == 1:
-            pages = [large]
-        else:
-            st = alloc.state[g]
-            pages = [p for p in range(large * k, (large + 1) * k) if st[p] == CACHED]
-        self._drop_pages(g, pages)
-        alloc.evict_whole(large)
 
     def on_large_evictable(self, large: int) -> None:
         self.on_larges_evictable(self.alloc.group_of[large], (large,))

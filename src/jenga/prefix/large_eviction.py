@@ -60,7 +60,8 @@ class LargeEviction:
                 break  # a run's head: the caller may take a stretch of it in bulk
             if g != last:
                 if picked:
-                    self._evict_larges(last, picked, out)
+                    self._evict_larges(last, picked)
+                    out += picked
                     picked = []
                 last = g
             picked.append(heap.pop()[2])
@@ -69,11 +70,12 @@ class LargeEviction:
             if top is not None:
                 tops.append((top, g))
         if picked:
-            self._evict_larges(last, picked, out)
+            self._evict_larges(last, picked)
+            out += picked
 
-    def _evict_larges(self, g: int, larges: list[int], out: list[int]) -> None:
-        """``_evict_large_page`` for each of ``larges`` (fully evictable, of group ``g``, popped
-        from its order), their cached pages dropped in one call; appended to ``out``."""
+    def _evict_larges(self, g: int, larges: list[int]) -> None:
+        """Every cached page of each of the fully evictable ``larges`` (of group ``g``, popped
+        from its order) leaves, dropped in one call; they are free."""
         alloc = self.alloc
         k = alloc.k[g]
         if k == 1:
@@ -83,7 +85,6 @@ class LargeEviction:
             pages = [p for large in larges for p in range(large * k, (large + 1) * k) if st[p] == CACHED]
         self._drop_pages(g, pages)
         alloc.evict_whole_each(g, larges)
-        out.extend(larges)
 
     def _evict_merged(self, m: int, live: list[int], segs: list[tuple[np.ndarray, ...]]) -> list[int]:
         """Evict the first ``m`` valid elements of the merged ``segs`` (group ``live[j]``'s head
