@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import struct
+from array import array
 
 import numpy as np
 import pytest
@@ -15,9 +16,13 @@ from conftest import full, group, make_manager, model, serve, sliding, snapshot
 import jenga.allocator
 import jenga.ledger
 import jenga.prefix.evictor
+import jenga.prefix.fresh_run
 import jenga.prefix.reuse_evictor
+import jenga.prefix.run_heap
 from jenga.flat_arrays import int64s, largest_keys
 from jenga.prefix.evictor import PrefixEvictor
+from jenga.prefix.fresh_run import FreshRun
+from jenga.prefix.run_heap import RunHeap
 
 P = list(range(1, 41))  # a shared prefix of 40 tokens
 
@@ -173,3 +178,58 @@ def test_long_drop_of_an_unreferenced_page_fails_before_any_change(monkeypatch):
     with pytest.raises(AssertionError, match="unreferenced"):
         mgr.drop_run(0, list(pages), 0, len(pages), mgr.now, mgr.policies[0].tpp)
     assert snapshot(mgr) == before
+
+
+@pytest.mark.parametrize("falling", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+def test_fresh_run_largest_keys_are_the_lexicographic_max_of_each_large_pages_cached_slots(seed, falling):
+    """``FreshRun.largest_keys``: large pages holding cached pages from before the run (their
+    slots looked up) and large pages holding only the run's pages (read from the run), a subset
+    of them entering E."""
+    rng = np.random.default_rng(seed)
+    k, n = 4, 30
+    before = rng.random(n * k) < 0.4  # cached before the run, with older keys
+    kt, kn = rng.integers(0, 5, n * k), rng.integers(-400, 0, n * k)
+    run = np.sort(rng.choice(np.flatnonzero(~before), size=int((~before).sum()) // 2, replace=False))
+    negs = -16 * (np.arange(len(run), dtype=np.int64) + 1)
+    if not falling:
+        negs = rng.permutation(negs)
+    cached = before.copy()
+    cached[run], kt[run], kn[run] = True, 9, negs
+    n_cached = array("q", cached.reshape(n, k).sum(axis=1).tolist())
+    fresh = FreshRun(0, 9, run, negs, k)
+    assert fresh.falling == falling and fresh.larges.tolist() == sorted(set((run // k).tolist()))
+    larges = fresh.larges[rng.random(len(fresh.larges)) < 0.7]
+    looked_up = []
+
+    def largest(group, ids):
+        looked_up.extend(ids.tolist())
+        keys = [max((kt[p], kn[p]) for p in range(x * k, x * k + k) if cached[p]) for x in ids.tolist()]
+        return np.array([t for t, _ in keys]), np.array([m for _, m in keys])
+
+    ts, ns = fresh.largest_keys(larges, n_cached, largest)
+    want = [max((kt[p], kn[p]) for p in range(x * k, x * k + k) if cached[p]) for x in larges.tolist()]
+    assert list(zip(ts.tolist(), ns.tolist(), strict=True)) == want
+    assert set(looked_up) == {x for x in larges.tolist() if before[x * k:x * k + k].any()}
+
+
+@pytest.mark.parametrize("eviction", ["lru", "reuse"])
+@pytest.mark.parametrize("sliding_layers", [1, 2])
+def test_fresh_run_pushes_equal_the_per_element_paths(monkeypatch, eviction, sliding_layers):
+    """``BULK`` = 4 and runs of more than 2 pushed as runs: the frees' runs go through
+    ``FreshRun`` and ``push_sorted``; the same state and eviction order as with neither."""
+    fresh = make_manager(swa_model(sliding_layers), 200, window_slack=4, out_of_window_age=1000, eviction=eviction)
+    twin = copy.deepcopy(fresh)
+    modules = (jenga.ledger, jenga.allocator, jenga.prefix.evictor, jenga.prefix.reuse_evictor)
+    for mod in modules:
+        monkeypatch.setattr(mod, "BULK", 4)
+    pushed = []
+    orig = RunHeap.push_sorted
+    monkeypatch.setattr(RunHeap, "push_sorted", lambda self, *a: (pushed.append(len(a[2])), orig(self, *a))[1])
+    for mod in (jenga.prefix.run_heap, jenga.prefix.fresh_run, jenga.prefix.evictor):
+        monkeypatch.setattr(mod, "SMALL", 2)
+    want = trace(fresh)
+    assert pushed
+    for mod in modules:
+        monkeypatch.setattr(mod, "BULK", 10**9)
+    assert trace(twin) == want

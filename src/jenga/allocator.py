@@ -285,11 +285,13 @@ class LargePageAllocator(EvictableSet, RunMoves):
         """USED -> CACHED (the evictor has recorded its key)."""
         self.to_cached_many(group, (page,))
 
-    def to_cached_many(self, group: int, pages) -> None:
-        """USED -> CACHED for each page (one pass; large pages settled once at the end)."""
+    def to_cached_many(self, group: int, pages, larges=None, counts=None) -> None:
+        """USED -> CACHED for each page (one pass; large pages settled once at the end).
+        ``larges``, ``counts``: the pages' distinct large pages ascending and how many pages each
+        has (a caller that has them; else counted here)."""
         k = self.k[group]
         if len(pages) > BULK:
-            self._to_cached_bulk(group, np.asarray(pages, dtype=np.int64))
+            self._to_cached_bulk(group, np.asarray(pages, dtype=np.int64), larges, counts)
             return
         state, n_used, n_cached = self.state[group], self.n_used, self.n_cached
         if k == 1:  # each page its own large page: it enters E at once (``_enter_e_many``, inline)

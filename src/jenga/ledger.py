@@ -93,14 +93,15 @@ class PageLedger(PageOps):
             self._drop_short(group, seg, start, last_access, tokens_per_page)
             return
         try:  # every page held (the common case): one C pass, which refuses a None
-            ids, pos = int64s(seg), np.arange(start, stop)
+            ids = int64s(seg)
+            negs = np.arange(-(start + 1) * tokens_per_page, -(stop + 1) * tokens_per_page, -tokens_per_page)
         except struct.error:
             held = [p for p in seg if p is not None]
             if not held:
                 return
             ids = int64s(held)
             pos = start + np.flatnonzero(np.fromiter((p is not None for p in seg), dtype=bool, count=len(seg)))
-        negs = -(pos + 1) * tokens_per_page
+            negs = -(pos + 1) * tokens_per_page
         refs = view(self.ref[group])
         r = refs[ids] - 1
         shared = r.any()  # usually not: every page's last reference goes (then no check is needed)

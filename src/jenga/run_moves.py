@@ -18,8 +18,10 @@ from jenga.flat_arrays import unique_counts, view
 class RunMoves:
     """Bulk page moves (module doc)."""
 
-    def _to_cached_bulk(self, group: int, pages: np.ndarray) -> None:
-        """``to_cached_many`` with numpy over distinct ``pages``."""
+    def _to_cached_bulk(self, group: int, pages: np.ndarray, larges: np.ndarray | None = None,
+                        counts: np.ndarray | None = None) -> None:
+        """``to_cached_many`` with numpy over distinct ``pages`` (``larges``, ``counts``: their
+        large pages ascending and pages per large page, when the caller has them)."""
         state, k = view(self.state[group]), self.k[group]
         assert (state[pages] == USED).all(), f"cache of group {group} pages not all USED"
         state[pages] = CACHED
@@ -28,7 +30,8 @@ class RunMoves:
             view(self.n_used)[larges] = 0
             view(self.n_cached)[larges] = 1
         else:
-            larges, counts = unique_counts(pages // k)
+            if larges is None:
+                larges, counts = unique_counts(pages // k)
             view(self.n_used)[larges] -= counts
             view(self.n_cached)[larges] += counts
         self.used_small[group] -= len(pages)

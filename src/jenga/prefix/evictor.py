@@ -19,6 +19,7 @@ import numpy as np
 
 from jenga.allocator import CACHED, EvictionSource, LargePageAllocator
 from jenga.flat_arrays import BULK, as_ids, largest_keys, view, zeros
+from jenga.prefix.fresh_run import FreshRun, push_back
 from jenga.prefix.index import PrefixIndex
 from jenga.prefix.large_eviction import LargeEviction
 from jenga.prefix.policy import held_window_time
@@ -111,7 +112,12 @@ class PrefixEvictor(LargeEviction, EvictionSource):
         """``add_many`` for pages ``ids`` with ``-prefix length`` in ``negs`` (sequences)."""
         ids = self._set_keys(group, ids, negs, last_access)
         self.num_keys[group] += len(ids)
-        self.alloc.to_cached_many(group, ids)
+        fresh = self._fresh
+        if fresh is not None and fresh.larges is not None:  # its large pages counted once, for both
+            self.alloc.to_cached_many(group, ids, fresh.larges, fresh.counts)
+        else:
+            self.alloc.to_cached_many(group, ids)
+        self._fresh = None
 
     def retime_run(self, group: int, ids, negs, last_access: int) -> None:
         """``touch_many`` then ``add_run`` for distinct CACHED ``ids``, in place: the same keys
@@ -122,10 +128,18 @@ class PrefixEvictor(LargeEviction, EvictionSource):
         k = self.alloc.k[group]
         if k == 1:  # a cached page is its own large page, in E
             self._push_larges(group, ids)
+            self._fresh = None
             return
-        larges = sorted({page // k for page in (ids.tolist() if type(ids) is np.ndarray else ids)})
-        in_e = self.alloc.in_e
-        self._push_larges(group, [large for large in larges if in_e[large]])
+        fresh = self._fresh
+        if fresh is not None and fresh.larges is not None:
+            larges = fresh.larges[view(self.alloc.in_e)[fresh.larges] == 1]
+            if len(larges):
+                self._push_larges(group, larges)
+        else:
+            larges = sorted({page // k for page in (ids.tolist() if type(ids) is np.ndarray else ids)})
+            in_e = self.alloc.in_e
+            self._push_larges(group, [large for large in larges if in_e[large]])
+        self._fresh = None
 
     def _set_keys(self, group: int, ids, negs, last_access: int):
         """Write the keys of ``ids`` released now at ``last_access`` (``-prefix length`` in ``negs``)
@@ -142,12 +156,16 @@ class PrefixEvictor(LargeEviction, EvictionSource):
         if bulk:
             view(self.key_t[group])[ids] = prios
             view(self.key_n[group])[ids] = negs
+            if type(prios) is int:  # one key time for the run: ``_push_larges`` reads the keys from here
+                self._fresh = FreshRun(group, prios, ids, negs, self.alloc.k[group])
             if self._small_order[group]:
                 # a run's pages come first to last: the order wants last first (contiguous copies,
                 # the ids once for both columns; one priority for all needs no reversal)
                 back = ids[::-1].copy()
-                ts = np.full(len(ids), prios, dtype=np.int64) if type(prios) is int else prios[::-1].copy()
-                self._heaps[group].push(ts, negs[::-1].copy(), back, back)
+                if type(prios) is int:
+                    push_back(self._heaps[group], prios, negs, self._fresh.falling, back, back)
+                else:
+                    self._heaps[group].push(prios[::-1].copy(), negs[::-1].copy(), back, back)
         else:
             kt, kn = self.key_t[group], self.key_n[group]
             ts = [prios] * len(ids) if type(prios) is int else prios
@@ -157,6 +175,10 @@ class PrefixEvictor(LargeEviction, EvictionSource):
             if self._small_order[group]:
                 self._heaps[group].push(ts, negs, ids, ids)
         return ids
+
+    #: the long run whose keys were just written with one time (``_set_keys``), while it is
+    #: cached or re-keyed; else None
+    _fresh: FreshRun | None = None
 
     # ------------------------------------------------ eviction order hooks
     #: True when ``priority`` is the release time itself (plain LRU: the fast path)
@@ -310,21 +332,34 @@ class PrefixEvictor(LargeEviction, EvictionSource):
         ids = as_ids(larges)
         ver = view(self._large_ver)
         ver[ids] += 1
-        kt, kn = view(self.key_t[group]), view(self.key_n[group])
-        if k == 1:
-            ts, ns = kt[ids], kn[ids]
+        fresh = self._fresh
+        if fresh is not None and fresh.group == group and k == 1 and ids is fresh.ids:
+            # each page is its own large page: its key is the run's (just written)
+            back = ids[::-1].copy()
+            push_back(self._large_heaps[group], fresh.t, fresh.negs, fresh.falling, back, ver[back])
+            return
+        if fresh is not None and fresh.group == group and fresh.larges is not None:
+            ts, ns = fresh.largest_keys(ids, self.alloc.n_cached, self._largest)
         else:
-            st = view(alloc.state[group])
-            if ids[-1] - ids[0] == len(ids) - 1 and (ids[1:] > ids[:-1]).all():  # consecutive: one slice
-                span = slice(int(ids[0]) * k, (int(ids[-1]) + 1) * k)
-                cached = st[span].reshape(-1, k) == CACHED
-                kt, kn = kt[span].reshape(-1, k), kn[span].reshape(-1, k)
-            else:
-                block = ids[:, None] * k + np.arange(k)
-                cached, kt, kn = st[block] == CACHED, kt[block], kn[block]
-            ts, ns = largest_keys(cached, kt, kn)
+            ts, ns = self._largest(group, ids)
         back = slice(None, None, -1)  # a run's large pages come first to last: the order wants last first
         self._large_heaps[group].push(ts[back], ns[back], ids[back], ver[ids][back])
+
+    def _largest(self, group: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The largest key of the cached pages of each of large pages ``ids`` (of ``group``)."""
+        k = self.alloc.k[group]
+        kt, kn = view(self.key_t[group]), view(self.key_n[group])
+        if k == 1:
+            return kt[ids], kn[ids]
+        st = view(self.alloc.state[group])
+        if ids[-1] - ids[0] == len(ids) - 1 and (ids[1:] > ids[:-1]).all():  # consecutive: one slice
+            span = slice(int(ids[0]) * k, (int(ids[-1]) + 1) * k)
+            cached = st[span].reshape(-1, k) == CACHED
+            kt, kn = kt[span].reshape(-1, k), kn[span].reshape(-1, k)
+        else:
+            block = ids[:, None] * k + np.arange(k)
+            cached, kt, kn = st[block] == CACHED, kt[block], kn[block]
+        return largest_keys(cached, kt, kn)
 
     def on_large_unevictable(self, large: int) -> None:
         self._large_ver[large] += 1
@@ -336,3 +371,4 @@ class PrefixEvictor(LargeEviction, EvictionSource):
         ver = self._large_ver
         for large in larges:
             ver[large] += 1
+

@@ -70,6 +70,16 @@ class RunHeap:
             self._push_run([ts, ns, ids, gs, 0])
         self._pushed += m
 
+    def push_sorted(self, ts: np.ndarray, ns: np.ndarray, ids: np.ndarray, gs: np.ndarray) -> None:
+        """``push`` of more than ``SMALL`` elements given as contiguous int64 arrays already in
+        ``(t, n, id)`` order (the caller has checked it): one run, no order check, no copy."""
+        m = len(ids)
+        assert m > SMALL, "push_sorted of a short batch"
+        if self._pushed + m > 2 * self._base + 1024:
+            self.compact()
+        self._push_run([ts, ns, ids, gs, 0])
+        self._pushed += m
+
     def push_singles(self, entries: list[tuple[int, int, int, int]]) -> None:
         """``push`` of at most ``SMALL`` elements given as ``(t, n, id, -1 - g)`` tuples (Python ints)."""
         assert len(entries) <= SMALL
