@@ -104,23 +104,35 @@ class RunMoves:
         self.used_small[group] += m * k
 
     def evict_whole_each(self, group: int, larges: list[int]) -> None:
-        """``evict_whole`` for each of the distinct ``larges`` (all of ``group``), in one loop."""
+        """``evict_whole`` for each of the distinct ``larges`` (all of ``group``), in one loop;
+        they go back to the pool in one ``push_many``."""
         k, state, in_e, n_used, n_cached = self.k[group], self.state[group], self.in_e, self.n_used, self.n_cached
-        hidden, group_of, tag_of, push = self._hidden, self.group_of, self.tag_of, self._free_large.push
-        free = bytes(k)
-        hidden_free = 0
-        for large in larges:
-            assert in_e[large] and n_used[large] == 0 and group_of[large] == group, f"large {large} is not fully evictable"
-            in_e[large] = 0
-            hidden.pop(large, None)
-            hidden_free += k - n_cached[large]
-            state[large * k:(large + 1) * k] = free  # all FREE
-            n_cached[large] = 0
-            group_of[large] = -1
-            tag_of[large] = None
-            push(large)
+        group_of, tag_of = self.group_of, self.tag_of
         m = len(larges)
+        if k == 1:  # a cached page fills its large page: no hidden free slot
+            for large in larges:
+                assert in_e[large] and n_used[large] == 0 and group_of[large] == group, \
+                    f"large {large} is not fully evictable"
+                in_e[large] = 0
+                state[large] = FREE
+                n_cached[large] = 0
+                group_of[large] = -1
+                tag_of[large] = None
+        else:
+            hidden, free = self._hidden, bytes(k)
+            hidden_free = 0
+            for large in larges:
+                assert in_e[large] and n_used[large] == 0 and group_of[large] == group, \
+                    f"large {large} is not fully evictable"
+                in_e[large] = 0
+                hidden.pop(large, None)
+                hidden_free += k - n_cached[large]
+                state[large * k:(large + 1) * k] = free  # all FREE
+                n_cached[large] = 0
+                group_of[large] = -1
+                tag_of[large] = None
+            self.hidden_free[group] -= hidden_free
+        self._free_large.push_many(larges)
         self.num_e -= m
         self.e_count[group] -= m
-        self.hidden_free[group] -= hidden_free
         self.owned[group] -= m

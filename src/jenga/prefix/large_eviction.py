@@ -2,9 +2,10 @@
 in exactly the order of ``m`` calls of ``PrefixEvictor.evict_large``.
 
 Where a group's head is a run of pages released together (``RunHeap``), a stretch of it that
-comes before everything else is evicted in bulk, merged across groups with numpy; a single
-element at the head (a page released alone: a decode step's page leaving the window) is
-evicted one at a time, looking again only at the group that changed.  A mixin of
+comes before everything else is evicted in bulk, merged across groups with numpy; otherwise
+(a single element at the head, e.g. a page released alone, or a short stretch of a run) the
+smallest head is popped one at a time, looking again only at the group that changed, and each
+group's pops are evicted together at the end.  A mixin of
 :class:`jenga.prefix.evictor.PrefixEvictor`.
 """
 
@@ -22,56 +23,62 @@ class LargeEviction:
     """``evict_large_many`` (module doc)."""
 
     def evict_large_many(self, m: int) -> list[int]:
-        """``evict_large()`` up to ``m`` times; the freed large pages in eviction order.  Runs
-        are merged a stretch at a time: what every group's head run holds below the next
-        entry of any group's heap comes before everything else."""
+        """``evict_large()`` up to ``m`` times; the freed large pages in eviction order.
+
+        One element at a time: the smallest of the groups' heads is popped and only its group
+        is looked at again.  Where the head is a run's element and a stretch of at least
+        ``BULK_RUN`` of it comes before everything else, the stretches of every group's head
+        run below the next entry of any group's heap are merged with numpy instead (a run
+        whose stretch was too short is looked at again after ``BULK_RUN`` more pops).  A popped
+        large page is evicted later, with its group's other picks in one call
+        (``_evict_larges``): popping a valid element leaves every other element's
+        validity as it was (each large page has one current version, and groups own distinct
+        large pages), so the picks are the same.  With KV events (``index.events``) nothing is
+        merged and a group's picks are evicted when the next pick is another group's, so the
+        events keep the eviction order."""
         out: list[int] = []
         heaps = self._large_heaps
-        bulk = self.index.events is None  # (bulk would reorder KV events across groups)
-        while len(out) < m:
-            tops = [(e, g) for g in range(len(heaps)) if heaps[g] and (e := heaps[g].top()) is not None]
-            if not tops:
-                break
-            if not bulk or m - len(out) < BULK_RUN or heaps[min(tops)[1]].heap[0][3] < 0:
-                self._evict_each(m, out, tops, bulk)  # the next is a single element: one at a time
-                continue
-            live = [g for _, g in tops]
-            nexts = [min(e[:3] for e in heaps[g].heap[1:3]) for g in live if len(heaps[g]) > 1]
-            cutoff = min(nexts) if nexts else None
-            if not bulk or m - len(out) < BULK_RUN or not any(heaps[g].run_ahead(BULK_RUN, cutoff) for g in live):
-                out.append(self._evict_top(min(tops)[1]))  # a short stretch: one at a time
-                continue
-            out.extend(self._evict_merged(m - len(out), live, [heaps[g].segment(cutoff) for g in live]))
-        return out
-
-    def _evict_each(self, m: int, out: list[int], tops: list, bulk: bool) -> None:
-        """``evict_large()`` into ``out`` while the smallest head (``tops``: each group's, as
-        ``(element, group)``) is a single element (any head without ``bulk``): only the
-        evicting group's head changes, so only it is looked at again.  A group's consecutive
-        picks are evicted together (``_evict_larges``): popping a large page's element leaves
-        every other element's validity as it was (each large page has one current version)."""
-        heaps = self._large_heaps
-        picked: list[int] = []
+        events = self.index.events is not None
+        picks: list[list[int]] = [[] for _ in heaps]  # per group: popped, not evicted yet
+        tops = [(e, g) for g in range(len(heaps)) if heaps[g] and (e := heaps[g].top()) is not None]
+        skip, wait = None, 0  # (group, run) whose stretch was too short for a merge; pops until a new look
         last = -1
-        while len(out) + len(picked) < m and tops:
-            e, g = min(tops)
+        while len(out) < m and tops:
+            _, g = min(tops) if len(tops) > 1 else tops[0]
             heap = heaps[g]
-            if bulk and m - len(out) - len(picked) >= BULK_RUN and heap.heap[0][3] >= 0:
-                break  # a run's head: the caller may take a stretch of it in bulk
-            if g != last:
-                if picked:
-                    self._evict_larges(last, picked)
-                    out += picked
-                    picked = []
+            r = heap.heap[0][3]
+            if r >= 0 and not events and m - len(out) >= BULK_RUN and (g, r) != skip:
+                live = [h for _, h in tops]
+                nexts = [min(e[:3] for e in heaps[h].heap[1:3]) for h in live if len(heaps[h]) > 1]
+                cutoff = min(nexts) if nexts else None
+                if any(heaps[h].run_ahead(BULK_RUN, cutoff) for h in live):
+                    self._evict_picks(picks)
+                    out.extend(self._evict_merged(m - len(out), live, [heaps[h].segment(cutoff) for h in live]))
+                    tops = [(e, h) for h in range(len(heaps)) if heaps[h] and (e := heaps[h].top()) is not None]
+                    continue
+                skip, wait = (g, r), BULK_RUN
+            if events and g != last:
+                self._evict_picks(picks)
                 last = g
-            picked.append(heap.pop()[2])
+            large = heap.pop()[2]
+            wait -= 1
+            if not wait:
+                skip = None
+            out.append(large)
+            picks[g].append(large)
             top = heap.top()
             tops = [x for x in tops if x[1] != g]
             if top is not None:
                 tops.append((top, g))
-        if picked:
-            self._evict_larges(last, picked)
-            out += picked
+        self._evict_picks(picks)
+        return out
+
+    def _evict_picks(self, picks: list[list[int]]) -> None:
+        """Evict each group's popped large pages (``picks[g]``, in pick order) and clear them."""
+        for g, larges in enumerate(picks):
+            if larges:
+                self._evict_larges(g, larges)
+                picks[g] = []
 
     def _evict_larges(self, g: int, larges: list[int]) -> None:
         """Every cached page of each of the fully evictable ``larges`` (of group ``g``, popped
