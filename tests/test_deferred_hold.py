@@ -55,7 +55,8 @@ def test_precheck_refuses_only_what_the_exact_check_refuses():
 
 def test_precheck_counts_the_cached_pages_of_a_long_hit_run_exactly():
     """A hit run longer than ``BULK`` pages is counted in one numpy gather: its cached (zero
-    reference) pages, not the ones a live request still holds."""
+    reference) pages, not the ones a live request still holds.  Where the free pages alone
+    hold the new pages, the precheck answers before counting anything."""
     from jenga.flat_arrays import BULK
 
     spec = model(group("full", full(), 1))
@@ -73,8 +74,13 @@ def test_precheck_counts_the_cached_pages_of_a_long_hit_run_exactly():
     req = mgr.requests["c"]
     (group_, pages), = req.reserve
     assert len(pages) > BULK and hit == 2 * len(pages)
-    assert not mgr._hit_cannot_fit(req, hit + 2)
-    ref = mgr._ref[group_]
-    assert req.reserve_cached == sum(ref[p] == 0 for p in pages) * mgr._alloc.page_bytes[group_]
-    assert 0 < req.reserve_cached < len(pages) * mgr._alloc.page_bytes[group_]
+    alloc, ref = mgr._alloc, mgr._ref[group_]
+    free = alloc.num_free_large + alloc.free_small[group_]  # one page per large page here
+    unheld = sum(ref[p] == 0 for p in pages)
+    assert 0 < unheld < len(pages) and len(mgr._evictor.keys[group_]) == unheld  # the hit's cached pages
+    assert not mgr._hit_cannot_fit(req, hit + 2 * free)  # free pages alone hold it: nothing counted
+    assert req.reserve_cached is None
+    # one page more: only the cached pages outside the hit could give it, and there are none
+    assert mgr._hit_cannot_fit(req, hit + 2 * free + 2)
+    assert req.reserve_cached == unheld * alloc.page_bytes[group_]
     mgr.check_integrity()

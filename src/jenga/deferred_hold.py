@@ -115,23 +115,29 @@ class DeferredHold:
         need = 0
         for pol, gs in zip(self.policies, req.groups, strict=True):
             need += pol.plan(req, gs, end, self) * pb[pol.gi]
+        free = alloc.num_free_large * alloc.large_bytes
+        for g, p in enumerate(pb):
+            free += alloc.free_small[g] * p
+        if need <= free:  # free pages alone hold it (what is out of reach below is all cached)
+            return False
         if req.reserve_cached is None:
             held = 0
             for group, pages in req.reserve:
                 r = ref[group]
                 if type(pages) is not list:
-                    free = r[pages] == 0
+                    unheld = r[pages] == 0
                 elif len(pages) > BULK:  # a long hit run: one gather
-                    free = len(pages) - int(np.count_nonzero(view(r)[int64s(pages)]))
+                    unheld = len(pages) - int(np.count_nonzero(view(r)[int64s(pages)]))
                 else:
-                    free = [r[p] for p in pages].count(0)
-                held += free * pb[group]
+                    unheld = [r[p] for p in pages].count(0)
+                held += unheld * pb[group]
             req.reserve_cached = held
-        avail = alloc.num_free_large * alloc.large_bytes
+        avail = free
         for g, p in enumerate(pb):
-            avail += (alloc.free_small[g] + alloc.hidden_free[g] + len(keys[g])) * p
+            avail += (alloc.hidden_free[g] + len(keys[g])) * p
         # out of reach: the hit's cached pages, and for an admission while others hold pages the
         # pages the evictor protects (``_quota_of``); the two may overlap, so the larger counts
+        # (both lie in cached pages and the free slots of fully evictable large pages)
         out = req.reserve_cached
         prot = getattr(self._evictor, "protected_supply", None)
         pool = alloc.num_large * alloc.large_bytes
