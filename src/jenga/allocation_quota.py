@@ -57,7 +57,8 @@ class AllocationQuota:
         sliding model, each article whose window it takes is a lost hit)."""
         if not any(need):
             return need
-        quota = self._quota_for(need)
+        sup = self.alloc.supply()  # (holds a pending hit first: its pages are no supply)
+        quota = self._quota_for(need, sup)
         if quota is None or req.tables is not None:
             return quota
         prot = getattr(self.evictor, "protected_supply", None)
@@ -70,7 +71,6 @@ class AllocationQuota:
             return quota  # no other request has pages
         if self.evictor.protected_bytes() > self.protected_share * self.alloc.num_large * self.alloc.large_bytes:
             return quota  # protected pages hold over their share of the pool: admissions may evict them
-        sup = self.alloc.supply()
         sup = Supply(sup.free_small, tuple(c - o for c, o in zip(sup.cached_small, outside, strict=True)),
                      sup.whole_large - e_prot)
         # headroom: running requests grow by decode pages next, which must not come from

@@ -196,15 +196,26 @@ class LargePageAllocator(EvictableSet, RunMoves):
         if m > 1 and larges[-1] - larges[0] == m - 1 and larges == list(range(larges[0], larges[-1] + 1)):
             self._carve_range(group, tag, larges[0], m, out)  # ascending, consecutive: one slice each
             return
-        for large in larges:
-            assert group_of[large] == -1, f"large page {large} popped while owned"
-            group_of[large] = group
-            tag_of[large] = tag
         if m > CARVE_LOOP and m * k > BULK:
+            for large in larges:
+                assert group_of[large] == -1, f"large page {large} popped while owned"
+                group_of[large] = group
+                tag_of[large] = tag
             self._carve_flat(group, np.asarray(larges, dtype=np.int64))
+        elif k == 1:  # one page each: its state byte
+            for large in larges:
+                assert group_of[large] == -1, f"large page {large} popped while owned"
+                assert state[large] == FREE, f"large page {large} carved with pages in use"
+                group_of[large] = group
+                tag_of[large] = tag
+                n_used[large] = 1
+                state[large] = USED
         else:  # one slice per large page: cheaper than numpy's index arrays for a few of them
             used = bytes([USED]) * k
             for large in larges:
+                assert group_of[large] == -1, f"large page {large} popped while owned"
+                group_of[large] = group
+                tag_of[large] = tag
                 n_used[large] = k
                 base = large * k
                 assert state.count(FREE, base, base + k) == k, f"large page {large} carved with pages in use"

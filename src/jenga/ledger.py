@@ -8,6 +8,7 @@ It works on the manager's allocator, index, evictor and per-group reference coun
 from __future__ import annotations
 
 import struct
+from array import array
 from collections.abc import Iterable
 
 import numpy as np
@@ -50,10 +51,13 @@ class PageLedger(PageOps):
             keys = (free.tolist(), kt.tolist(), kn.tolist())
         else:
             cached = [page for page in pages if ref[page] == 0]
-            keys = self.evictor.touch_many(group, cached) if cached else []
-            if len(cached) != len(pages):
-                it = iter(keys)
-                keys = [next(it) if ref[page] == 0 else None for page in pages]
+            if not cached:  # every page held by a live request already
+                keys = [None] * len(pages)
+            else:
+                keys = self.evictor.touch_many(group, cached)
+                if len(cached) != len(pages):
+                    it = iter(keys)
+                    keys = [next(it) if ref[page] == 0 else None for page in pages]
             for page in pages:
                 ref[page] += 1
         if log is not None:
@@ -182,8 +186,12 @@ class PageLedger(PageOps):
         pages, carved = self.alloc.allocate_many(group, self._tag, n, self._quota[group], self._shared[group])
         self._quota[group] -= carved
         ref = self.ref[group]
-        for page in pages:
-            ref[page] = 1
+        m, lo = len(pages), pages[0]
+        if m > 8 and pages[-1] - lo == m - 1 and pages == list(range(lo, lo + m)):  # a carve's: one slice
+            ref[lo:lo + m] = array("q", [1]) * m
+        else:
+            for page in pages:
+                ref[page] = 1
         return pages
 
     def retime_keys(self, group: int, keys: list[bytes], ends: list[int], last_access: int) -> None:
