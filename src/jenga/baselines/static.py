@@ -7,6 +7,7 @@ No memory moves between groups while serving.
 
 from __future__ import annotations
 
+from jenga.allocator import Supply
 from jenga.manager import KVCacheManager
 from jenga.prefix.policies import cdiv
 
@@ -26,11 +27,11 @@ class StaticManager(KVCacheManager):
         self.caps = [max(1, int(n * x / sum(w))) for x in w]
         self.alloc.caps = self.caps
 
-    def _quota_for(self, need: list[int]) -> list[int] | None:
+    def _quota_for(self, need: list[int], sup: Supply | None = None) -> list[int] | None:
         """As jenga's, but a group takes new large pages only up to its share; its own fully
         evictable large pages can always be recycled."""
         alloc = self.alloc
-        sup = alloc.supply()
+        sup = sup or alloc.supply()
         room = [c - o for c, o in zip(self.caps, alloc.owned, strict=True)]
         least = [cdiv(max(0, x - f - c), k)
                  for x, f, c, k in zip(need, sup.free_small, sup.cached_small, alloc.k, strict=True)]
