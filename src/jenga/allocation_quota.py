@@ -92,12 +92,12 @@ class AllocationQuota:
     def _seen_before(self, req: Request) -> bool:
         """Whether ``req``'s first page was computed or hit before (a use count, kept after
         eviction): its prompt is part of a reused working set (a cyclic one evicted it)."""
-        uses, hashes = self.index.uses, req.hashes
-        if uses is None:
+        index, hashes = self.index, req.hashes
+        if index.uses is None:
             return False
-        for pol, st, u in zip(self.policies, self._state_group, uses, strict=True):
+        for g, (pol, st) in enumerate(zip(self.policies, self._state_group, strict=True)):
             i = pol.tpp // self.block - 1 if not st else -1
-            if 0 <= i < len(hashes) and hashes[i] in u:
+            if 0 <= i < len(hashes) and index.seen(g, hashes[i]):
                 return True
         return False
 

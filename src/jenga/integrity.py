@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from jenga.eviction_source import CACHED, FREE, USED
+from jenga.flat_arrays import view
 
 
 def held_pages(mgr, req, *, images: bool = True) -> list[tuple[int, int]]:
@@ -58,10 +59,9 @@ def check_manager(mgr) -> None:
                 assert st == FREE and count == 0, f"page {g}:{page} FREE but referenced"
                 assert not mgr.index.is_registered(g, page), f"page {g}:{page} FREE but still indexed"
         assert all(state[g][p] == CACHED for p in keys), f"group {g}: evictor keys on non-cached pages"
-        flags = mgr.index.flags
-        if flags is not None:
-            assert sorted(mgr.index.key_of[g]) == [p for p, f in enumerate(flags[g]) if f], \
-                f"index flags of group {g} differ from its pages"
+        assert len(mgr.index.key_of[g]) == len(mgr.index.table[g]), f"index flags of group {g} differ from its pages"
+        assert not any(k is not None for k in mgr.index.keys[g][view(mgr.index.flags[g]) == 0].tolist()), \
+            f"index of group {g} keeps a key of an unregistered page"
         for key, page in mgr.index.table[g].items():
             assert mgr.index.key_of[g][page] == key, f"index of group {g} inconsistent at page {page}"
             assert state[g][page] in (USED, CACHED), f"indexed page {g}:{page} is FREE"

@@ -138,7 +138,7 @@ class PageLedger(PageOps):
     def _drop_short(self, group: int, seg: list[int | None], start: int, last_access: int,
                     tokens_per_page: int) -> None:
         """``drop_run`` of a short run, element by element; cached pages go to the evictor together."""
-        ref, key_of, caching, released = self.ref[group], self.index.key_of[group], self.caching, self._released
+        ref, registered, caching, released = self.ref[group], self.index.flags[group], self.caching, self._released
         rel_on, rel_t, rel_n = released.on[group], released.t[group], released.n[group]
         cache_ids: list[int] = []
         cache_negs: list[int] = []
@@ -159,7 +159,7 @@ class PageLedger(PageOps):
             if rel_on[page]:
                 rel_on[page] = 0
                 released.count -= 1
-            if page in key_of:
+            if registered[page]:
                 if caching:
                     cache_ids.append(page)
                     cache_negs.append(-(i + 1) * tokens_per_page)

@@ -3,11 +3,34 @@
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator, Mapping
 from itertools import compress, repeat
 
 import numpy as np
 
-from jenga.flat_arrays import BULK, int64s, view, zeros
+from jenga.flat_arrays import BULK, as_ids, int64s, view, zeros
+
+
+class PageKeys(Mapping):
+    """A group's ``page -> key`` for its registered pages, read-only, in page order, over the
+    index's flat arrays (a key per page in an object array, a registered flag per page)."""
+
+    def __init__(self, keys: np.ndarray, flags: bytearray):
+        self._keys, self._flags = keys, flags
+
+    def __contains__(self, page: object) -> bool:
+        return type(page) is int and 0 <= page < len(self._flags) and self._flags[page] == 1
+
+    def __getitem__(self, page: int) -> bytes:
+        if page not in self:
+            raise KeyError(page)
+        return self._keys[page]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(np.flatnonzero(view(self._flags)).tolist())
+
+    def __len__(self) -> int:
+        return self._flags.count(1)
 
 
 class PrefixIndex:
@@ -18,18 +41,18 @@ class PrefixIndex:
 
     def __init__(self, num_groups: int):
         self.table: list[dict[bytes, int]] = [{} for _ in range(num_groups)]
-        self.key_of: list[dict[int, bytes]] = [{} for _ in range(num_groups)]
         self.events = None  # a ``jenga.events.EventLog`` told of every change, when enabled
-        # per group: key -> times its content was computed or hit, kept after eviction
-        # (at most ``USES_KEPT`` keys, the oldest first out); None = not tracked
+        # Use counts (times a key's content was computed or hit), None = not tracked: a
+        # registered key's in ``page_uses`` (per group and page; 0 = not counted, and 0 on
+        # every unregistered page), a key no longer registered in ``uses`` (per group: key ->
+        # count, kept after eviction; at most ``USES_KEPT`` keys, the longest gone first out).
+        # So registering a fresh page costs no dict insert; its key enters ``uses`` when it leaves.
         self.uses: list[dict[bytes, int]] | None = None
-        # per group and registered page: its key's use count (for bulk reads; the newer one where
-        # ``stale``: bulk counts of hits change only this, ``uses`` takes it when the page leaves)
         self.page_uses: list | None = None
-        # per group and registered page: 1 while ``uses`` holds an older count than ``page_uses``
-        self.stale: list[bytearray] | None = None
-        # per group and page: 1 while registered (``key_of`` as flags, for bulk reads); None = not kept
-        self.flags: list[bytearray] | None = None
+        # per group and page: 1 while registered; and its key (an object array, None while not)
+        self.flags: list[bytearray] = []
+        self.keys: list[np.ndarray] = []
+        self.key_of: list[PageKeys] = []  # per group: ``page -> key`` of registered pages (read-only)
 
     USES_KEPT = 1 << 20
 
@@ -38,83 +61,71 @@ class PrefixIndex:
         if self.uses is None:
             self.uses = [{} for _ in self.table]
             self.page_uses = [zeros(n) for n in num_pages]
-            self.stale = [bytearray(n) for n in num_pages]
 
     def track_pages(self, num_pages: list[int]) -> None:
-        """Keep ``flags`` from now on (``num_pages``: each group's page count; call while empty)."""
+        """Size the per-page arrays (``num_pages``: each group's page count; before any register)."""
         assert not len(self), "track_pages on a non-empty index"
         self.flags = [bytearray(n) for n in num_pages]
+        self.keys = [np.full(n, None, dtype=object) for n in num_pages]
+        self.key_of = [PageKeys(k, f) for k, f in zip(self.keys, self.flags, strict=True)]
 
     def uses_of(self, group: int, page: int) -> int:
-        key = self.key_of[group][page]
-        return self.page_uses[group][page] if self.stale[group][page] else self.uses[group].get(key, 0)
+        """The use count of registered ``page``'s key."""
+        assert self.flags[group][page], f"uses_of unregistered page {group}:{page}"
+        return self.page_uses[group][page]
+
+    def seen(self, group: int, key: bytes) -> bool:
+        """Whether ``key``'s content was computed or hit before (a use count, kept after eviction)."""
+        page = self.table[group].get(key)
+        return key in self.uses[group] if page is None else self.page_uses[group][page] > 0
 
     def counts(self, group: int) -> dict[bytes, int]:
-        """A copy of ``uses`` with every count current (the stale ones from ``page_uses``)."""
-        out, page_uses, stale = dict(self.uses[group]), self.page_uses[group], self.stale[group]
+        """Every key's use count (those of keys gone first, then the registered ones)."""
+        out, page_uses = dict(self.uses[group]), self.page_uses[group]
         for page, key in self.key_of[group].items():
-            if stale[page]:
-                assert key in out and page_uses[page] > 0, f"group {group}: a stale count of an uncounted key"
+            assert key not in out, f"group {group}: a registered key also counted as gone"
+            if page_uses[page]:
                 out[key] = page_uses[page]
         return out
 
+    def check_uses(self, group: int) -> None:
+        """Assert the keys of ``uses`` are not registered and unregistered pages count 0."""
+        table, page_uses = self.table[group], self.page_uses[group]
+        assert table.keys().isdisjoint(self.uses[group]), f"group {group}: a registered key in uses"
+        assert not view(page_uses)[view(self.flags[group]) == 0].any(), \
+            f"group {group}: a use count on an unregistered page"
+        assert all(n > 0 for n in self.uses[group].values()), f"group {group}: a count of 0 kept"
+
     def count_use(self, group: int, page: int) -> None:
         """A live request reuses registered ``page`` (a prefix hit)."""
-        uses, key = self.uses[group], self.key_of[group][page]
-        uses[key] = self.page_uses[group][page] = self.page_uses[group][page] + 1
-        self.stale[group][page] = 0
+        self.page_uses[group][page] += 1
 
     def count_uses(self, group: int, pages: list[int]) -> None:
-        """``count_use`` for each of ``pages`` (distinct).  A long run in numpy: the counts
-        change in ``page_uses`` only and the pages turn ``stale`` (``uses`` takes their counts
-        when they leave the index; a counted key keeps its place there either way); keys not
-        counted (dropped by ``USES_KEPT``) enter ``uses`` in page order, as one at a time."""
-        uses, key_of, page_uses = self.uses[group], self.key_of[group], self.page_uses[group]
+        """``count_use`` for each of ``pages`` (distinct; a long run in numpy)."""
+        page_uses = self.page_uses[group]
         if len(pages) > BULK:
-            ids = int64s(pages)
-            counts = view(page_uses)[ids] + 1
-            view(page_uses)[ids] = counts
-            fresh = counts == 1
-            if fresh.any():
-                uses.update(zip(map(key_of.__getitem__, compress(pages, fresh.tolist())), repeat(1)))
-                ids = ids[~fresh]
-            view(self.stale[group])[ids] = 1
+            view(page_uses)[int64s(pages)] += 1
             return
-        stale = self.stale[group]
         for page in pages:
-            uses[key_of[page]] = page_uses[page] = page_uses[page] + 1
-            stale[page] = 0
+            page_uses[page] += 1
 
     def uncount_use(self, group: int, page: int) -> None:
-        """Take back ``count_use`` (the hold did not become a use)."""
-        uses, key = self.uses[group], self.key_of[group][page]
-        n = self.page_uses[group][page] - 1
-        if n > 0:
-            uses[key] = n
-        else:
-            uses.pop(key, None)
-        self.page_uses[group][page] = max(n, 0)
-        self.stale[group][page] = 0
+        """Take back ``count_use`` (the hold did not become a use); never below 0."""
+        page_uses = self.page_uses[group]
+        if page_uses[page] > 0:
+            page_uses[page] -= 1
 
     def uncount_uses(self, group: int, pages: list[int]) -> None:
-        """``uncount_use`` for each of ``pages`` (distinct; a long run in numpy, as ``count_uses``)."""
-        uses, key_of, page_uses = self.uses[group], self.key_of[group], self.page_uses[group]
+        """``uncount_use`` for each of ``pages`` (distinct; a long run in numpy)."""
+        page_uses = self.page_uses[group]
         if len(pages) > BULK:
             ids = int64s(pages)
-            counts = view(page_uses)[ids] - 1
-            gone = counts <= 0
-            if gone.any():  # counts down to 0: the keys leave ``uses``
-                for key in map(key_of.__getitem__, compress(pages, gone.tolist())):
-                    uses.pop(key, None)
-                counts[gone] = 0
-                view(self.stale[group])[ids[gone]] = 0
-                view(self.stale[group])[ids[~gone]] = 1
-            else:
-                view(self.stale[group])[ids] = 1
-            view(page_uses)[ids] = counts
+            counts = view(page_uses)[ids]
+            view(page_uses)[ids] = np.maximum(counts - 1, 0)
             return
         for page in pages:
-            self.uncount_use(group, page)
+            if page_uses[page] > 0:
+                page_uses[page] -= 1
 
     def get(self, group: int, key: bytes) -> int | None:
         return self.table[group].get(key)
@@ -122,88 +133,61 @@ class PrefixIndex:
     def register(self, group: int, page: int, key: bytes) -> bool:
         """Record that ``page`` holds ``key``.  Returns False (and changes nothing) when
         another page already holds that key or the page is already registered."""
-        table = self.table[group]
-        if key in table or page in self.key_of[group]:
+        table, flags = self.table[group], self.flags[group]
+        if key in table or flags[page]:
             if self.uses is not None and key in table:
-                self._use_again(group, key)  # computed again
+                self.page_uses[group][table[key]] += 1  # computed again
             return False
         table[key] = page
-        self.key_of[group][page] = key
-        if self.flags is not None:
-            self.flags[group][page] = 1
+        self.keys[group][page] = key
+        flags[page] = 1
         if self.events is not None:
             self.events.stored(group, key)
         if self.uses is not None:
-            self._first_use(group, page, key)
+            self.page_uses[group][page] = self.uses[group].pop(key, 0) + 1
         return True
 
-    def _use_again(self, group: int, key: bytes) -> None:
-        """Registered ``key`` was computed again (by a page that is not registered)."""
-        uses, page_uses, holder = self.uses[group], self.page_uses[group], self.table[group][key]
-        uses[key] = page_uses[holder] = page_uses[holder] + 1
-        self.stale[group][holder] = 0
-
-    def _first_use(self, group: int, page: int, key: bytes) -> None:
-        """``page`` was just registered with ``key``: count the use (the newest key of ``uses``)."""
+    def _gone(self, group: int, key: bytes, n: int) -> None:
+        """``key`` (use count ``n`` > 0) left the index: remembered in ``uses``, the newest."""
         uses = self.uses[group]
-        uses[key] = self.page_uses[group][page] = uses.pop(key, 0) + 1
+        uses[key] = n
         if len(uses) > self.USES_KEPT:
-            self._drop_oldest_use(group)
-
-    def _drop_oldest_use(self, group: int) -> None:
-        uses = self.uses[group]
-        old = next(iter(uses))
-        del uses[old]
-        holder = self.table[group].get(old)
-        if holder is not None:
-            self.page_uses[group][holder] = 0
-            self.stale[group][holder] = 0
+            del uses[next(iter(uses))]  # the longest gone
 
     def register_many(self, group: int, pages: list[int | None], keys: list[bytes]) -> None:
         """``register`` each (page, key) pair in order; ``None`` pages are skipped."""
-        table, key_of, events = self.table[group], self.key_of[group], self.events
-        if len(pages) > 8 and len(keys) == len(pages) and events is None and self._fresh_run(group, pages, keys):
+        if len(pages) > 8 and len(keys) == len(pages) and self.events is None and self._fresh_run(group, pages, keys):
             return
+        table, flags, page_keys, events = self.table[group], self.flags[group], self.keys[group], self.events
         counting = self.uses is not None
         if counting:
-            uses, page_uses, kept = self.uses[group], self.page_uses[group], self.USES_KEPT
+            uses, page_uses = self.uses[group], self.page_uses[group]
         for page, key in zip(pages, keys, strict=True):
             if page is None:
                 continue
-            if key in table or page in key_of:
+            if key in table or flags[page]:
                 if counting and key in table:
-                    self._use_again(group, key)
+                    page_uses[table[key]] += 1  # computed again
                 continue
             table[key] = page
-            key_of[page] = key
-            if self.flags is not None:
-                self.flags[group][page] = 1
+            page_keys[page] = key
+            flags[page] = 1
             if events is not None:
                 events.stored(group, key)
             if counting:
-                uses[key] = page_uses[page] = uses.pop(key, 0) + 1  # re-inserted: the newest key
-                if len(uses) > kept:
-                    self._drop_oldest_use(group)
+                page_uses[page] = uses.pop(key, 0) + 1
 
     def _fresh_run(self, group: int, pages: list[int | None], keys: list[bytes]) -> bool:
-        """The common case, a run of fresh pages with new keys: each dict updated in one call,
-        the flags and page counts in one numpy pass.  False (nothing changed) otherwise."""
-        table, key_of, flags = self.table[group], self.key_of[group], self.flags
-        if flags is None:
-            if None in pages or any(map(key_of.__contains__, pages)) or not self._insert_fresh(table, keys, pages):
-                return False
-            key_of.update(zip(pages, keys, strict=True))
-            if self.uses is not None:
-                self._count_first_uses(group, keys, int64s(pages))
-            return True
+        """The common case, a run of fresh pages with new keys: the table updated in one call,
+        the flags, keys and page counts in one numpy pass each.  False (nothing changed) otherwise."""
         try:
             ids = int64s(pages)
         except struct.error:  # a None
             return False
-        registered = view(flags[group])
-        if registered[ids].any() or not self._insert_fresh(table, keys, pages):
+        registered = view(self.flags[group])
+        if registered[ids].any() or not self._insert_fresh(self.table[group], keys, pages):
             return False
-        key_of.update(zip(pages, keys, strict=True))
+        self.keys[group][ids] = keys
         registered[ids] = 1
         if self.uses is not None:
             self._count_first_uses(group, keys, ids)
@@ -224,49 +208,64 @@ class PrefixIndex:
         return False
 
     def _count_first_uses(self, group: int, keys: list[bytes], ids: np.ndarray) -> None:
-        """The uses of freshly registered ``keys`` (of pages ``ids``): each re-inserted into
-        ``uses`` as the newest, one use more (``_first_use`` for each, in order).  Keys never
-        counted before (the usual case: ``uses`` has none of them) enter in order with 1."""
+        """The uses of freshly registered ``keys`` (of pages ``ids``): one more than each had
+        when it left the index (it leaves ``uses``), else 1 (the usual case: one probe each, or
+        none while ``uses`` is empty)."""
         uses = self.uses[group]
-        if not uses.keys().isdisjoint(keys):  # some were counted before (maybe evicted since): pop, re-insert all
-            counts = np.fromiter(map(uses.pop, keys, repeat(0)), dtype=np.int64, count=len(keys)) + 1
-            uses.update(zip(keys, counts.tolist(), strict=True))
-            view(self.page_uses[group])[ids] = counts
+        if uses and not uses.keys().isdisjoint(keys):  # some were counted before (evicted since)
+            view(self.page_uses[group])[ids] = np.fromiter(map(uses.pop, keys, repeat(0)), dtype=np.int64,
+                                                           count=len(keys)) + 1
         else:
-            uses.update(zip(keys, repeat(1)))
             view(self.page_uses[group])[ids] = 1
-        while len(uses) > self.USES_KEPT:
-            self._drop_oldest_use(group)
 
     def is_registered(self, group: int, page: int) -> bool:
-        return page in self.key_of[group]
+        return self.flags[group][page] == 1
 
     def drop(self, group: int, page: int) -> None:
-        key = self.key_of[group].pop(page)
+        flags = self.flags[group]
+        assert flags[page], f"drop of unregistered page {group}:{page}"
+        key = self.keys[group][page]
         del self.table[group][key]
-        if self.stale is not None and self.stale[group][page]:  # the newer count goes to ``uses``
-            self.uses[group][key] = self.page_uses[group][page]
-            self.stale[group][page] = 0
-        if self.flags is not None:
-            self.flags[group][page] = 0
+        flags[page] = 0
+        self.keys[group][page] = None
+        if self.uses is not None:
+            page_uses = self.page_uses[group]
+            if page_uses[page]:
+                self._gone(group, key, page_uses[page])
+                page_uses[page] = 0
         if self.events is not None:
             self.events.removed(group, key)
 
-    def drop_many(self, group: int, pages: list[int]) -> None:
-        """``drop`` each of ``pages``."""
-        key_of, table, events = self.key_of[group], self.table[group], self.events
-        flags = self.flags[group] if self.flags is not None else None
-        stale = self.stale[group] if self.stale is not None else None
-        for page in pages:
-            key = key_of.pop(page)
+    def drop_many(self, group: int, pages) -> None:
+        """``drop`` each of ``pages`` (distinct; a list or an int array; a long run in one numpy
+        pass each for the flags, keys and counts)."""
+        if len(pages) <= BULK:
+            for page in pages:
+                self.drop(group, page)
+            return
+        ids = as_ids(pages)
+        registered = view(self.flags[group])
+        assert registered[ids].all(), f"drop of unregistered pages of group {group}"
+        page_keys = self.keys[group]
+        keys = page_keys[ids].tolist()
+        table = self.table[group]
+        for key in keys:
             del table[key]
-            if stale is not None and stale[page]:  # the newer count goes to ``uses``
-                self.uses[group][key] = self.page_uses[group][page]
-                stale[page] = 0
-            if flags is not None:
-                flags[page] = 0
-            if events is not None:
-                events.removed(group, key)
+        registered[ids] = 0
+        page_keys[ids] = None
+        if self.uses is not None:
+            page_uses = view(self.page_uses[group])
+            counts = page_uses[ids]
+            counted = counts > 0
+            if counted.any():  # ``_gone`` for each, in order; the longest gone trimmed after
+                uses = self.uses[group]
+                uses.update(zip(compress(keys, counted.tolist()), counts[counted].tolist(), strict=True))
+                page_uses[ids] = 0
+                while len(uses) > self.USES_KEPT:
+                    del uses[next(iter(uses))]
+        if self.events is not None:
+            for key in keys:
+                self.events.removed(group, key)
 
     def unregister(self, group: int, page: int) -> None:
         """A page registered before it was written leaves the index unwritten (its fill was

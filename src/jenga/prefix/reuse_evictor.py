@@ -188,9 +188,8 @@ class ReuseEvictor(PrefixEvictor):
                     e.add(page // k)
                 else:
                     out[g] += 1
-        for g, key_of in enumerate(self.index.key_of):
-            uses, page_uses = self.index.counts(g), self.index.page_uses[g]
-            assert all(page_uses[p] == uses.get(key, 0) for p, key in key_of.items()), f"group {g}: page use counts"
+        for g in range(len(self.index.key_of)):
+            self.index.check_uses(g)
         recorded = {large: n for large, n in enumerate(self._prot_in) if n}
         assert inside == recorded and out == self._prot_out and len(e) == self._e_prot, \
             f"class-3 counters {recorded, self._prot_out, self._e_prot} != {inside, out, len(e)}"

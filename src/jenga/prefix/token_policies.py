@@ -131,11 +131,11 @@ class FullPolicy(Policy):
         """Held pages that are a second copy of a prefix page another live request holds
         (the request recomputed a prefix whose cached copy it could not use)."""
         pages, m = gs.pages, self.tpp // self.block
-        table, key_of, ref = ops.index_table(self.gi), ops.index.key_of[self.gi], ops.ref[self.gi]
+        table, registered, ref = ops.index_table(self.gi), ops.index.flags[self.gi], ops.ref[self.gi]
         hashes, n = req.hashes, 0
         for i in range(gs.released, min(len(pages), len(hashes) // m, req.num_computed // self.tpp)):
             page = pages[i]
-            if page is not None and page not in key_of:
+            if page is not None and not registered[page]:
                 other = table.get(hashes[(i + 1) * m - 1])
                 if other is not None and other != page and ref[other] > 0:
                     n += 1
