@@ -22,6 +22,7 @@ import jenga.prefix.run_heap
 from jenga.flat_arrays import int64s, largest_keys
 from jenga.prefix.evictor import PrefixEvictor
 from jenga.prefix.fresh_run import FreshRun
+from jenga.prefix.reuse_evictor import ReuseEvictor
 from jenga.prefix.run_heap import RunHeap
 
 P = list(range(1, 41))  # a shared prefix of 40 tokens
@@ -226,10 +227,32 @@ def test_fresh_run_pushes_equal_the_per_element_paths(monkeypatch, eviction, sli
     pushed = []
     orig = RunHeap.push_sorted
     monkeypatch.setattr(RunHeap, "push_sorted", lambda self, *a: (pushed.append(len(a[2])), orig(self, *a))[1])
-    for mod in (jenga.prefix.run_heap, jenga.prefix.fresh_run, jenga.prefix.evictor):
+    for mod in (jenga.prefix.run_heap, jenga.prefix.fresh_run, jenga.prefix.evictor, jenga.prefix.reuse_evictor):
         monkeypatch.setattr(mod, "SMALL", 2)
     want = trace(fresh)
     assert pushed
     for mod in modules:
         monkeypatch.setattr(mod, "BULK", 10**9)
+    assert trace(twin) == want
+
+
+@pytest.mark.parametrize("sliding_layers", [1, 2])
+def test_reuse_short_add_run_equals_the_general_path(monkeypatch, sliding_layers):
+    """``ReuseEvictor.add_run``'s one loop for a short run (keys, class-3 counts, one-page large
+    pages' entries) leaves the state and eviction order of ``priorities_of`` + ``_set_keys`` +
+    the allocator's call back, with pages reused twice (class 3) among them."""
+    fresh = make_manager(swa_model(sliding_layers), 200, window_slack=4, out_of_window_age=1000, eviction="reuse")
+    twin = copy.deepcopy(fresh)
+    protected = []
+    orig = ReuseEvictor.add_run
+
+    def counting(self, group, ids, negs, t):
+        before = sum(self._num_prot)
+        orig(self, group, ids, negs, t)
+        protected.append((self.alloc.k[group], type(ids) is list and sum(self._num_prot) > before))
+
+    monkeypatch.setattr(ReuseEvictor, "add_run", counting)
+    want = trace(fresh)
+    assert {k for k, p in protected if p} == set(fresh.alloc.k)  # class-3 pages on every group's path
+    monkeypatch.setattr(ReuseEvictor, "add_run", PrefixEvictor.add_run)
     assert trace(twin) == want

@@ -23,6 +23,7 @@ import numpy as np
 from jenga.flat_arrays import BULK, as_ids, unique_counts, view, zeros
 from jenga.prefix.evictor import PrefixEvictor
 from jenga.prefix.policy import held_window_time
+from jenga.prefix.run_heap import SMALL
 
 PROTECTED = 1 << 61  # priorities of class 3 are PROTECTED - release time
 
@@ -105,6 +106,56 @@ class ReuseEvictor(PrefixEvictor):
         self._protect(group, [p for p, r in zip(ids, reused, strict=True) if r], True)
         return [protected if r else last_access for r in reused]
 
+    def add_run(self, group: int, ids, negs, last_access: int) -> None:
+        """``PrefixEvictor.add_run``; a short run (a list) in one loop: ``priorities_of``, the
+        keys, the class-3 counts and, for a group of one page per large page, the large-page
+        entries, which the allocator's ``on_larges_evictable`` for exactly these pages pushes."""
+        if type(ids) is not list or len(ids) > BULK:
+            super().add_run(group, ids, negs, last_access)
+            return
+        k = self.alloc.k[group]
+        times, kt, kn, ver = self.times[group], self.key_t[group], self.key_n[group], self._large_ver
+        t, protected, page_uses = last_access, None, self.index.page_uses[group]
+        if last_access >= 0:
+            t, held_window = held_window_time(last_access)
+            protected = PROTECTED if held_window else PROTECTED - t
+        flags, prot_in, in_e = self._flags[group], self._prot_in, self.alloc.in_e
+        out, reused = [], 0  # k == 1: large-page entries; else each page's key time
+        for page, neg in zip(ids, negs, strict=True):
+            times[page] = last_access
+            prio = t
+            if protected is not None and page_uses[page] >= 2:
+                prio = protected
+                reused += 1
+                if flags[page] != 1:  # ``_protect``
+                    flags[page] = 1
+                    self._num_prot[group] += 1
+                    large = page // k
+                    n = prot_in[large] = prot_in[large] + 1
+                    if not in_e[large]:
+                        self._prot_out[group] += 1
+                    elif n == 1:
+                        self._e_prot += 1
+            kt[page] = prio
+            kn[page] = neg
+            if k == 1:
+                v = ver[page] = ver[page] + 1
+                out.append((prio, neg, page, -1 - v))
+            else:
+                out.append(prio)
+        self.num_keys[group] += len(ids)
+        if k > 1:
+            self._heaps[group].push(out, negs, ids, ids)  # (``_small_order``)
+            self.alloc.to_cached_many(group, ids)
+            return
+        self._short = (ids, out, reused)
+        self.alloc.to_cached_many(group, ids)
+        self._short = None
+
+    #: ``(ids, large-page entries, class-3 pages)`` of the short run ``add_run``
+    #: is caching (one page per large page), until the allocator's call back; else None
+    _short = None
+
     def release_time(self, group: int, page: int, key: tuple[int, int]) -> int:
         self._protect(group, (page,), False)
         return self.times[group][page]
@@ -136,6 +187,18 @@ class ReuseEvictor(PrefixEvictor):
         self._protect(group, pages, False)
 
     def on_larges_evictable(self, group: int, larges) -> None:
+        short = self._short
+        if short is not None and larges is short[0]:  # ``add_run``'s pages, keyed and versioned
+            _, entries, reused = short
+            if reused:  # ``_move_protected``: each class-3 page's large page enters E
+                self._prot_out[group] -= reused
+                self._e_prot += reused
+            if len(entries) <= SMALL:
+                self._large_heaps[group].push_singles(entries)
+            else:  # (t, n, id, version) columns
+                ts, ns, ids, gs = zip(*entries, strict=True)
+                self._large_heaps[group].push(list(ts), list(ns), list(ids), [-1 - g for g in gs])
+            return
         self._move_protected(group, larges, -1)
         super().on_larges_evictable(group, larges)
 
