@@ -50,16 +50,19 @@ class PageLedger(PageOps):
                 kt[free], kn[free] = self.evictor.touch_run(group, ids[free])
             keys = (free.tolist(), kt.tolist(), kn.tolist())
         else:
-            cached = [page for page in pages if ref[page] == 0]
+            cached = []  # the pages no live request held: a reference each now, then touched
+            for page in pages:
+                r = ref[page]
+                ref[page] = r + 1
+                if not r:
+                    cached.append(page)
             if not cached:  # every page held by a live request already
                 keys = [None] * len(pages)
             else:
                 keys = self.evictor.touch_many(group, cached)
                 if len(cached) != len(pages):
                     it = iter(keys)
-                    keys = [next(it) if ref[page] == 0 else None for page in pages]
-            for page in pages:
-                ref[page] += 1
+                    keys = [next(it) if ref[page] == 1 else None for page in pages]
         if log is not None:
             log.append((group, list(pages), keys))
 

@@ -44,7 +44,11 @@ class LargeEviction:
         skip, wait = None, 0  # (group, run) whose stretch was too short for a merge; pops until a new look
         last = -1
         while len(out) < m and tops:
-            _, g = min(tops) if len(tops) > 1 else tops[0]
+            if len(tops) == 2:  # (two groups: one comparison)
+                j = 0 if tops[0] < tops[1] else 1
+            else:
+                j = 0 if len(tops) == 1 else min(range(len(tops)), key=tops.__getitem__)
+            g = tops[j][1]
             heap = heaps[g]
             r = heap.heap[0][3]
             if r >= 0 and not events and m - len(out) >= BULK_RUN and (g, r) != skip:
@@ -67,9 +71,10 @@ class LargeEviction:
             out.append(large)
             picks[g].append(large)
             top = heap.top()
-            tops = [x for x in tops if x[1] != g]
-            if top is not None:
-                tops.append((top, g))
+            if top is None:
+                del tops[j]
+            else:
+                tops[j] = (top, g)
         self._evict_picks(picks)
         return out
 
