@@ -4,12 +4,14 @@ donor still computing, and split of the hashing into calls."""
 
 from __future__ import annotations
 
+import gc
 import random
 from array import array
 
 import pytest
 from conftest import full, group, make_manager, model, serve
 
+from jenga.prefix.hash_chain import HashChain
 from jenga.prefix.hash_memo import HashMemo
 from jenga.prefix.hashing import extend_block_hashes, root_hash
 
@@ -80,3 +82,42 @@ def test_no_lending_across_salts_or_with_images():
     mgr.lookup("c")
     assert mgr.requests["c"].lender is not None
     assert mgr.requests["c"].hashes == _chain(prompt, 16, "x", stop=7)
+
+
+def test_hash_chain_reads_as_the_list_it_holds():
+    """``HashChain`` (a freed prompt's hashes) answers ``len``, indexes (negative too, and
+    IndexError past the ends), slices (any step, clipped), iteration and equality exactly as
+    the list it was made from, with the same objects."""
+    rng = random.Random(3)
+    for n in (0, 1, 5, 64):
+        ref = [rng.randbytes(16) for _ in range(n)]
+        chain = HashChain(ref)
+        assert len(chain) == n and chain == ref and list(chain) == ref and bool(chain) == bool(ref)
+        assert chain != ref + [b"x"] and chain == HashChain(list(ref))
+        for _ in range(40):
+            a, b, c = rng.randrange(-70, 70), rng.randrange(-70, 70), rng.choice([1, 2, 3, -1, -16, None])
+            assert chain[a:b:c] == ref[a:b:c]
+        for i in range(-n, n):
+            assert chain[i] is ref[i]
+        for i in (n, -n - 1):
+            with pytest.raises(IndexError):
+                chain[i]
+
+
+def test_freed_prompt_lends_from_its_frozen_hashes():
+    """A freed donor's hashes move into the memo as a ``HashChain`` (also as the donor, in its
+    place); a new prompt still borrows them, a re-add still recalls them (as a list)."""
+    mgr = make_manager(_spec(), 4096, tokens_per_page=16)
+    article = list(range(1000, 1000 + 16 * 40 + 5))
+    serve(mgr, "a", article, [7])  # computed and freed
+    want = _chain(article + [7], 16)
+    donor = mgr._hash_memo.donor(want[0])
+    assert type(donor[1]) is HashChain and donor[1] == want
+    assert not gc.is_tracked(donor[1]._arr)  # no collection walks its hashes
+    mgr.add_request("b", article[:16 * 30] + [4, 5, 6] * 9)
+    assert mgr.lookup("b") == 30 * 16
+    b = mgr.requests["b"]
+    assert b.lender is donor and b.hashes == _chain(b.tokens, 16)[:len(b.hashes)]
+    mgr.add_request("a", article + [7])  # a re-add: its hashes recalled
+    assert type(mgr.requests["a"].hashes) is list and mgr.requests["a"].hashes == want
+    mgr.check_integrity()

@@ -7,6 +7,7 @@ from array import array
 
 import numpy as np
 
+from jenga.prefix.hash_chain import HashChain
 from jenga.prefix.hashing import ImageRef
 
 
@@ -26,14 +27,21 @@ class HashMemo:
         self.size = size
         self._memo: dict[object, tuple] = {}
         # first block hash -> (tokens, hashes) of the latest image-free prompt starting so
-        self._donors: dict[bytes, tuple[array, list[bytes]]] = {}
+        self._donors: dict[bytes, tuple[array, list[bytes] | HashChain]] = {}
 
     def remember(self, request_id: object, tokens: array, hashes: list[bytes], root: bytes,
                  images: tuple[ImageRef, ...]) -> None:
+        """A freed request's hashes, kept as a ``HashChain`` (which the garbage collector does
+        not walk: the memo and the donors hold up to 512 prompts' hashes), also as the donor
+        it may be (its list can no longer grow)."""
         memo = self._memo
-        memo[request_id] = (tokens, hashes, root, images)
+        chain = HashChain(hashes)
+        memo[request_id] = (tokens, chain, root, images)
         if len(memo) > self.size:
             del memo[next(iter(memo))]  # the oldest
+        donor = self._donors.get(hashes[0]) if hashes else None
+        if donor is not None and donor[1] is hashes:
+            self._donors[hashes[0]] = (tokens, chain)  # the same place in the donors' order
 
     def recall(self, request_id: object, tokens: array, root: bytes, block: int,
                images: tuple[ImageRef, ...]) -> list[bytes]:
@@ -48,7 +56,7 @@ class HashMemo:
             return []
         return old_hashes[:n]
 
-    def donor(self, first: bytes) -> tuple[array, list[bytes]] | None:
+    def donor(self, first: bytes) -> tuple[array, list[bytes] | HashChain] | None:
         """The latest image-free prompt whose first block hash is ``first``."""
         return self._donors.get(first)
 
@@ -62,7 +70,8 @@ class HashMemo:
             del donors[next(iter(donors))]  # the oldest
 
     @staticmethod
-    def lend(donor: tuple[array, list[bytes]], tokens: array, hashes: list[bytes], block: int, stop: int) -> None:
+    def lend(donor: tuple[array, list[bytes] | HashChain], tokens: array, hashes: list[bytes], block: int,
+             stop: int) -> None:
         """Extend ``hashes`` (at least the first) towards ``stop`` blocks with ``donor``'s, over
         the blocks whose tokens both share."""
         d_tokens, d_hashes = donor
