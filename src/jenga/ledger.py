@@ -146,29 +146,37 @@ class PageLedger(PageOps):
         cache_ids: list[int] = []
         cache_negs: list[int] = []
         to_free: list[int] = []
-        for i, page in enumerate(seg, start):
-            if page is None:
-                continue
-            r = ref[page] - 1
-            assert r >= 0, f"drop of unreferenced page {group}:{page}"
-            ref[page] = r
-            if r:
-                if caching:  # ``released.put``, inline
-                    if not rel_on[page]:
-                        rel_on[page] = 1
-                        released.count += 1
-                    rel_t[page], rel_n[page] = last_access, -(i + 1) * tokens_per_page
-                continue
-            if rel_on[page]:
-                rel_on[page] = 0
-                released.count -= 1
-            if registered[page]:
-                if caching:
-                    cache_ids.append(page)
-                    cache_negs.append(-(i + 1) * tokens_per_page)
+        neg = -start * tokens_per_page  # page i's -prefix length: -(i + 1) * tokens_per_page
+        recorded = 0  # change of ``released.count``
+        try:
+            for page in seg:
+                neg -= tokens_per_page
+                if page is None:
                     continue
-                self.index.drop(group, page)
-            to_free.append(page)
+                r = ref[page] - 1
+                if r > 0:  # others still hold it
+                    ref[page] = r
+                    if caching:  # ``released.put``, inline
+                        if not rel_on[page]:
+                            rel_on[page] = 1
+                            recorded += 1
+                        rel_t[page] = last_access
+                        rel_n[page] = neg
+                    continue
+                assert r == 0, f"drop of unreferenced page {group}:{page}"
+                ref[page] = 0
+                if rel_on[page]:
+                    rel_on[page] = 0
+                    recorded -= 1
+                if registered[page]:
+                    if caching:
+                        cache_ids.append(page)
+                        cache_negs.append(neg)
+                        continue
+                    self.index.drop(group, page)
+                to_free.append(page)
+        finally:
+            released.count += recorded
         if cache_ids:
             self.evictor.add_run(group, cache_ids, cache_negs, last_access)
         release = self.alloc.release
