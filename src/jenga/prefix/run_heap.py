@@ -13,6 +13,13 @@ stored with the element, e.g. a version).  Stale elements are skipped when they 
 head, and runs with nothing valid left are dropped now and then (``compact``).  Batches of
 at most ``SMALL`` elements are pushed as single entries (``run`` = -1 - g): a decode step's
 one page costs a tuple, not a run.
+
+Pushes are lazy: a push is queued as it was called and the queue is replayed, in order, by
+the first call that reads the heap (``top``, ``len``, ``compact`` ...; ``flush``).  A reader
+sees the heap the eager pushes would have built, up to stale elements dropped at the
+replay's compactions, which drop only elements no later push can make valid again (an
+element is valid again only when the owner pushes it anew).  A free whose pages are never
+evicted costs a list append per batch, not a heap push per element.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 class RunHeap:
     """Sorted runs behind one heap (module doc)."""
 
-    __slots__ = ("heap", "runs", "check", "check_many", "reads", "_next", "_pushed", "_base")
+    __slots__ = ("heap", "runs", "check", "check_many", "reads", "_next", "_pushed", "_base", "_queue", "_queued")
 
     def __init__(self, check: Callable[[int, int, int, int], bool],
                  check_many: Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray],
@@ -41,14 +48,34 @@ class RunHeap:
         self._next = 0
         self._pushed = 0  # elements pushed since the last compaction
         self._base = 0  # elements left right after it
+        self._queue: list[tuple] = []  # pushes not replayed yet: (method, arguments)
+        self._queued = 0  # their elements
 
     def __len__(self) -> int:
         """Heap entries (runs and single elements), stale ones included."""
+        if self._queue:
+            self.flush()
         return len(self.heap)
+
+    def _defer(self, method, args: tuple, m: int) -> None:
+        """Queue a push of ``m`` elements (replayed at once when the queue outgrows the heap)."""
+        self._queue.append((method, args))
+        self._queued += m
+        if self._queued > 2 * self._base + 4096:
+            self.flush()
+
+    def flush(self) -> None:
+        """Replay the queued pushes in order (every reader calls this first)."""
+        queue, self._queue, self._queued = self._queue, [], 0
+        for method, args in queue:
+            method(self, *args)
 
     def push(self, ts, ns, ids, gs) -> None:
         """Add elements ``(ts[i], ns[i], ids[i])`` with owner data ``gs[i]`` (sequences of ints,
-        any order)."""
+        any order; not changed by the caller afterwards)."""
+        self._defer(RunHeap._push_now, (ts, ns, ids, gs), len(ids))
+
+    def _push_now(self, ts, ns, ids, gs) -> None:
         m = len(ids)
         if m == 0:
             return
@@ -73,8 +100,11 @@ class RunHeap:
     def push_sorted(self, ts: np.ndarray, ns: np.ndarray, ids: np.ndarray, gs: np.ndarray) -> None:
         """``push`` of more than ``SMALL`` elements given as contiguous int64 arrays already in
         ``(t, n, id)`` order (the caller has checked it): one run, no order check, no copy."""
+        assert len(ids) > SMALL, "push_sorted of a short batch"
+        self._defer(RunHeap._push_sorted_now, (ts, ns, ids, gs), len(ids))
+
+    def _push_sorted_now(self, ts: np.ndarray, ns: np.ndarray, ids: np.ndarray, gs: np.ndarray) -> None:
         m = len(ids)
-        assert m > SMALL, "push_sorted of a short batch"
         if self._pushed + m > 2 * self._base + 1024:
             self.compact()
         self._push_run([ts, ns, ids, gs, 0])
@@ -83,6 +113,9 @@ class RunHeap:
     def push_singles(self, entries: list[tuple[int, int, int, int]]) -> None:
         """``push`` of at most ``SMALL`` elements given as ``(t, n, id, -1 - g)`` tuples (Python ints)."""
         assert len(entries) <= SMALL
+        self._defer(RunHeap._push_singles_now, (entries,), len(entries))
+
+    def _push_singles_now(self, entries: list[tuple[int, int, int, int]]) -> None:
         if self._pushed + len(entries) > 2 * self._base + 1024:
             self.compact()
         push, heap = heapq.heappush, self.heap
@@ -109,6 +142,8 @@ class RunHeap:
 
     def top(self) -> tuple[int, int, int] | None:
         """``(t, n, id)`` of the smallest valid element (stale heads are dropped on the way)."""
+        if self._queue:
+            self.flush()
         heap, check = self.heap, self.check
         while heap:
             t, n, i, r = heap[0]
@@ -131,6 +166,8 @@ class RunHeap:
 
     def pop(self) -> tuple[int, int, int, int]:
         """Remove the head element (call after ``top``); ``(t, n, id, g)``."""
+        if self._queue:
+            self.flush()
         t, n, i, r = heapq.heappop(self.heap)
         if r < 0:
             return t, n, i, -1 - r
@@ -142,6 +179,8 @@ class RunHeap:
     def run_ahead(self, j: int, bound: tuple[int, int, int] | None) -> bool:
         """True when the head's run has an element ``j`` places after the head that is still
         smaller than ``bound`` (a bulk ``segment`` is worth its numpy calls)."""
+        if self._queue:
+            self.flush()
         r = self.heap[0][3]
         if r < 0:
             return False
@@ -152,6 +191,8 @@ class RunHeap:
     def segment(self, bound: tuple[int, int, int] | None) -> tuple[np.ndarray, ...]:
         """``(ts, ns, ids, gs)`` of the head's run from the head on, as far as its elements are
         smaller than ``bound`` (maybe none); call after ``top``, then ``consume``."""
+        if self._queue:
+            self.flush()
         t, n, i, r = self.heap[0]
         if r < 0:
             if bound is not None and (t, n, i) >= bound:
@@ -164,6 +205,8 @@ class RunHeap:
 
     def consume(self, count: int) -> None:
         """Move the head's run ``count`` elements on (elements ``segment`` returned)."""
+        if self._queue:
+            self.flush()
         if count:
             r = self.heap[0][3]
             heapq.heappop(self.heap)
@@ -174,6 +217,8 @@ class RunHeap:
         """Remove up to ``m`` valid elements from the head's run, in order, all smaller than
         ``bound`` (the next candidate elsewhere); their ids.  Call after ``top``; takes at
         least the head."""
+        if self._queue:
+            self.flush()
         t, n, i, r = self.heap[0]
         if r < 0:
             self.pop()
@@ -193,6 +238,8 @@ class RunHeap:
     def compact(self) -> None:
         """Drop stale singles and runs with no valid element left; skip to each run's first
         valid element.  One ``check_many`` over all singles and one over every run's rest."""
+        if self._queue:
+            self.flush()
         singles = [e for e in self.heap if e[3] < 0]
         heap = []
         if singles:
