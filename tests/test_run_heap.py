@@ -140,3 +140,27 @@ def test_bulk_large_eviction_keeps_the_one_at_a_time_order(two_groups, decode):
     mgr.check_integrity()
     twin.check_integrity()
     assert snapshot(mgr) == snapshot(twin)
+
+
+def test_queued_pushes_wait_for_a_reader_and_made_keys_come_from_then():
+    """A push is replayed by the first reader; ``push_made``'s keys are computed then, for only
+    the elements the owner still finds valid, and pop in the order of eager pushes."""
+    gen = [0] * 8
+    heap = RunHeap(lambda i, t, n, g: gen[i] == g, lambda i, t, n, g: np.array(gen)[i] == g)
+    calls = []
+
+    def make():
+        calls.append(1)
+        live = [i for i in (5, 6, 7) if gen[i] == 0]
+        return [1] * len(live), [-i for i in live], live, [0] * len(live)
+
+    heap.push([2, 0], [0, 0], [1, 2], [0, 0])
+    heap.push_made(make, 3)
+    heap.push_singles([(1, -9, 3, -1)])
+    assert heap.heap == [] and not calls  # nothing replayed yet
+    gen[6] = 1  # stale before any read: its key is never computed
+    out = []
+    while heap.top() is not None:
+        out.append(heap.pop()[:3])
+    assert calls == [1]
+    assert out == [(0, 0, 2), (1, -9, 3), (1, -7, 7), (1, -5, 5), (2, 0, 1)]

@@ -14,6 +14,7 @@ pages released together, so a free or a bulk eviction costs per run, not per pag
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 
 import numpy as np
 
@@ -305,7 +306,7 @@ class PrefixEvictor(LargeEviction, EvictionSource):
         alloc = self.alloc
         k = alloc.k[group]
         if len(larges) * k <= BULK:
-            ver, kt, kn, st = self._large_ver, self.key_t[group], self.key_n[group], alloc.state[group]
+            ver, kt, kn = self._large_ver, self.key_t[group], self.key_n[group]
             if type(larges) is not list:
                 larges = [int(x) for x in larges]
             if k == 1 and len(larges) <= SMALL:  # a page is its own large page: its key, one loop
@@ -319,15 +320,10 @@ class PrefixEvictor(LargeEviction, EvictionSource):
             for large in larges:
                 ver[large] += 1
                 vs.append(ver[large])
-            if k == 1:
-                ts, ns = [kt[p] for p in larges], [kn[p] for p in larges]
-            else:
-                ts, ns = [], []
-                for large in larges:
-                    t, n = max((kt[p], kn[p]) for p in range(large * k, (large + 1) * k) if st[p] == CACHED)
-                    ts.append(t)
-                    ns.append(n)
-            self._large_heaps[group].push(ts, ns, larges, vs)
+            if k > 1:  # the largest keys when the order is read, of the large pages still in it
+                self._large_heaps[group].push_made(partial(self._largest_valid, group, larges, vs), len(larges))
+                return
+            self._large_heaps[group].push([kt[p] for p in larges], [kn[p] for p in larges], larges, vs)
             return
         ids = as_ids(larges)
         ver = view(self._large_ver)
@@ -344,6 +340,23 @@ class PrefixEvictor(LargeEviction, EvictionSource):
             ts, ns = self._largest(group, ids)
         back = slice(None, None, -1)  # a run's large pages come first to last: the order wants last first
         self._large_heaps[group].push(ts[back], ns[back], ids[back], ver[ids][back])
+
+    def _largest_valid(self, group: int, larges: list[int], vs: list[int]) -> tuple[list[int], ...]:
+        """``(ts, ns, larges, vs)`` of those of ``larges`` still in E at version ``vs`` (the others
+        are stale for good: versions only grow), with the largest key of their cached pages:
+        the one they entered with, as a large page's keys change only through a new version."""
+        ver, in_e, k = self._large_ver, self.alloc.in_e, self.alloc.k[group]
+        kt, kn, st = self.key_t[group], self.key_n[group], self.alloc.state[group]
+        ts, ns, ls, gs = [], [], [], []
+        for large, v in zip(larges, vs, strict=True):
+            if ver[large] != v or not in_e[large]:
+                continue
+            t, n = max((kt[p], kn[p]) for p in range(large * k, (large + 1) * k) if st[p] == CACHED)
+            ts.append(t)
+            ns.append(n)
+            ls.append(large)
+            gs.append(v)
+        return ts, ns, ls, gs
 
     def _largest(self, group: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The largest key of the cached pages of each of large pages ``ids`` (of ``group``)."""

@@ -97,6 +97,15 @@ class RunHeap:
             self._push_run([ts, ns, ids, gs, 0])
         self._pushed += m
 
+    def push_made(self, make: Callable[[], tuple], m: int) -> None:
+        """``push`` of the ``(ts, ns, ids, gs)`` that ``make()`` returns when the queue is
+        replayed (at most ``m`` elements): the owner computes the keys of only the elements
+        still valid then, each of which has kept the key it had now."""
+        self._defer(RunHeap._push_made_now, (make,), m)
+
+    def _push_made_now(self, make: Callable[[], tuple]) -> None:
+        self._push_now(*make())
+
     def push_sorted(self, ts: np.ndarray, ns: np.ndarray, ids: np.ndarray, gs: np.ndarray) -> None:
         """``push`` of more than ``SMALL`` elements given as contiguous int64 arrays already in
         ``(t, n, id)`` order (the caller has checked it): one run, no order check, no copy."""
