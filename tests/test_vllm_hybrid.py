@@ -39,7 +39,9 @@ from jenga.specs import CopyForwardMambaSpec, MambaSpec
 # family -> (engine kwargs, stock-only kwargs, tight budget in vLLM blocks, vLLM block, state layers)
 FAMILIES = {
     "falcon_h1": (dict(dtype="float32"), dict(enable_prefix_caching=False), 24, 64, 2),
-    "qwen3_next": (dict(dtype="bfloat16"), {}, 36, 96, 3),
+    # bf16 state named, not "auto": on a CPU with AVX-512 BF16 vLLM turns "auto" into fp32 state
+    # (other page sizes) for its accelerated Gated DeltaNet kernel, and keeps a named bf16
+    "qwen3_next": (dict(dtype="bfloat16", mamba_ssm_cache_dtype="bfloat16"), {}, 36, 96, 3),
 }
 
 

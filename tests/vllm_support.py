@@ -95,6 +95,10 @@ def engine(path: str, *, jenga: bool, num_blocks: int | None = None, **kw):
     if jenga:
         args["scheduler_cls"] = JENGA
     args.update(kw)
+    # an engine core caches vLLM's environment variables for the process once it starts; each
+    # engine here reads the environment as it is now (a test's setenv, e.g. the TP thread binding)
+    import vllm.envs
+    vllm.envs.disable_envs_cache()
     return vllm.LLM(**args)
 
 
