@@ -22,7 +22,9 @@ hit tokens / prompt tokens of first admissions (re-admissions after a preemption
 is what a cache that never evicts would hit; *ceiling* (where every block costs the same bytes) is
 what a clairvoyant cache serving one request at a time on this pool would hit (``cache_bound``;
 where blocks differ in cost, ``<= x`` bounds it from above, shown when below best).  us/step = perf_counter around the manager calls only
-(lookup, allocate, token commit incl. block hashing, free).  GC = the longest garbage-collector
+(lookup, allocate, token commit incl. block hashing, free); ``--repeat N`` runs each row N times,
+the sides alternating, and reports the median us/step per side and the median (range) of the N
+jenga/vLLM ratios (a 2-core VM's speed drifts by tens of percent between runs of the same code).  GC = the longest garbage-collector
 pause during the run (``gc.callbacks``; start-up's heap and the trace's token lists are frozen
 first, see ``frozen_heap``).  Steps = scheduler steps to serve the whole trace (a request an admission
 policy makes wait shows here).  Traces: ``manager_traces.TRACES``; budgets: the
@@ -225,18 +227,41 @@ def run_row(row: str, a) -> dict:
     elif trie.best_hit > 0:  # blocks of unequal cost: an upper bound on that ceiling, shown below best only
         bound = bridged_hit_bound(reqs, model, memory)
         out["bound"] = bound if bound is not None and bound < trie.best_hit - 5e-4 else None
-    sides = [JengaSide(model, memory)]
+    makers = [lambda: JengaSide(model, memory)]
     if not a.no_vllm:
-        sides.append(VllmSide(model, memory, a.budget, None if a.retention == "dense" else int(a.retention)))
-    for side in sides:
-        st = trace_state(reqs)
-        with frozen_heap(), GCWatch() as w:
-            m = simulate(side, model, reqs, a.budget, a.max_running, st)
-        m["gc_ms"] = 1e3 * w.longest
-        out[side.name] = m
-        if a.verbose:
-            print(f"  {row} {side.name}: {side.describe()}", file=sys.stderr)
+        makers.append(lambda: VllmSide(model, memory, a.budget, None if a.retention == "dense" else int(a.retention)))
+    runs: dict[str, list[dict]] = {}
+    for _ in range(getattr(a, "repeat", 1)):  # the sides alternate: a pair runs close in time
+        for make in makers:
+            side = make()
+            st = trace_state(reqs)
+            with frozen_heap(), GCWatch() as w:
+                m = simulate(side, model, reqs, a.budget, a.max_running, st)
+            m["gc_ms"] = 1e3 * w.longest
+            runs.setdefault(side.name, []).append(m)
+            if a.verbose:
+                print(f"  {row} {side.name}: {side.describe()} {m['us_step']:.0f} us/step", file=sys.stderr)
+    for name, ms in runs.items():
+        out[name] = merge_runs(ms)
+    if "vllm" in runs:
+        out["ratios"] = sorted(j["us_step"] / max(v["us_step"], 1e-9) for j, v in zip(runs["jenga"], runs["vllm"],
+                                                                                      strict=True))
     return out
+
+
+OUTCOME = ("steps", "held", "stranded", "needed", "running", "peak", "preempt", "hit", "query", "rehit", "requery")
+
+
+def merge_runs(ms: list[dict]) -> dict:
+    """One side's repeated runs of a row as one: the outcome (hits, bytes, steps) of every run,
+    which must agree (the managers are deterministic), the median us/step, the longest GC pause."""
+    first = ms[0]
+    for m in ms[1:]:
+        diff = [k for k in OUTCOME if m[k] != first[k]]
+        if diff:
+            raise SystemExit(f"repeated runs disagree on {diff}: a manager is not deterministic")
+    return {**first, "us_step": statistics.median(m["us_step"] for m in ms), "gc_ms": max(m["gc_ms"] for m in ms),
+            "runs": len(ms)}
 
 
 def _micro_once(side, budget: int) -> tuple[float, float]:
@@ -304,9 +329,10 @@ def fmt(res: dict) -> list[str]:
     if v is None:
         return [res["row"], f"- / {hit(j)} ({best})", rehit, f"- / {jw}", strand,
                 f"- / {j['us_step']:.0f}", "-", f"{j['gc_ms']:.1f}", f"- / {j['preempt']}", f"- / {j['steps']}"]
-    ratio = j["us_step"] / max(v["us_step"], 1e-9)
+    ratios = res.get("ratios") or [j["us_step"] / max(v["us_step"], 1e-9)]
+    ratio = f"{statistics.median(ratios):.2f}x" + (f" ({ratios[0]:.2f}-{ratios[-1]:.2f})" if len(ratios) > 1 else "")
     return [res["row"], f"{hit(v)} / {hit(j)} ({best})", rehit, f"{waste(v)} / {jw}", strand,
-            f"{v['us_step']:.0f} / {j['us_step']:.0f}", f"{ratio:.2f}x", f"{j['gc_ms']:.1f}",
+            f"{v['us_step']:.0f} / {j['us_step']:.0f}", ratio, f"{j['gc_ms']:.1f}",
             f"{v['preempt']} / {j['preempt']}", f"{v['steps']} / {j['steps']}"]
 
 
@@ -329,7 +355,9 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     p.add_argument("--micro", action="store_true", help="only time add (128k-token prompt) and free "
                    "(100k-token request) per model")
-    p.add_argument("--repeat", type=int, default=1, help="--micro: samples per side and model (median, max)")
+    p.add_argument("--repeat", type=int, default=1, help="runs per side and row, the sides alternating: median "
+                   "us/step, median jenga/vLLM ratio of the pairs (and their range); --micro: samples per side "
+                   "and model (median, max)")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     if not a.no_vllm:
