@@ -134,9 +134,7 @@ class PageLedger(PageOps):
         else:
             for page in ids[reg].tolist():
                 self.index.drop(group, page)
-        release = self.alloc.release
-        for page in ids.tolist():
-            release(group, page)
+        self.alloc.release_many(group, ids)
 
     def _drop_short(self, group: int, seg: list[int | None], start: int, last_access: int,
                     tokens_per_page: int) -> None:
@@ -179,9 +177,8 @@ class PageLedger(PageOps):
             released.count += recorded
         if cache_ids:
             self.evictor.add_run(group, cache_ids, cache_negs, last_access)
-        release = self.alloc.release
-        for page in to_free:
-            release(group, page)
+        if to_free:
+            self.alloc.release_many(group, to_free)
 
     def _dropped(self, group: int, page: int, last_access: int, prefix_len: int) -> None:
         """A page's last reference went: cached when registered (and caching), else free."""

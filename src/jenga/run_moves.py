@@ -1,5 +1,6 @@
 """The allocator's page moves for a run of pages at once, with numpy over its flat arrays:
-USED -> CACHED (a free), CACHED -> USED (a hit), whole one-page large pages evicted or carved.
+USED -> CACHED (a free), CACHED -> USED (a hit), USED -> FREE (a free without caching, or of
+unregistered pages), whole one-page large pages evicted or carved.
 Each does what the per-page loop in :class:`jenga.allocator.LargePageAllocator` does, in one
 pass; used for runs longer than ``jenga.flat_arrays.BULK``.  Also without numpy: a carve of
 consecutive fresh large pages (slices) and the eviction of a few whole large pages of one group
@@ -7,12 +8,13 @@ consecutive fresh large pages (slices) and the eviction of a few whole large pag
 
 from __future__ import annotations
 
+import heapq
 from array import array
 
 import numpy as np
 
 from jenga.eviction_source import CACHED, FREE, USED
-from jenga.flat_arrays import unique_counts, view
+from jenga.flat_arrays import BULK, as_ids, unique_counts, view
 
 
 class RunMoves:
@@ -39,6 +41,53 @@ class RunMoves:
         emptied = larges if k == 1 else larges[view(self.n_used)[larges] == 0]
         if len(emptied):
             self._enter_e_many(group, emptied)
+
+    def release_many(self, group: int, pages) -> None:
+        """``release`` for each of the distinct USED ``pages`` of ``group`` (a list or an int
+        array): the same state, each large page settled once after all its pages (before that its
+        settle changes nothing: it still has a USED page, so it is not in E), large pages that
+        end all free back to the pool together."""
+        if len(pages) <= BULK:
+            release = self.release
+            for page in (pages.tolist() if type(pages) is np.ndarray else pages):
+                release(group, page)
+            return
+        ids = as_ids(pages)
+        state, k = view(self.state[group]), self.k[group]
+        assert (state[ids] == USED).all(), f"release of group {group} pages not all USED"
+        state[ids] = FREE
+        self.used_small[group] -= len(ids)
+        if k == 1:  # each page fills its large page: all of them go back to the pool
+            n_used = view(self.n_used)
+            assert (n_used[ids] == 1).all() and not view(self.n_cached)[ids].any(), "one-page large pages not held once"
+            n_used[ids] = 0
+            larges = ids.tolist()
+            group_of, tag_of = self.group_of, self.tag_of
+            for large in larges:
+                group_of[large] = -1
+                tag_of[large] = None
+            self.owned[group] -= len(larges)
+            self._free_large.push_many(larges)
+            return
+        order = np.argsort(ids // k, kind="stable")
+        ids = ids[order]
+        larges, counts = unique_counts(ids // k)
+        view(self.n_used)[larges] -= counts
+        slots_of, ends = self._slots[group], np.cumsum(counts).tolist()
+        freed = (ids % k).tolist()
+        lo = 0
+        for large, hi in zip(larges.tolist(), ends, strict=True):
+            new = freed[lo:hi]
+            lo = hi
+            self.free_small[group] += len(new)
+            slots = slots_of.get(large)
+            if slots is None:
+                heapq.heapify(new)
+                self._show_slots(group, large, new)
+            else:
+                slots.extend(new)
+                heapq.heapify(slots)
+            self._settle(large)
 
     def _touch_cached_bulk(self, group: int, pages: np.ndarray) -> None:
         """``touch_cached_many`` with numpy."""
