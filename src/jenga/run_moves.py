@@ -69,16 +69,26 @@ class RunMoves:
             self.owned[group] -= len(larges)
             self._free_large.push_many(larges)
             return
-        order = np.argsort(ids // k, kind="stable")
-        ids = ids[order]
+        ids = ids[np.argsort(ids // k, kind="stable")]
         larges, counts = unique_counts(ids // k)
-        view(self.n_used)[larges] -= counts
+        n_used = view(self.n_used)
+        n_used[larges] -= counts
         slots_of, ends = self._slots[group], np.cumsum(counts).tolist()
+        empty = ((n_used[larges] == 0) & (view(self.n_cached)[larges] == 0)).tolist()
         freed = (ids % k).tolist()
-        lo = 0
-        for large, hi in zip(larges.tolist(), ends, strict=True):
+        lo, back = 0, []
+        for large, hi, whole in zip(larges.tolist(), ends, empty, strict=True):
             new = freed[lo:hi]
             lo = hi
+            if whole:  # every slot free: what showing its new slots and settling it leaves
+                slots = slots_of.get(large)
+                if slots is not None:
+                    self._hide_slots(group, large)
+                    self.free_small[group] -= len(slots)
+                self.group_of[large] = -1
+                self.tag_of[large] = None
+                back.append(large)
+                continue
             self.free_small[group] += len(new)
             slots = slots_of.get(large)
             if slots is None:
@@ -88,6 +98,9 @@ class RunMoves:
                 slots.extend(new)
                 heapq.heapify(slots)
             self._settle(large)
+        if back:
+            self.owned[group] -= len(back)
+            self._free_large.push_many(back)
 
     def _touch_cached_bulk(self, group: int, pages: np.ndarray) -> None:
         """``touch_cached_many`` with numpy."""
