@@ -19,9 +19,9 @@ from types import SimpleNamespace
 class JengaSide:
     name = "jenga"
 
-    def __init__(self, model, memory: int):
+    def __init__(self, model, memory: int, caching: bool = True):
         from jenga.manager import KVCacheManager
-        self.mgr = KVCacheManager(model, memory, tokens_per_page=16)
+        self.mgr = KVCacheManager(model, memory, tokens_per_page=16, enable_prefix_caching=caching)
 
     def add(self, rid, tokens) -> int:
         self.mgr.add_request(rid, tokens)
@@ -61,7 +61,8 @@ class JengaSide:
 class VllmSide:
     name = "vllm"
 
-    def __init__(self, model, memory: int, budget: int, retention: int | None = 0, block: int = 16):
+    def __init__(self, model, memory: int, budget: int, retention: int | None = 0, block: int = 16,
+                 caching: bool = True):
         import torch
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1 import kv_cache_interface as kvi
@@ -84,7 +85,8 @@ class VllmSide:
         mamba_kw = {}
         if mamba:  # mirror of vLLM's hybrid Mamba block-size rule (kernel alignment 16)
             s = mamba[0].spec
-            mamba_kw = dict(shapes=tuple(s.shapes), dtypes=tuple(dt[d] for d in s.dtypes), mamba_cache_mode="align")
+            mamba_kw = dict(shapes=tuple(s.shapes), dtypes=tuple(dt[d] for d in s.dtypes),
+                            mamba_cache_mode="align" if caching else "none")
             mamba_page = kvi.MambaSpec(block_size=-1, **mamba_kw).page_size_bytes
             per_tok = max(attn(g, 1).page_size_bytes for g in attn_groups)
             block = max(block, 16 * math.ceil(mamba_page / (16 * per_tok)))
@@ -101,18 +103,19 @@ class VllmSide:
         self.config = kvi.KVCacheConfig(num_blocks=memory // self.page, kv_cache_tensors=[],
                                         kv_cache_groups=groups, prefix_cache_retention_interval=retention)
         shim = SimpleNamespace(
-            cache_config=SimpleNamespace(block_size=block, prefix_match_unit=None, enable_prefix_caching=True),
+            cache_config=SimpleNamespace(block_size=block, prefix_match_unit=None, enable_prefix_caching=caching),
             parallel_config=SimpleNamespace(decode_context_parallel_size=1), kv_transfer_config=None)
         sched_block, hash_block = ku.resolve_kv_cache_block_sizes(self.config, shim)
         self.mgr = KVCacheManager(self.config, max_model_len=model.max_model_len,
                                   scheduler_block_size=sched_block, hash_block_size=hash_block,
-                                  max_in_flight_tokens=budget, enable_caching=True)
+                                  max_in_flight_tokens=budget, enable_caching=caching)
         hash_fn = get_hash_fn_by_name("sha256")
         ku.init_none_hash(hash_fn)
-        self.hasher = ku.get_request_block_hasher(hash_block, hash_fn)
+        # vLLM's engine core makes no block hasher without prefix caching (and no KV connector)
+        self.hasher = ku.get_request_block_hasher(hash_block, hash_fn) if caching else None
         self.block, self.sched_block, self.hash_block = block, sched_block, hash_block
         self.split = None
-        if self.config.has_mamba_layers:
+        if self.config.has_mamba_layers and caching:
             from vllm.v1.core.sched.scheduler import Scheduler
             partial = hash_block < sched_block and self.mgr.coordinator.enable_partial_hash_hits
             self.split_shim = SimpleNamespace(

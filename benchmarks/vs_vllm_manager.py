@@ -227,9 +227,11 @@ def run_row(row: str, a) -> dict:
     elif trie.best_hit > 0:  # blocks of unequal cost: an upper bound on that ceiling, shown below best only
         bound = bridged_hit_bound(reqs, model, memory)
         out["bound"] = bound if bound is not None and bound < trie.best_hit - 5e-4 else None
-    makers = [lambda: JengaSide(model, memory)]
+    caching = not getattr(a, "no_prefix_caching", False)
+    makers = [lambda: JengaSide(model, memory, caching)]
     if not a.no_vllm:
-        makers.append(lambda: VllmSide(model, memory, a.budget, None if a.retention == "dense" else int(a.retention)))
+        makers.append(lambda: VllmSide(model, memory, a.budget, None if a.retention == "dense" else int(a.retention),
+                                       caching=caching))
     runs: dict[str, list[dict]] = {}
     for _ in range(getattr(a, "repeat", 1)):  # the sides alternate: a pair runs close in time
         for make in makers:
@@ -352,6 +354,8 @@ def main(argv=None) -> int:
     p.add_argument("--retention", default="0", help="vLLM prefix_cache_retention_interval: 0 (its default: "
                    "sliding/Mamba keep only prompt-end and shared-prefix checkpoints), N tokens, or 'dense'")
     p.add_argument("--no-vllm", action="store_true", help="jenga's side only (no vLLM needed)")
+    p.add_argument("--no-prefix-caching", action="store_true", help="both managers without prefix caching "
+                   "(vLLM: enable_caching=False, no block hasher, Mamba state in 'none' mode)")
     p.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     p.add_argument("--micro", action="store_true", help="only time add (128k-token prompt) and free "
                    "(100k-token request) per model")

@@ -13,9 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from vs_vllm_manager import fmt, merge_runs, run_row  # noqa: E402
 
 
-def _args(repeat: int) -> SimpleNamespace:
+def _args(repeat: int, no_prefix_caching: bool = False) -> SimpleNamespace:
     return SimpleNamespace(memory_gib=None, scale=0.02, no_vllm=True, budget=8192, max_running=256,
-                           retention="0", verbose=False, repeat=repeat)
+                           retention="0", verbose=False, repeat=repeat, no_prefix_caching=no_prefix_caching)
 
 
 def test_repeated_runs_of_a_row_agree_and_report_the_median():
@@ -45,3 +45,11 @@ def test_a_pairs_ratio_range_is_shown_with_its_median():
     assert fmt(res)[6] == "0.50x (0.40-0.70)"
     res["ratios"] = [0.5]
     assert fmt(res)[6] == "0.50x"
+
+
+def test_without_prefix_caching_nothing_hits_and_prefix_copies_are_waste():
+    cached = run_row("llama-3.1-8b:short", _args(1))["jenga"]
+    plain = run_row("llama-3.1-8b:short", _args(1, no_prefix_caching=True))["jenga"]
+    assert cached["hit"] > 0 and plain["hit"] == 0 and plain["query"] == cached["query"]
+    # every request holds its own copy of its shared prefix: held bytes grow, needed bytes do not
+    assert plain["held"] / plain["steps"] > cached["held"] / cached["steps"]

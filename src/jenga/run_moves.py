@@ -47,13 +47,17 @@ class RunMoves:
         array): the same state, each large page settled once after all its pages (before that its
         settle changes nothing: it still has a USED page, so it is not in E), large pages that
         end all free back to the pool together."""
+        k = self.k[group]
+        if k == 1 and len(pages) <= BULK:  # each page fills its large page: back to the pool
+            self._release_whole(group, pages.tolist() if type(pages) is np.ndarray else pages)
+            return
         if len(pages) <= BULK:
             release = self.release
             for page in (pages.tolist() if type(pages) is np.ndarray else pages):
                 release(group, page)
             return
         ids = as_ids(pages)
-        state, k = view(self.state[group]), self.k[group]
+        state = view(self.state[group])
         assert (state[ids] == USED).all(), f"release of group {group} pages not all USED"
         state[ids] = FREE
         self.used_small[group] -= len(ids)
@@ -101,6 +105,23 @@ class RunMoves:
         if back:
             self.owned[group] -= len(back)
             self._free_large.push_many(back)
+
+    def _release_whole(self, group: int, pages: list[int]) -> None:
+        """``release_many`` of a few pages of a one-page-per-large-page group, in one loop: each
+        large page held only by its page goes straight back to the pool (no slot to show and
+        hide again)."""
+        state, n_used, n_cached, group_of, tag_of = self.state[group], self.n_used, self.n_cached, self.group_of, \
+            self.tag_of
+        for page in pages:
+            assert state[page] == USED and n_used[page] == 1 and not n_cached[page], \
+                f"release of {group}:{page} in state {state[page]}"
+            state[page] = FREE
+            n_used[page] = 0
+            group_of[page] = -1
+            tag_of[page] = None
+        self.used_small[group] -= len(pages)
+        self.owned[group] -= len(pages)
+        self._free_large.push_many(pages)
 
     def _touch_cached_bulk(self, group: int, pages: np.ndarray) -> None:
         """``touch_cached_many`` with numpy."""
