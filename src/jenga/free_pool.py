@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left
 
-SORT_TAKE = 32  # a take of at least this many ids from a heap at least this big sorts it once
+SORT_TAKE = 32  # a take of at least this many ids, from a heap at least this big and at most 8x as big, sorts it
 
 
 class FreePool:
@@ -45,7 +45,7 @@ class FreePool:
     def take(self, m: int) -> list[int]:
         """The ``m`` lowest free ids, removed, lowest first (the pool holds at least ``m``)."""
         heap, out = self.heap, []
-        if m >= SORT_TAKE and len(heap) >= SORT_TAKE:
+        if m >= SORT_TAKE and SORT_TAKE <= len(heap) <= 8 * m:  # (a sort costs ~ a pop per 8 ids)
             return self._take_sorted(m)
         while len(out) < m:
             if heap and (heap[0] < self.lo or self.lo >= self.hi):
