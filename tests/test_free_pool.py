@@ -14,7 +14,7 @@ def test_take_and_pop_lowest_first_across_heap_and_range():
     pool.push(2)
     pool.push(0)
     pool.push(3)  # next to the range [4, 10): the range grows down to 3
-    assert (pool.lo, pool.heap) == (3, [0, 2])
+    assert (pool.lo, sorted(pool.runs)) == (3, [(0, 1), (2, 3)])
     assert pool.pop() == 0
     assert pool.take(3) == [2, 3, 4]
     pool.push_many([0, 1])
@@ -22,14 +22,16 @@ def test_take_and_pop_lowest_first_across_heap_and_range():
     assert pool.take(7) == [0, 1, 5, 6, 7, 8, 9] and len(pool) == 0
     pool.push(7)
     assert list(pool) == [7] and pool.pop() == 7
-    pool.push_many([4, 2])
+    pool.push_many([4, 2, 3, 9])  # consecutive ids: one run
+    assert sorted(pool.runs) == [(2, 5), (9, 10)] and len(pool) == 4
+    assert pool.take(2) == [2, 3] and sorted(pool.runs) == [(4, 5), (9, 10)]
     pool.clear()
     assert len(pool) == 0 and list(pool) == []
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.integers(1, 300), st.lists(st.tuples(st.sampled_from("ptPm"), st.integers(0, 1000)), max_size=60))
-def test_same_order_as_one_heap(n, ops):  # n > 64: takes of many ids from a big heap (one sort)
+def test_same_order_as_one_heap(n, ops):
     pool, ref = FreePool(n), list(range(n))
     taken: list[int] = []
     for op, x in ops:

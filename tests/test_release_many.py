@@ -13,7 +13,7 @@ from jenga.allocator import CACHED, LargePageAllocator
 
 
 def snapshot(a: LargePageAllocator) -> tuple:
-    pool = sorted(list(range(a._free_large.lo, a._free_large.hi)) + list(a._free_large.heap))
+    pool = sorted(a._free_large)
     return (
         [bytes(s) for s in a.state], a.n_used.tobytes(), a.n_cached.tobytes(), bytes(a.in_e), list(a.group_of),
         list(a.tag_of), list(a.free_small), list(a.cached_small), list(a.hidden_free), list(a.used_small),
