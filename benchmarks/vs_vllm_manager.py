@@ -227,13 +227,13 @@ def run_row(row: str, a) -> dict:
     elif trie.best_hit > 0:  # blocks of unequal cost: an upper bound on that ceiling, shown below best only
         bound = bridged_hit_bound(reqs, model, memory)
         out["bound"] = bound if bound is not None and bound < trie.best_hit - 5e-4 else None
-    caching = not getattr(a, "no_prefix_caching", False)
+    caching = not a.no_prefix_caching
     makers = [lambda: JengaSide(model, memory, caching)]
     if not a.no_vllm:
         makers.append(lambda: VllmSide(model, memory, a.budget, None if a.retention == "dense" else int(a.retention),
                                        caching=caching))
     runs: dict[str, list[dict]] = {}
-    for _ in range(getattr(a, "repeat", 1)):  # the sides alternate: a pair runs close in time
+    for _ in range(a.repeat):  # the sides alternate: a pair runs close in time
         for make in makers:
             side = make()
             st = trace_state(reqs)

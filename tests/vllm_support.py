@@ -20,6 +20,7 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 import torch  # noqa: E402
 import transformers as tf  # noqa: E402
+from vllm import envs as vllm_envs  # noqa: E402
 
 from jenga.engine.tokenizer import tiny_tokenizer  # noqa: E402
 
@@ -97,8 +98,7 @@ def engine(path: str, *, jenga: bool, num_blocks: int | None = None, **kw):
     args.update(kw)
     # an engine core caches vLLM's environment variables for the process once it starts; each
     # engine here reads the environment as it is now (a test's setenv, e.g. the TP thread binding)
-    import vllm.envs
-    vllm.envs.disable_envs_cache()
+    vllm_envs.disable_envs_cache()
     return vllm.LLM(**args)
 
 

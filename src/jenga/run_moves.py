@@ -48,7 +48,7 @@ class RunMoves:
         settle changes nothing: it still has a USED page, so it is not in E), large pages that
         end all free back to the pool together."""
         k = self.k[group]
-        if k == 1 and len(pages) <= BULK:  # each page fills its large page: back to the pool
+        if k == 1:  # each page fills its large page: back to the pool
             self._release_whole(group, pages.tolist() if type(pages) is np.ndarray else pages)
             return
         if len(pages) <= BULK:
@@ -61,18 +61,6 @@ class RunMoves:
         assert (state[ids] == USED).all(), f"release of group {group} pages not all USED"
         state[ids] = FREE
         self.used_small[group] -= len(ids)
-        if k == 1:  # each page fills its large page: all of them go back to the pool
-            n_used = view(self.n_used)
-            assert (n_used[ids] == 1).all() and not view(self.n_cached)[ids].any(), "one-page large pages not held once"
-            n_used[ids] = 0
-            larges = ids.tolist()
-            group_of, tag_of = self.group_of, self.tag_of
-            for large in larges:
-                group_of[large] = -1
-                tag_of[large] = None
-            self.owned[group] -= len(larges)
-            self._free_large.push_many(larges)
-            return
         ids = ids[np.argsort(ids // k, kind="stable")]
         larges, counts = unique_counts(ids // k)
         n_used = view(self.n_used)
@@ -107,16 +95,25 @@ class RunMoves:
             self._free_large.push_many(back)
 
     def _release_whole(self, group: int, pages: list[int]) -> None:
-        """``release_many`` of a few pages of a one-page-per-large-page group, in one loop: each
-        large page held only by its page goes straight back to the pool (no slot to show and
-        hide again)."""
-        state, n_used, n_cached, group_of, tag_of = self.state[group], self.n_used, self.n_cached, self.group_of, \
-            self.tag_of
+        """``release_many`` for a one-page-per-large-page group: each large page held only by its
+        page goes straight back to the pool (no slot to show and hide again); a long run's state
+        and counts with numpy."""
+        group_of, tag_of = self.group_of, self.tag_of
+        if len(pages) > BULK:
+            ids = as_ids(pages)
+            state, n_used = view(self.state[group]), view(self.n_used)
+            assert (state[ids] == USED).all() and (n_used[ids] == 1).all() and not view(self.n_cached)[ids].any(), \
+                f"release of group {group} pages not all USED, each its large page's only one"
+            state[ids] = FREE
+            n_used[ids] = 0
+        else:
+            state, n_used, n_cached = self.state[group], self.n_used, self.n_cached
+            for page in pages:
+                assert state[page] == USED and n_used[page] == 1 and not n_cached[page], \
+                    f"release of {group}:{page} in state {state[page]}"
+                state[page] = FREE
+                n_used[page] = 0
         for page in pages:
-            assert state[page] == USED and n_used[page] == 1 and not n_cached[page], \
-                f"release of {group}:{page} in state {state[page]}"
-            state[page] = FREE
-            n_used[page] = 0
             group_of[page] = -1
             tag_of[page] = None
         self.used_small[group] -= len(pages)
