@@ -36,6 +36,10 @@ class MissingConfigError(ConfigError, FileNotFoundError):
     """A model directory without ``config.json``."""
 
 
+class CheckpointError(JengaError, ValueError):
+    """A checkpoint that lacks a parameter of the model, holds one of another shape, or has no safetensors file."""
+
+
 class UnsupportedArchitectureError(JengaError, ValueError):
     """The engine has no model class for this config's architecture (the message lists those it has)."""
 

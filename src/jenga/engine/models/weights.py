@@ -2,39 +2,34 @@
 
 * :func:`load_model` ``(path)``: config from ``path/config.json`` (offline), model class from
   the registry, weights from ``model.safetensors`` or ``model.safetensors.index.json`` shards.
-* :func:`load_weights`: copy tensors into an existing model by HF name, tensor by tensor
-  (no full state dict in memory). Multimodal checkpoints (``language_model.`` /
-  ``model.language_model.`` prefixes) load their text decoder; vision weights are skipped,
-  except by the classes that run the vision tower (v5 names, or the older top-level
-  ``vision_model.`` / ``multi_modal_projector.`` / ``language_model.model.`` names).
-  A missing ``lm_head.weight`` is fine when embeddings are tied.
+* :func:`load_weights`: the checkpoint's tensors under transformers' in-memory names, converted as
+  ``from_pretrained`` converts them (:mod:`jenga.engine.models.hf_conversion`: per-expert weights
+  fused, renamed prefixes ...), copied into the model by name.  The text decoder of a multimodal
+  checkpoint loads into the text-only classes (:data:`TEXT_DECODER_PREFIXES`); vision weights are
+  skipped, except by the classes that run the vision tower.  A missing ``lm_head.weight`` is fine
+  when embeddings are tied.
 * :func:`tiny_config` / :func:`randomize_`: small random models for tests (no hub needed).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from torch import nn
 
 from jenga.engine.models.common import PagedCausalLM
+from jenga.engine.models.hf_conversion import converted_tensors
 from jenga.engine.models.registry import build_model
+from jenga.errors import CheckpointError
 
-#: (checkpoint prefix, model prefix) rewrites tried in order for wrapped text decoders.
-PREFIX_REWRITES = (
+#: where transformers' multimodal classes keep their text decoder (in-memory names, v5 and the
+#: Llama-4 layout) -> the text-only classes' names.
+TEXT_DECODER_PREFIXES = (
     ("model.language_model.", "model."),
     ("language_model.model.", "model."),
     ("language_model.lm_head.", "lm_head."),
-    ("language_model.", "model."),
-    # pre-v5 checkpoints of the classes that run the vision tower (Llama-3.2-Vision, Gemma-3 VLM)
-    ("language_model.model.", "model.language_model."),
-    ("vision_model.", "model.vision_model."),
-    ("vision_tower.", "model.vision_tower."),
-    ("multi_modal_projector.", "model.multi_modal_projector."),
 )
 
 
@@ -54,45 +49,41 @@ def safetensors_files(path: str | Path) -> list[Path]:
         return [path / s for s in shards]
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise FileNotFoundError(f"no safetensors checkpoint in {path}")
+        raise CheckpointError(f"no safetensors checkpoint in {path}")
     return files
-
-
-def iter_checkpoint(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` for every tensor of the checkpoint, loaded lazily one at a time."""
-    for file in safetensors_files(path):
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():
-                yield name, f.get_tensor(name)
 
 
 def _target_name(name: str, params: dict) -> str | None:
     if name in params:
         return name
-    for src, dst in PREFIX_REWRITES:
+    for src, dst in TEXT_DECODER_PREFIXES:
         if name.startswith(src) and dst + name[len(src):] in params:
             return dst + name[len(src):]
     return None
 
 
 @torch.no_grad()
-def load_weights(model: nn.Module, path: str | Path, *, strict: bool = True) -> dict[str, list[str]]:
+def load_weights(model: nn.Module, path: str | Path, *, strict: bool = True, config=None) -> dict[str, list[str]]:
     """Copy the checkpoint at ``path`` into ``model`` (cast to each parameter's dtype / device).
 
-    Returns ``{"missing": [...], "skipped": [...]}``. With ``strict`` a missing parameter
-    (other than a tied ``lm_head.weight``) raises ``KeyError``; checkpoint tensors with no
-    matching parameter are skipped (vision towers of multimodal checkpoints).
+    ``config`` is the checkpoint's HF config (read from ``path`` when None): it names the HF class
+    whose conversion applies.  Returns ``{"missing": [...], "skipped": [...]}``. With ``strict`` a
+    missing parameter (other than a tied ``lm_head.weight``) raises :class:`CheckpointError`, as does
+    a tensor whose shape differs from the parameter's; tensors with no matching parameter are
+    skipped (vision towers of multimodal checkpoints).
     """
+    config = load_config(path) if config is None else config
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded, skipped = set(), []
-    for name, tensor in iter_checkpoint(path):
+    for name, tensor in converted_tensors(safetensors_files(path), config):
         target = _target_name(name, params)
         if target is None:
             skipped.append(name)
             continue
         param = params[target]
         if tuple(param.shape) != tuple(tensor.shape):
-            raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}")
+            raise CheckpointError(f"{path}: {name} has shape {tuple(tensor.shape)}, the model's {target} "
+                                  f"{tuple(param.shape)}")
         param.copy_(tensor)
         loaded.add(target)
     missing = [n for n in params if n not in loaded]
@@ -101,7 +92,7 @@ def load_weights(model: nn.Module, path: str | Path, *, strict: bool = True) -> 
     if tied and tied[0] in loaded:  # tied embeddings (``model.embed_tokens`` or a VLM's decoder's)
         missing = [n for n in missing if n != "lm_head.weight"]
     if strict and missing:
-        raise KeyError(f"checkpoint {path} lacks {len(missing)} parameters, e.g. {missing[:5]}")
+        raise CheckpointError(f"checkpoint {path} lacks {len(missing)} parameters, e.g. {missing[:5]}")
     return {"missing": missing, "skipped": skipped}
 
 
