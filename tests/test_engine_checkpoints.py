@@ -27,9 +27,11 @@ SPECIAL = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 FAMILIES = {
     "llama": {}, "mistral": {}, "ministral": {}, "gemma2": {}, "gemma3": {}, "llama4": {},
     "jamba": {}, "nemotron_h": {}, "falcon_h1": {}, "qwen3_next": {},
+    "qwen2": {}, "qwen3": {}, "qwen3_moe": {},
 }
 #: families whose own saved checkpoint holds per-expert tensors (the format transformers converts)
-PER_EXPERT = {"jamba": "feed_forward.experts.0.gate_proj.weight", "qwen3_next": "mlp.experts.0.gate_proj.weight"}
+PER_EXPERT = {"jamba": "feed_forward.experts.0.gate_proj.weight", "qwen3_next": "mlp.experts.0.gate_proj.weight",
+              "qwen3_moe": "mlp.experts.0.gate_proj.weight"}
 torch.set_num_threads(1)
 
 

@@ -35,6 +35,9 @@ TINY_MODELS: dict[str, tuple[str, dict]] = {
     "tiny-nemotron-h": ("nemotron_h", {}),
     "tiny-falcon-h1": ("falcon_h1", {}),
     "tiny-qwen3-next": ("qwen3_next", {}),
+    "tiny-qwen2": ("qwen2", {}),
+    "tiny-qwen3": ("qwen3", {}),
+    "tiny-qwen3-moe": ("qwen3_moe", {}),
 }
 
 

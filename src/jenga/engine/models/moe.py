@@ -1,7 +1,7 @@
 """Top-k routed experts with HF's 3-D expert weights (``experts.gate_up_proj`` / ``experts.down_proj``).
 
-Shared by Jamba (softmax router ``router``) and Qwen3-Next (softmax router ``gate.weight``, top-k
-renormalised, plus a sigmoid-gated shared expert).  Every token goes to its ``k`` experts with
+Shared by Jamba (softmax router ``router``), Qwen3-Next and Qwen3-MoE (:class:`TopKRouter` as
+``gate``, Qwen3-Next with a sigmoid-gated shared expert).  Every token goes to its ``k`` experts with
 full capacity (no dropped tokens), as HF computes it.
 """
 
@@ -42,3 +42,15 @@ def softmax_top_k(logits: Tensor, k: int, renormalize: bool) -> tuple[Tensor, Te
     if renormalize:
         w = w / w.sum(dim=-1, keepdim=True)
     return idx, w
+
+
+class TopKRouter(nn.Module):
+    """Softmax top-k router with HF's bare ``weight [E, H]`` (Qwen3-MoE / Qwen3-Next ``mlp.gate``)."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.top_k, self.renormalize = config.num_experts_per_tok, config.norm_topk_prob
+        self.weight = nn.Parameter(torch.zeros(config.num_experts, config.hidden_size))
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        return softmax_top_k(F.linear(x, self.weight), self.top_k, self.renormalize)

@@ -17,7 +17,7 @@ from jenga.engine.attention import ForwardContext
 from jenga.engine.models.common import GatedMLP, PagedAttentionBase, RMSNorm, Rotary, cfg, rope_parameters
 from jenga.engine.models.gated_deltanet import GatedDeltaNet
 from jenga.engine.models.hybrid import HybridCausalLM
-from jenga.engine.models.moe import Experts, softmax_top_k
+from jenga.engine.models.moe import Experts, TopKRouter
 
 
 class PartialRotary(Rotary):
@@ -53,20 +53,10 @@ class Qwen3NextAttention(PagedAttentionBase):
         return self.o_proj(out.reshape(T, -1) * torch.sigmoid(gate.reshape(T, -1)))
 
 
-class Qwen3NextRouter(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.top_k, self.renormalize = config.num_experts_per_tok, config.norm_topk_prob
-        self.weight = nn.Parameter(torch.zeros(config.num_experts, config.hidden_size))
-
-    def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        return softmax_top_k(nn.functional.linear(x, self.weight), self.top_k, self.renormalize)
-
-
 class Qwen3NextSparseMoeBlock(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.gate = Qwen3NextRouter(config)
+        self.gate = TopKRouter(config)
         self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size, config.hidden_act)
         self.shared_expert = GatedMLP(config.hidden_size, config.shared_expert_intermediate_size, config.hidden_act)
         self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)

@@ -20,6 +20,7 @@ from jenga.engine.models.llama import LlamaForCausalLM
 from jenga.engine.models.llama4 import Llama4ForCausalLM
 from jenga.engine.models.mllama import MllamaForConditionalGeneration
 from jenga.engine.models.nemotron_h import NemotronHForCausalLM
+from jenga.engine.models.qwen import QwenForCausalLM
 from jenga.engine.models.qwen3_next import Qwen3NextForCausalLM
 from jenga.errors import UnsupportedArchitectureError
 
@@ -37,6 +38,9 @@ MODEL_TYPES: dict[str, type[PagedCausalLM]] = {
     "nemotron_h": NemotronHForCausalLM,
     "falcon_h1": FalconH1ForCausalLM,
     "qwen3_next": Qwen3NextForCausalLM,
+    "qwen2": QwenForCausalLM,
+    "qwen3": QwenForCausalLM,
+    "qwen3_moe": QwenForCausalLM,
 }
 
 ARCHITECTURES: dict[str, type[PagedCausalLM]] = {
@@ -53,6 +57,9 @@ ARCHITECTURES: dict[str, type[PagedCausalLM]] = {
     "NemotronHForCausalLM": NemotronHForCausalLM,
     "FalconH1ForCausalLM": FalconH1ForCausalLM,
     "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
+    "Qwen2ForCausalLM": QwenForCausalLM,
+    "Qwen3ForCausalLM": QwenForCausalLM,
+    "Qwen3MoeForCausalLM": QwenForCausalLM,
 }
 
 #: model types whose checkpoints wrap the text decoder (weights live under a prefix).

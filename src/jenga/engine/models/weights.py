@@ -118,7 +118,7 @@ _TINY_COMMON = dict(vocab_size=512, hidden_size=256, intermediate_size=256, num_
 
 
 def tiny_config(family: str, **overrides):
-    """A small HF config of ``family`` in {llama, mistral, ministral, gemma2, gemma3, llama4, jamba, nemotron_h, falcon_h1, qwen3_next}.
+    """A small HF config of ``family`` (a key of ``families`` below, ``gemma3_vision`` or ``mllama``).
 
     Windows / chunks are 32 tokens (two 16-token pages) so short prompts cross them.
     """
@@ -165,6 +165,13 @@ def tiny_config(family: str, **overrides):
             linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
             linear_conv_kernel_dim=5, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
             shared_expert_intermediate_size=64, decoder_sparse_step=2, partial_rotary_factor=0.5)),
+        # sliding from layer 1 on (use_sliding_window, max_window_layers): one full, two sliding layers
+        "qwen2": (tf.Qwen2Config, dict(num_hidden_layers=3, use_sliding_window=True, sliding_window=32,
+                                       max_window_layers=1)),
+        "qwen3": (tf.Qwen3Config, dict(num_hidden_layers=2)),
+        "qwen3_moe": (tf.Qwen3MoeConfig, dict(
+            num_hidden_layers=4, hidden_size=64, intermediate_size=128, head_dim=32, num_experts=4,
+            num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=2, norm_topk_prob=True)),
     }
     if family == "gemma3_vision":
         return tiny_gemma3_vision_config(**overrides)

@@ -1,0 +1,117 @@
+"""Qwen2 / Qwen2.5, Qwen3 and Qwen3-MoE decoders with paged attention (HF parameter names).
+
+* Qwen2 / Qwen2.5: Llama layers with biased q / k / v projections (``o_proj`` without bias).
+* Qwen3: q / k RMS-normed per head before RoPE (``q_norm`` / ``k_norm``), ``attention_bias`` on all
+  four projections.
+* Qwen3-MoE: Qwen3 attention; the feed-forward of layer ``i`` is a softmax top-k MoE
+  (``mlp.gate``, ``mlp.experts``) when ``(i + 1) % decoder_sparse_step == 0`` and ``i`` is not in
+  ``mlp_only_layers``, else a gated MLP.
+
+Windows as in :func:`jenga.engine.models.llama.layer_windows`: ``layer_types`` when the config has
+them (Qwen2 / Qwen3: sliding from ``max_window_layers`` on, when ``use_sliding_window``), else
+``sliding_window`` on every layer (Qwen3-MoE; None unless ``use_sliding_window``).
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from jenga.engine.attention import ForwardContext
+from jenga.engine.models.common import (
+    GatedMLP,
+    PagedAttentionBase,
+    PagedCausalLM,
+    RMSNorm,
+    Rotary,
+    cfg,
+    rope_parameters,
+)
+from jenga.engine.models.llama import layer_windows
+from jenga.engine.models.moe import Experts, TopKRouter
+
+#: model_type -> (q/k/v bias, o bias, per-head q/k norms) given the config
+ATTENTION_SHAPES = {
+    "qwen2": lambda c: (True, False, False),
+    "qwen3": lambda c: (cfg(c, "attention_bias", False),) * 2 + (True,),
+    "qwen3_moe": lambda c: (cfg(c, "attention_bias", False),) * 2 + (True,),
+}
+
+
+class QwenAttention(PagedAttentionBase):
+    def __init__(self, config, layer_idx: int, window: int | None, rotary: Rotary):
+        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        qkv_bias, o_bias, qk_norm = ATTENTION_SHAPES[config.model_type](config)
+        heads = config.num_attention_heads
+        super().__init__(layer_idx, config.hidden_size, heads, cfg(config, "num_key_value_heads", heads), head_dim,
+                         bias=qkv_bias, window=window)
+        self.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=o_bias)
+        if qk_norm:
+            self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
+            self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
+        self._rotary = [rotary]  # shared, not a submodule
+
+    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
+        q, k, v = self.project(x)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        rot = self._rotary[0]
+        return self.attend(ctx, rot(q, cos_sin), rot(k, cos_sin), v)
+
+
+class QwenSparseMoeBlock(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.gate = TopKRouter(config)
+        self.experts = Experts(config.num_experts, config.hidden_size, config.moe_intermediate_size, config.hidden_act)
+
+    def forward(self, x: Tensor) -> Tensor:
+        idx, w = self.gate(x)
+        return self.experts(x, idx, w.to(x.dtype))
+
+
+def is_sparse_layer(config, layer_idx: int) -> bool:
+    """Whether layer ``layer_idx`` of a Qwen3-MoE config has the MoE feed-forward."""
+    return (cfg(config, "num_experts", 0) > 0 and layer_idx not in (cfg(config, "mlp_only_layers", []) or [])
+            and (layer_idx + 1) % cfg(config, "decoder_sparse_step", 1) == 0)
+
+
+class QwenDecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx: int, window: int | None, rotary: Rotary):
+        super().__init__()
+        self.self_attn = QwenAttention(config, layer_idx, window, rotary)
+        self.mlp = (QwenSparseMoeBlock(config) if is_sparse_layer(config, layer_idx)
+                    else GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act))
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos_sin, ctx)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class QwenModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        self.rotary_emb = Rotary(rope_parameters(config), head_dim)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            QwenDecoderLayer(config, i, w, self.rotary_emb) for i, w in enumerate(layer_windows(config)))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
+        x = self.embed_tokens(input_ids)
+        cos_sin = self.rotary_emb.cos_sin(positions)
+        for layer in self.layers:
+            x = layer(x, cos_sin, ctx)
+        return self.norm(x)
+
+
+class QwenForCausalLM(PagedCausalLM):
+    """Qwen2 / Qwen2.5 / Qwen3 dense and Qwen3-MoE (the config's ``model_type`` picks the attention)."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = QwenModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights_if_needed()
