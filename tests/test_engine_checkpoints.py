@@ -23,15 +23,15 @@ from jenga.errors import CheckpointError
 
 GREEDY = SamplingParams(max_tokens=4, return_logits=True)
 SPECIAL = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
-#: family -> overrides of ``tiny_config(family)`` for the saved variant
-FAMILIES = {
-    "llama": {}, "mistral": {}, "ministral": {}, "gemma2": {}, "gemma3": {}, "llama4": {},
-    "jamba": {}, "nemotron_h": {}, "falcon_h1": {}, "qwen3_next": {},
-    "qwen2": {}, "qwen3": {}, "qwen3_moe": {},
-}
-#: families whose own saved checkpoint holds per-expert tensors (the format transformers converts)
-PER_EXPERT = {"jamba": "feed_forward.experts.0.gate_proj.weight", "qwen3_next": "mlp.experts.0.gate_proj.weight",
-              "qwen3_moe": "mlp.experts.0.gate_proj.weight"}
+#: variant -> (family, overrides of ``tiny_config(family)``)
+FAMILIES = {f: (f, {}) for f in (
+    "llama", "mistral", "ministral", "gemma2", "gemma3", "llama4", "jamba", "nemotron_h", "falcon_h1", "qwen3_next",
+    "qwen2", "qwen3", "qwen3_moe", "bamba", "granitemoehybrid")}
+FAMILIES["granitemoehybrid_dense"] = ("granitemoehybrid", dict(num_local_experts=0, position_embedding_type="rope"))
+#: families whose own saved checkpoint holds a tensor under a name the engine's model lacks (per-expert
+#: tensors, Granite's ``input_linear``): transformers' conversion maps it
+SAVED_FORMAT = {"jamba": "feed_forward.experts.0.gate_proj.weight", "qwen3_next": "mlp.experts.0.gate_proj.weight",
+                "qwen3_moe": "mlp.experts.0.gate_proj.weight", "granitemoehybrid": "block_sparse_moe.input_linear.weight"}
 torch.set_num_threads(1)
 
 
@@ -49,11 +49,12 @@ def hf_random(config, seed: int = 0):
     return model
 
 
-def saved(tmp_path_factory, family: str, **kwargs):
-    """``(hf model, directory)`` of a tiny ``family`` model written by ``save_pretrained(**kwargs)``."""
-    config = tiny_config(family, **{**SPECIAL, **FAMILIES.get(family, {}), **kwargs.pop("config", {})})
+def saved(tmp_path_factory, variant: str, **kwargs):
+    """``(hf model, directory)`` of a tiny ``variant`` model written by ``save_pretrained(**kwargs)``."""
+    family, overrides = FAMILIES[variant]
+    config = tiny_config(family, **{**SPECIAL, **overrides, **kwargs.pop("config", {})})
     hf = hf_random(config)
-    path = tmp_path_factory.mktemp(family)
+    path = tmp_path_factory.mktemp(variant)
     hf.save_pretrained(path, **kwargs)
     return hf, path
 
@@ -94,13 +95,13 @@ def run(path, **kw):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_saved_checkpoint_equals_hf(checkpoints, family):
     hf, path = checkpoints(family)
-    if family in PER_EXPERT:  # the checkpoint really is in the per-expert format
+    if family in SAVED_FORMAT:  # the checkpoint really is in the format transformers converts
         index = json.loads((path / "model.safetensors.index.json").read_text())["weight_map"] \
             if (path / "model.safetensors.index.json").exists() else None
         from safetensors import safe_open
 
         names = set(index) if index else set(safe_open(str(path / "model.safetensors"), "pt").keys())
-        assert any(n.endswith(PER_EXPERT[family]) for n in names)
+        assert any(n.endswith(SAVED_FORMAT[family]) for n in names)
     _, outs = run(path)
     assert_hf_equal(hf, outs)
 

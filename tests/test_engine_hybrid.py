@@ -19,7 +19,8 @@ from jenga import SamplingParams
 
 #: tiny model -> a KV budget that forces preemption (a few of its large pages)
 HYBRIDS = {"tiny-jamba": "400KiB", "tiny-nemotron-h": "1200KiB", "tiny-falcon-h1": "1200KiB",
-           "tiny-qwen3-next": "300KiB"}
+           "tiny-qwen3-next": "300KiB", "tiny-bamba": "950KiB", "tiny-granite-4h": "950KiB",
+           "tiny-granite-4h-dense": "950KiB"}
 GREEDY = SamplingParams(max_tokens=5, return_logits=True)
 _HF: dict = {}
 torch.set_num_threads(1)
@@ -27,7 +28,7 @@ torch.set_num_threads(1)
 
 def hf_model(llm):
     """HF's own model class for the engine's config, with the engine's weights."""
-    key = llm.config.model_type
+    key = llm.config.to_json_string()  # two tiny Granite-4.0-H variants share a model type
     if key not in _HF:
         hf = tf.AutoModelForCausalLM.from_config(llm.config).eval()
         hf.load_state_dict(llm.model.state_dict())

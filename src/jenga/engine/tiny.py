@@ -38,6 +38,10 @@ TINY_MODELS: dict[str, tuple[str, dict]] = {
     "tiny-qwen2": ("qwen2", {}),
     "tiny-qwen3": ("qwen3", {}),
     "tiny-qwen3-moe": ("qwen3_moe", {}),
+    "tiny-bamba": ("bamba", {}),
+    "tiny-granite-4h": ("granitemoehybrid", {}),
+    # Granite-4.0-H Micro's shape: dense (no experts, the shared MLP alone), RoPE attention
+    "tiny-granite-4h-dense": ("granitemoehybrid", dict(num_local_experts=0, position_embedding_type="rope")),
 }
 
 

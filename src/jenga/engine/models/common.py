@@ -136,6 +136,18 @@ class Rotary(nn.Module):
         return x * cos + rotated * sin
 
 
+class PartialRotary(Rotary):
+    """RoPE on the first ``rot_dim`` channels only (``partial_rotary_factor``); the rest pass through."""
+
+    def __init__(self, params: dict, head_dim: int):
+        super().__init__(params, head_dim)
+        self.rot_dim = 2 * self.inv_freq.numel()
+
+    def forward(self, x: Tensor, cos_sin) -> Tensor:
+        d = self.rot_dim
+        return torch.cat([super().forward(x[..., :d], cos_sin), x[..., d:]], dim=-1)
+
+
 class GatedMLP(nn.Module):
     """``down(act(gate(x)) · up(x))`` with HF names ``gate_proj / up_proj / down_proj``."""
 

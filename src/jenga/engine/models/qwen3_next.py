@@ -14,22 +14,17 @@ import torch
 from torch import Tensor, nn
 
 from jenga.engine.attention import ForwardContext
-from jenga.engine.models.common import GatedMLP, PagedAttentionBase, RMSNorm, Rotary, cfg, rope_parameters
+from jenga.engine.models.common import (
+    GatedMLP,
+    PagedAttentionBase,
+    PartialRotary,
+    RMSNorm,
+    cfg,
+    rope_parameters,
+)
 from jenga.engine.models.gated_deltanet import GatedDeltaNet
 from jenga.engine.models.hybrid import HybridCausalLM
 from jenga.engine.models.moe import Experts, TopKRouter
-
-
-class PartialRotary(Rotary):
-    """RoPE on the first ``rot_dim`` channels only; the rest pass through."""
-
-    def __init__(self, params: dict, head_dim: int):
-        super().__init__(params, head_dim)
-        self.rot_dim = 2 * self.inv_freq.numel()
-
-    def forward(self, x: Tensor, cos_sin) -> Tensor:
-        d = self.rot_dim
-        return torch.cat([super().forward(x[..., :d], cos_sin), x[..., d:]], dim=-1)
 
 
 class Qwen3NextAttention(PagedAttentionBase):

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import torch
 
+from jenga.engine.models.bamba import BambaForCausalLM
 from jenga.engine.models.common import PagedCausalLM
 from jenga.engine.models.falcon_h1 import FalconH1ForCausalLM
 from jenga.engine.models.gemma import Gemma2ForCausalLM, Gemma3ForCausalLM
 from jenga.engine.models.gemma3_vision import Gemma3ForConditionalGeneration
+from jenga.engine.models.granite_moe_hybrid import GraniteMoeHybridForCausalLM
 from jenga.engine.models.jamba import JambaForCausalLM
 from jenga.engine.models.llama import LlamaForCausalLM
 from jenga.engine.models.llama4 import Llama4ForCausalLM
@@ -41,6 +43,8 @@ MODEL_TYPES: dict[str, type[PagedCausalLM]] = {
     "qwen2": QwenForCausalLM,
     "qwen3": QwenForCausalLM,
     "qwen3_moe": QwenForCausalLM,
+    "bamba": BambaForCausalLM,
+    "granitemoehybrid": GraniteMoeHybridForCausalLM,
 }
 
 ARCHITECTURES: dict[str, type[PagedCausalLM]] = {
@@ -60,6 +64,8 @@ ARCHITECTURES: dict[str, type[PagedCausalLM]] = {
     "Qwen2ForCausalLM": QwenForCausalLM,
     "Qwen3ForCausalLM": QwenForCausalLM,
     "Qwen3MoeForCausalLM": QwenForCausalLM,
+    "BambaForCausalLM": BambaForCausalLM,
+    "GraniteMoeHybridForCausalLM": GraniteMoeHybridForCausalLM,
 }
 
 #: model types whose checkpoints wrap the text decoder (weights live under a prefix).

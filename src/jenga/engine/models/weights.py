@@ -172,6 +172,16 @@ def tiny_config(family: str, **overrides):
         "qwen3_moe": (tf.Qwen3MoeConfig, dict(
             num_hidden_layers=4, hidden_size=64, intermediate_size=128, head_dim=32, num_experts=4,
             num_experts_per_tok=2, moe_intermediate_size=32, decoder_sparse_step=2, norm_topk_prob=True)),
+        "bamba": (tf.BambaConfig, dict(
+            num_hidden_layers=4, hidden_size=64, intermediate_size=128, head_dim=32, attn_layer_indices=[1, 3],
+            mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2, mamba_d_state=32, mamba_d_conv=4,
+            mamba_chunk_size=16)),
+        "granitemoehybrid": (tf.GraniteMoeHybridConfig, dict(  # Granite-4.0-H: MoE + shared MLP, no RoPE
+            num_hidden_layers=4, hidden_size=64, intermediate_size=32, shared_intermediate_size=64, head_dim=32,
+            layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+            num_local_experts=4, num_experts_per_tok=2, mamba_n_heads=4, mamba_d_head=32, mamba_n_groups=2,
+            mamba_d_state=32, mamba_d_conv=4, mamba_chunk_size=16, embedding_multiplier=1.5, logits_scaling=2.0,
+            residual_multiplier=0.8, attention_multiplier=0.2, position_embedding_type="nope")),
     }
     if family == "gemma3_vision":
         return tiny_gemma3_vision_config(**overrides)

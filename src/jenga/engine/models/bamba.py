@@ -1,0 +1,91 @@
+"""Bamba (IBM): Mamba-2 and attention layers, a gated MLP after each (HF parameter names).
+
+Layer ``i`` is attention when ``i`` is in ``attn_layer_indices`` (``layers_block_type``), else a
+:class:`Mamba2Mixer` with one gated RMSNorm over the whole inner width.  Attention uses RoPE on
+the first half of each head (``partial_rotary_factor`` 0.5).  Layer:
+``x += mixer(input_layernorm(x))``; ``x += feed_forward(pre_ff_layernorm(x))``; the model ends
+in ``final_layernorm``.  :func:`granite_mamba2` builds the mixer for Granite-4.0-H too.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from jenga.engine.attention import ForwardContext
+from jenga.engine.models.common import (
+    GatedMLP,
+    PagedAttentionBase,
+    PartialRotary,
+    RMSNorm,
+    cfg,
+    rope_parameters,
+)
+from jenga.engine.models.hybrid import HybridCausalLM
+from jenga.engine.models.mamba2 import Mamba2Mixer
+
+
+def granite_mamba2(config, layer_idx: int) -> Mamba2Mixer:
+    """The Mamba-2 mixer of Bamba / GraniteMoeHybrid configs (``mamba_*`` fields)."""
+    return Mamba2Mixer(layer_idx, hidden=config.hidden_size, heads=config.mamba_n_heads,
+                       head_dim=config.mamba_d_head, groups=config.mamba_n_groups, d_state=config.mamba_d_state,
+                       d_conv=config.mamba_d_conv, conv_bias=config.mamba_conv_bias,
+                       proj_bias=config.mamba_proj_bias, eps=config.rms_norm_eps, norm_groups=1,
+                       dt_limit=tuple(config.time_step_limit or (0.0, float("inf"))), act=config.hidden_act)
+
+
+class BambaAttention(PagedAttentionBase):
+    def __init__(self, config, layer_idx: int, rotary: PartialRotary):
+        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        super().__init__(layer_idx, config.hidden_size, config.num_attention_heads,
+                         cfg(config, "num_key_value_heads", config.num_attention_heads), head_dim,
+                         bias=cfg(config, "attention_bias", False))
+        self._rotary = [rotary]  # shared, not a submodule
+
+    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
+        q, k, v = self.project(x)
+        rot = self._rotary[0]
+        return self.attend(ctx, rot(q, cos_sin), rot(k, cos_sin), v)
+
+
+class BambaDecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx: int, rotary: PartialRotary):
+        super().__init__()
+        if config.layers_block_type[layer_idx] == "full_attention":
+            self.self_attn = BambaAttention(config, layer_idx, rotary)
+        else:
+            self.mamba = granite_mamba2(config, layer_idx)
+        self.feed_forward = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
+                                     bias=cfg(config, "mlp_bias", False))
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.pre_ff_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
+        h = self.input_layernorm(x)
+        x = x + (self.self_attn(h, cos_sin, ctx) if hasattr(self, "self_attn") else self.mamba(h, ctx))
+        return x + self.feed_forward(self.pre_ff_layernorm(x))
+
+
+class BambaModel(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        self.rotary_emb = PartialRotary(rope_parameters(config), head_dim)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(BambaDecoderLayer(config, i, self.rotary_emb)
+                                    for i in range(config.num_hidden_layers))
+        self.final_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
+        x = self.embed_tokens(input_ids)
+        cos_sin = self.rotary_emb.cos_sin(positions)
+        for layer in self.layers:
+            x = layer(x, cos_sin, ctx)
+        return self.final_layernorm(x)
+
+
+class BambaForCausalLM(HybridCausalLM):
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = BambaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights_if_needed()
