@@ -27,11 +27,14 @@ SPECIAL = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 FAMILIES = {f: (f, {}) for f in (
     "llama", "mistral", "ministral", "gemma2", "gemma3", "llama4", "jamba", "nemotron_h", "falcon_h1", "qwen3_next",
     "qwen2", "qwen3", "qwen3_moe", "bamba", "granitemoehybrid")}
+FAMILIES["nemotron_h_moe"] = ("nemotron_h_moe", {})
+FAMILIES["nemotron_h_moe_latent"] = ("nemotron_h_moe", dict(moe_latent_size=32))  # Nemotron-3 Super's latent experts
 FAMILIES["granitemoehybrid_dense"] = ("granitemoehybrid", dict(num_local_experts=0, position_embedding_type="rope"))
 #: families whose own saved checkpoint holds a tensor under a name the engine's model lacks (per-expert
 #: tensors, Granite's ``input_linear``): transformers' conversion maps it
 SAVED_FORMAT = {"jamba": "feed_forward.experts.0.gate_proj.weight", "qwen3_next": "mlp.experts.0.gate_proj.weight",
-                "qwen3_moe": "mlp.experts.0.gate_proj.weight", "granitemoehybrid": "block_sparse_moe.input_linear.weight"}
+                "qwen3_moe": "mlp.experts.0.gate_proj.weight", "granitemoehybrid": "block_sparse_moe.input_linear.weight",
+                "nemotron_h_moe": "mixer.experts.0.up_proj.weight"}
 torch.set_num_threads(1)
 
 
@@ -46,6 +49,9 @@ def hf_random(config, seed: int = 0):
         p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
         if offset and name.endswith("norm.weight"):
             p.add_(1.0)
+    for name, b in model.named_buffers():  # a router's score bias is saved too: make it matter
+        if name.endswith("e_score_correction_bias"):
+            b.copy_(torch.randn(b.shape, generator=gen) * 0.05)
     return model
 
 
@@ -126,10 +132,13 @@ def test_tied_and_untied_embeddings(tmp_path_factory, tied):
     assert_hf_equal(hf, outs)
 
 
-def test_load_model_equals_hf_state_dict(checkpoints):
-    hf, path = checkpoints("jamba")
-    ref = hf.state_dict()
-    for name, p in load_model(path).state_dict().items():
+@pytest.mark.parametrize("variant", ["jamba", "nemotron_h_moe", "granitemoehybrid"])
+def test_load_model_equals_hf_state_dict(checkpoints, variant):
+    """Every tensor (parameters and the router's saved score bias) equals HF's in-memory one."""
+    hf, path = checkpoints(variant)
+    ref, ours = hf.state_dict(), load_model(path).state_dict()
+    assert set(ours) <= set(ref)
+    for name, p in ours.items():
         torch.testing.assert_close(p, ref[name], atol=0, rtol=0)
 
 

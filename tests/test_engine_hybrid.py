@@ -20,7 +20,7 @@ from jenga import SamplingParams
 #: tiny model -> a KV budget that forces preemption (a few of its large pages)
 HYBRIDS = {"tiny-jamba": "400KiB", "tiny-nemotron-h": "1200KiB", "tiny-falcon-h1": "1200KiB",
            "tiny-qwen3-next": "300KiB", "tiny-bamba": "950KiB", "tiny-granite-4h": "950KiB",
-           "tiny-granite-4h-dense": "950KiB"}
+           "tiny-granite-4h-dense": "950KiB", "tiny-nemotron-h-moe": "1200KiB"}
 GREEDY = SamplingParams(max_tokens=5, return_logits=True)
 _HF: dict = {}
 torch.set_num_threads(1)

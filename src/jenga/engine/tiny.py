@@ -33,6 +33,7 @@ TINY_MODELS: dict[str, tuple[str, dict]] = {
     # Jamba's own 1 attention : 7 Mamba layout (period 8, offset 4), the jenga bench hybrid default
     "tiny-jamba-1to7": ("jamba", dict(num_hidden_layers=8, attn_layer_period=8, attn_layer_offset=4)),
     "tiny-nemotron-h": ("nemotron_h", {}),
+    "tiny-nemotron-h-moe": ("nemotron_h_moe", {}),
     "tiny-falcon-h1": ("falcon_h1", {}),
     "tiny-qwen3-next": ("qwen3_next", {}),
     "tiny-qwen2": ("qwen2", {}),

@@ -73,7 +73,9 @@ def load_weights(model: nn.Module, path: str | Path, *, strict: bool = True, con
     skipped (vision towers of multimodal checkpoints).
     """
     config = load_config(path) if config is None else config
-    params = dict(model.named_parameters(remove_duplicate=False))
+    persistent = model.state_dict(keep_vars=True).keys()  # parameters and persistent buffers (a router's bias)
+    params = {**{n: b for n, b in model.named_buffers() if n in persistent},
+              **dict(model.named_parameters(remove_duplicate=False))}
     loaded, skipped = set(), []
     for name, tensor in converted_tensors(safetensors_files(path), config):
         target = _target_name(name, params)
@@ -153,6 +155,13 @@ def tiny_config(family: str, **overrides):
             hidden_size=64, intermediate_size=128, mamba_num_heads=4, mamba_head_dim=32, n_groups=2,
             ssm_state_size=32, conv_kernel=4, chunk_size=16,
             layers_block_type=["linear_attention", "full_attention", "mlp", "linear_attention"])),
+        "nemotron_h_moe": (tf.NemotronHConfig, dict(  # Nemotron-3 Nano's blocks: 8 experts in 2 groups, top 2
+            hidden_size=64, intermediate_size=128, mamba_num_heads=4, mamba_head_dim=32, n_groups=2,
+            ssm_state_size=32, conv_kernel=4, chunk_size=16,
+            layers_block_type=["linear_attention", "moe", "full_attention", "moe", "linear_attention"],
+            n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+            moe_shared_expert_intermediate_size=64, n_group=2, topk_group=1, norm_topk_prob=True,
+            routed_scaling_factor=2.5)),
         "falcon_h1": (tf.FalconH1Config, dict(
             num_hidden_layers=2, hidden_size=64, intermediate_size=128, head_dim=32, mamba_n_heads=4, mamba_d_head=32,
             mamba_d_ssm=128, mamba_n_groups=2, mamba_d_state=32, mamba_d_conv=4, mamba_chunk_size=16,
