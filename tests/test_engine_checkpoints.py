@@ -159,3 +159,15 @@ def test_missing_and_misshapen_tensors_are_typed_errors(tmp_path, checkpoints):
     (tmp_path / "model.safetensors").unlink()
     with pytest.raises(CheckpointError, match="no safetensors"):
         load_model(tmp_path)
+
+
+def test_conversion_by_model_type_when_the_hf_class_cannot_be_built(checkpoints, monkeypatch):
+    """Without transformers' class on the meta device the loader falls back to the model type's own
+    conversion list: the per-expert Jamba checkpoint still loads exactly."""
+    from jenga.engine.models import hf_conversion
+
+    monkeypatch.setattr(hf_conversion, "reference_model", lambda config: None)
+    hf, path = checkpoints("jamba")
+    ref = hf.state_dict()
+    for name, p in load_model(path).state_dict().items():
+        torch.testing.assert_close(p, ref[name], atol=0, rtol=0)

@@ -35,7 +35,7 @@ def reference_model(config):
             if cls is not None and hasattr(cls, "_from_config"):
                 return cls._from_config(config)
             return transformers.AutoModelForCausalLM.from_config(config)
-    except (ValueError, TypeError, AssertionError, AttributeError, KeyError, ImportError):
+    except (ValueError, TypeError, AssertionError, AttributeError, KeyError, ImportError, RuntimeError):
         return None  # e.g. an unknown model type, or a config transformers' class rejects
 
 

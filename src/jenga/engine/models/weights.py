@@ -101,8 +101,9 @@ def load_weights(model: nn.Module, path: str | Path, *, strict: bool = True, con
 def load_model(path: str | Path, *, device: torch.device | str = "cpu",
                dtype: torch.dtype = torch.float32) -> PagedCausalLM:
     """Paged model for the HF directory ``path`` with its safetensors weights loaded."""
-    model = build_model(load_config(path), device=device, dtype=dtype)
-    load_weights(model, path)
+    config = load_config(path)
+    model = build_model(config, device=device, dtype=dtype)
+    load_weights(model, path, config=config)
     return model
 
 
