@@ -16,25 +16,27 @@ read back, so a wrong page would also change the output.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 from collections import deque
+from unittest import mock
 
-from vllm import SamplingParams
+import vllm.triton_utils  # noqa: E402
+from vllm import SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
-from vllm.v1.core.kv_cache_utils import (
-    get_kv_cache_configs,
-    get_request_block_hasher,
-    init_none_hash,
-    resolve_kv_cache_block_sizes,
-)
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash, resolve_kv_cache_block_sizes
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
+from jenga.vllm.compat import MINOR, kv_cache_configs  # noqa: E402
+
 VOCAB = 500
+RUNNER_OUTPUT_FIELDS = {f.name for f in dataclasses.fields(ModelRunnerOutput)}
 
 
 def async_config(path: str, **kw):
@@ -42,7 +44,12 @@ def async_config(path: str, **kw):
     args = dict(model=path, dtype="float32", block_size=32, max_model_len=512, max_num_seqs=8, seed=0,
                 enable_prefix_caching=True, enforce_eager=True)
     args.update(kw)
-    cfg = EngineArgs(**args).create_engine_config()
+    with contextlib.ExitStack() as stack:
+        if MINOR >= (0, 34):
+            # 0.34's CPU platform refuses x86 without triton-cpu (its kernels need it); a CUDA
+            # wheel here has none, and the stand-in runner runs no kernel
+            stack.enter_context(mock.patch.object(vllm.triton_utils, "HAS_TRITON", True))
+        cfg = EngineArgs(**args).create_engine_config()
     cfg.scheduler_config.async_scheduling = True
     return cfg
 
@@ -55,7 +62,7 @@ def kv_config(vllm_config, num_layers: int, num_blocks: int):
         head_size=mc.get_head_size(), dtype=mc.dtype) for i in range(num_layers)}
     page = next(iter(specs.values())).page_size_bytes
     resolve_kv_cache_layout(vllm_config, [["LBNHC"]], specs.values())  # the engine core does this first
-    cfg = get_kv_cache_configs(vllm_config, [specs], [num_blocks * page * num_layers])[0]
+    cfg = kv_cache_configs(vllm_config, [specs], [num_blocks * page * num_layers])[0]
     vllm_config.cache_config.num_gpu_blocks = cfg.num_blocks  # as the engine core records it
     return cfg
 
@@ -85,13 +92,14 @@ class FakeRunner:
     def execute(self, out) -> ModelRunnerOutput:
         starts = {}
         for r in out.scheduled_new_reqs:
-            self.tokens[r.req_id] = list(r.prompt_token_ids)
-            self.prompt_len[r.req_id] = len(r.prompt_token_ids)
+            # 0.34 re-sends a preempted request as a new one with all its tokens (prefill_token_ids)
+            self.tokens[r.req_id] = list(getattr(r, "prefill_token_ids", None) or r.prompt_token_ids)
+            self.prompt_len.setdefault(r.req_id, len(r.prompt_token_ids))
             self.tables[r.req_id] = [list(b) for b in r.block_ids]
             starts[r.req_id] = r.num_computed_tokens
         c = out.scheduled_cached_reqs
         for i, rid in enumerate(c.req_ids):
-            if rid in c.resumed_req_ids:  # preempted and back: the scheduler's tokens, new tables
+            if rid in getattr(c, "resumed_req_ids", ()):  # preempted and back: the scheduler's tokens, new tables
                 self.tokens[rid] = self.tokens[rid][:self.prompt_len[rid] + c.num_output_tokens[i]]
                 self.tables[rid] = [list(b) for b in c.new_block_ids[i]]
             elif c.new_block_ids[i] is not None:
@@ -118,8 +126,11 @@ class FakeRunner:
                 sampled.append([tok])
             else:
                 sampled.append([])
-        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                 sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={}, pooler_output=[])
+        kw = dict(req_ids=req_ids, sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
+                  pooler_output=[])
+        if "req_id_to_index" in RUNNER_OUTPUT_FIELDS:  # gone in 0.34 (the scheduler indexes req_ids itself)
+            kw["req_id_to_index"] = {r: i for i, r in enumerate(req_ids)}
+        return ModelRunnerOutput(**kw)
 
 
 def run(scheduler, hash_block: int, kv_cache_config, prompts, *, max_tokens: int = 24, arrivals=None):
