@@ -28,7 +28,7 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash, resolve_kv_cache_block_sizes
-from vllm.v1.kv_cache_interface import FullAttentionSpec
+from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionSpec, SlidingWindowSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
@@ -54,15 +54,26 @@ def async_config(path: str, **kw):
     return cfg
 
 
-def kv_config(vllm_config, num_layers: int, num_blocks: int):
-    """vLLM's own KV-cache config for ``num_layers`` full-attention layers and ``num_blocks`` blocks."""
+def kv_config(vllm_config, layers, num_blocks: int):
+    """vLLM's own KV-cache config for ``layers`` (a number of full-attention layers, or one kind
+    per layer: ``"full"``, ``("sliding", window)``, ``("chunked", chunk)``) and a budget of
+    ``num_blocks`` blocks of every layer."""
     mc = vllm_config.model_config
-    specs = {f"model.layers.{i}.self_attn.attn": FullAttentionSpec(
-        block_size=vllm_config.cache_config.block_size, num_kv_heads=mc.get_total_num_kv_heads(),
-        head_size=mc.get_head_size(), dtype=mc.dtype) for i in range(num_layers)}
+    kinds = ["full"] * layers if isinstance(layers, int) else list(layers)
+    kw = dict(block_size=vllm_config.cache_config.block_size, num_kv_heads=mc.get_total_num_kv_heads(),
+              head_size=mc.get_head_size(), dtype=mc.dtype)
+    specs = {}
+    for i, kind in enumerate(kinds):
+        name = f"model.layers.{i}.self_attn.attn"
+        if kind == "full":
+            specs[name] = FullAttentionSpec(**kw)
+        elif kind[0] == "sliding":
+            specs[name] = SlidingWindowSpec(**kw, sliding_window=kind[1])
+        else:
+            specs[name] = ChunkedLocalAttentionSpec(**kw, attention_chunk_size=kind[1])
     page = next(iter(specs.values())).page_size_bytes
     resolve_kv_cache_layout(vllm_config, [["LBNHC"]], specs.values())  # the engine core does this first
-    cfg = kv_cache_configs(vllm_config, [specs], [num_blocks * page * num_layers])[0]
+    cfg = kv_cache_configs(vllm_config, [specs], [num_blocks * page * len(kinds)])[0]
     vllm_config.cache_config.num_gpu_blocks = cfg.num_blocks  # as the engine core records it
     return cfg
 
@@ -74,11 +85,24 @@ def make_scheduler(cls, vllm_config, kv_cache_config):
                hash_block_size=hash_block), hash_block
 
 
+def _first_needed(spec):
+    """The first position the token at ``p`` reads in a layer of ``spec``."""
+    window = getattr(spec, "sliding_window", None)
+    chunk = getattr(spec, "attention_chunk_size", None)
+    if window:
+        return lambda p: max(0, p - window + 1)
+    if chunk:
+        return lambda p: p // chunk * chunk
+    return lambda p: 0
+
+
 class FakeRunner:
     """Executes scheduler outputs against a KV store (see the module docstring)."""
 
     def __init__(self, kv_cache_config):
         self.block_sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
+        # per group, the first position token ``p`` attends to (the rest may be freed)
+        self.first_needed = [_first_needed(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups]
         self.kv: dict[tuple[int, int, int], tuple[int, int]] = {}
         self.tokens: dict[str, list[int]] = {}
         self.prompt_len: dict[str, int] = {}
@@ -109,18 +133,19 @@ class FakeRunner:
         req_ids, sampled = [], []
         for rid, n in out.num_scheduled_tokens.items():
             start, toks, tables = starts[rid], self.tokens[rid], self.tables[rid]
-            seen = []
-            for g, table in enumerate(tables):  # every earlier position, read back through the table
-                got = [self.kv.get(self._slot(g, table, q)) for q in range(start)]
-                assert got == [(q, toks[q]) for q in range(start)], f"{rid}: group {g} pages hold other tokens"
-                seen = [t for _, t in got]
-            self.checked += start
+            seen: set[tuple[int, int]] = set()  # (position, token) read back, whatever the grouping
+            for g, table in enumerate(tables):  # every earlier position attended, read back through the table
+                lo = self.first_needed[g](start)
+                got = [self.kv.get(self._slot(g, table, q)) for q in range(lo, start)]
+                assert got == [(q, toks[q]) for q in range(lo, start)], f"{rid}: group {g} pages hold other tokens"
+                seen.update(got)
+                self.checked += start - lo
             for p in range(start, start + n):
                 for g, table in enumerate(tables):
                     self.kv[self._slot(g, table, p)] = (p, toks[p])
             req_ids.append(rid)
             if start + n == len(toks):  # the last known token computed: sample the next one
-                digest = hashlib.blake2b(repr(seen + toks[start:start + n]).encode(), digest_size=8).digest()
+                digest = hashlib.blake2b(repr([t for _, t in sorted(seen)] + toks[start:start + n]).encode(), digest_size=8).digest()
                 tok = 3 + int.from_bytes(digest, "little") % (VOCAB - 3)
                 toks.append(tok)
                 sampled.append([tok])
