@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed
 VLLM_VERSIONS := 0.33.0 0.34.0
 VLLM_ENVS ?= .vllm-envs
 VLLM_STAMPS := $(VLLM_VERSIONS:%=$(VLLM_ENVS)/%/.installed)
-VLLM_VERSION_TESTS := tests/test_vllm_drift.py tests/test_vllm_async.py tests/test_vllm_sched_families.py
+VLLM_VERSION_TESTS := tests/test_vllm_drift.py tests/test_vllm_compat.py tests/test_vllm_async.py \
+  tests/test_vllm_sched_families.py
 
 .PHONY: demo test test-vllm-slow test-vllm-versions vllm-envs lint bench clean
 

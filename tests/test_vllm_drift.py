@@ -103,32 +103,3 @@ def test_every_request_attribute_the_adapter_reads_exists():
     req = Request("r0", list(range(3, 40)), SamplingParams(max_tokens=4), None)
     absent = sorted(a for a in attrs if not hasattr(req, a))
     assert not absent, f"vLLM {vllm.__version__}'s Request has no {absent}"
-
-
-def test_cache_hit_limits_through_compat():
-    """compat reads the request's hit limit the way the installed version defines it."""
-    plain = Request("a", list(range(3, 40)), SamplingParams(max_tokens=4), None)
-    skip = Request("b", list(range(3, 40)), SamplingParams(max_tokens=4, skip_reading_prefix_cache=True), None)
-    assert compat.reads_prefix_cache(plain) and compat.max_cache_hit_length(plain) == 36
-    assert compat.max_cache_hit_length(plain, 20) == 20
-    assert not compat.reads_prefix_cache(skip) and compat.max_cache_hit_length(skip) == 0
-    if compat.MINOR >= (0, 34):  # prompt logprobs from row 10 on: at most 10 tokens come from the cache
-        sp = SamplingParams(max_tokens=4, prompt_logprobs=1, prompt_logprob_start=10, skip_reading_prefix_cache=False)
-        scored = Request("c", list(range(3, 40)), sp, None)
-        assert compat.max_cache_hit_length(scored) == 10
-
-
-def test_installed_version_is_supported_and_others_are_refused(monkeypatch):
-    compat.check_version()
-    monkeypatch.setattr(compat, "INSTALLED", compat.Version("0.35.0"))
-    with pytest.raises(compat.UnsupportedInVllm, match=r"supports vLLM .*0\.32.*0\.35"):
-        compat.check_version()
-
-
-def test_pyproject_declares_the_supported_range():
-    import tomllib
-    from packaging.requirements import Requirement
-
-    meta = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
-    reqs = [Requirement(r) for r in meta["project"]["optional-dependencies"]["vllm-cuda"]]
-    assert [r.specifier for r in reqs if r.name == "vllm"] == [compat.SUPPORTED]
