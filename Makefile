@@ -12,6 +12,17 @@ VLLM_STAMPS := $(VLLM_VERSIONS:%=$(VLLM_ENVS)/%/.installed)
 VLLM_VERSION_TESTS := tests/test_vllm_drift.py tests/test_vllm_compat.py tests/test_vllm_async.py \
   tests/test_vllm_sched_families.py
 
+define RUN_VLLM_VERSIONS
+@for v in $(VLLM_VERSIONS); do \
+  VLLM_TARGET_DEVICE=cpu $(VLLM_ENVS)/$$v/bin/python -m pytest -n 0 -p no:randomly $(VLLM_VERSION_TESTS) \
+    > $(VLLM_ENVS)/$$v/pytest.log 2>&1 & echo $$! > $(VLLM_ENVS)/$$v/pytest.pid; \
+done; \
+rc=0; for v in $(VLLM_VERSIONS); do \
+  if wait $$(cat $(VLLM_ENVS)/$$v/pytest.pid); then echo "== vLLM $$v"; tail -n 1 $(VLLM_ENVS)/$$v/pytest.log; \
+  else rc=1; echo "== vLLM $$v FAILED"; cat $(VLLM_ENVS)/$$v/pytest.log; fi; \
+done; exit $$rc
+endef
+
 .PHONY: demo test test-vllm-slow test-vllm-versions vllm-envs lint bench clean
 
 $(STAMP): pyproject.toml
@@ -37,17 +48,15 @@ vllm-envs: $(VLLM_STAMPS)
 demo: $(STAMP)
 	$(VENV)/bin/jenga bench
 
-test: $(STAMP)
+test: $(STAMP) $(VLLM_STAMPS)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(PY) -m pytest -n 2 --dist loadgroup -m 'not slow' tests
-	$(MAKE) --no-print-directory test-vllm-versions
+	$(RUN_VLLM_VERSIONS)
 
-# one pytest per extra vLLM version, with that version's python
+# one pytest per extra vLLM version, with that version's python, the versions side by side (each
+# runs on one core); each one's output is shown when all are done
 test-vllm-versions: $(VLLM_STAMPS)
-	for v in $(VLLM_VERSIONS); do \
-	  echo "== vLLM $$v"; \
-	  VLLM_TARGET_DEVICE=cpu $(VLLM_ENVS)/$$v/bin/python -m pytest -n 0 -p no:randomly $(VLLM_VERSION_TESTS) || exit 1; \
-	done
+	$(RUN_VLLM_VERSIONS)
 
 test-vllm-slow: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadgroup tests/test_vllm_server.py tests/test_vllm_tp.py
