@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from vllm import SamplingParams
 from vllm.v1.request import Request
-from vllm_async_driver import async_config, kv_config, make_scheduler, run
+from vllm_async_driver import async_config, kv_config, layer_specs, make_scheduler, run
 from vllm_support import model_dir
 
 from jenga.vllm import JengaScheduler, compat
@@ -109,3 +109,30 @@ def test_engine_start_refuses_what_jenga_cannot_serve_on_this_version(tmp_path_f
         cfg.scheduler_config.cache_aware_admission_window = 4
         with pytest.raises(compat.UnsupportedInVllm, match="cache-aware admission"):
             refuse_unsupported(cfg)
+
+
+def test_plugin_rewrites_the_planners_configs_with_this_versions_arguments(tmp_path_factory):
+    """The engine core calls ``vllm.v1.engine.core.get_kv_cache_configs`` with 3 (0.32) or 4
+    (0.33+) arguments; the plugin's wrapper gives jenga's engines the page-layer plan and leaves
+    stock engines' configs alone."""
+    import vllm.v1.engine.core as core
+    from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
+
+    from jenga.vllm.plugin import register
+
+    register()
+    cfg = async_config(model_dir("gemma3", tmp_path_factory.getbasetemp()))
+    specs = layer_specs(cfg, [("sliding", 64)] * 5 + ["full"])
+    resolve_kv_cache_layout(cfg, [["LBNHC"]], specs.values())
+    memory = [64 * next(iter(specs.values())).page_size_bytes * len(specs)]
+    args = [cfg, [specs], memory]
+    if compat.MINOR >= (0, 33):
+        from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups
+
+        args.append(get_global_kv_cache_groups(cfg, [specs]))
+    (stock,) = core.get_kv_cache_configs(*args)
+    assert not hasattr(stock, "jenga_plan")
+    cfg.scheduler_config.scheduler_cls = "jenga.vllm.JengaScheduler"
+    (ours,) = core.get_kv_cache_configs(*args)
+    assert ours.jenga_plan.layout == "pages"
+    assert sorted(g.spec.kind for g in ours.jenga_plan.model.groups) == ["full", "sliding"]

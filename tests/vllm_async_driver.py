@@ -58,6 +58,16 @@ def kv_config(vllm_config, layers, num_blocks: int):
     """vLLM's own KV-cache config for ``layers`` (a number of full-attention layers, or one kind
     per layer: ``"full"``, ``("sliding", window)``, ``("chunked", chunk)``) and a budget of
     ``num_blocks`` blocks of every layer."""
+    specs = layer_specs(vllm_config, layers)
+    page = next(iter(specs.values())).page_size_bytes
+    resolve_kv_cache_layout(vllm_config, [["LBNHC"]], specs.values())  # the engine core does this first
+    cfg = kv_cache_configs(vllm_config, [specs], [num_blocks * page * len(specs)])[0]
+    vllm_config.cache_config.num_gpu_blocks = cfg.num_blocks  # as the engine core records it
+    return cfg
+
+
+def layer_specs(vllm_config, layers) -> dict:
+    """vLLM's per-layer KV specs for ``layers`` (see :func:`kv_config`)."""
     mc = vllm_config.model_config
     kinds = ["full"] * layers if isinstance(layers, int) else list(layers)
     kw = dict(block_size=vllm_config.cache_config.block_size, num_kv_heads=mc.get_total_num_kv_heads(),
@@ -71,11 +81,7 @@ def kv_config(vllm_config, layers, num_blocks: int):
             specs[name] = SlidingWindowSpec(**kw, sliding_window=kind[1])
         else:
             specs[name] = ChunkedLocalAttentionSpec(**kw, attention_chunk_size=kind[1])
-    page = next(iter(specs.values())).page_size_bytes
-    resolve_kv_cache_layout(vllm_config, [["LBNHC"]], specs.values())  # the engine core does this first
-    cfg = kv_cache_configs(vllm_config, [specs], [num_blocks * page * len(kinds)])[0]
-    vllm_config.cache_config.num_gpu_blocks = cfg.num_blocks  # as the engine core records it
-    return cfg
+    return specs
 
 
 def make_scheduler(cls, vllm_config, kv_cache_config):
