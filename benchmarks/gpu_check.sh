@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # jenga inside vLLM on a CUDA machine: greedy equality with stock vLLM and the side-by-side
 # benchmark on the FlashAttention and FlashInfer backends, with a random-weight model of
-# Gemma-3-4B's shape.  Needs a CUDA build of vLLM 0.32 (`pip install vllm==0.32.0`) and jenga
-# installed (`pip install -e .`, which registers the vllm.general_plugins entry point).
+# Gemma-3-4B's shape.  Needs a CUDA build of vLLM 0.34 (`pip install vllm==0.34.0`; 0.32 and 0.33
+# are supported too) and jenga installed (`pip install -e .`, which registers the
+# vllm.general_plugins entry point).
 # Exits 0 with a message when there is no GPU or no vLLM.
 set -euo pipefail
 PY=${PYTHON:-python}
@@ -10,8 +11,9 @@ if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; t
   echo "gpu_check: no NVIDIA GPU here; nothing to check (this script is for a CUDA machine)"; exit 0
 fi
 if ! "$PY" -c "import vllm, torch; assert torch.cuda.is_available()" >/dev/null 2>&1; then
-  echo "gpu_check: vLLM with CUDA is not importable by $PY; install vllm==0.32.0 and jenga first"; exit 0
+  echo "gpu_check: vLLM with CUDA is not importable by $PY; install vllm==0.34.0 and jenga first"; exit 0
 fi
+"$PY" -c "import vllm; from jenga.vllm import compat; compat.check_version(); print('gpu_check: vLLM', vllm.__version__)"
 HERE=$(cd "$(dirname "$0")" && pwd)
 for backend in FLASH_ATTN FLASHINFER; do
   echo "== attention backend $backend"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 
 from jenga.manager import KVCacheManager
 from jenga.pagesize import with_base_page
@@ -16,6 +17,10 @@ from jenga.specs import (
     SlidingWindowSpec,
     VisionEmbeddingSpec,
 )
+
+# vLLM's CUDA wheels (the Makefile's 0.33 / 0.34 venvs) find no platform without a GPU; their
+# scheduler side runs on vLLM's CPU platform (set before any test module imports vLLM)
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 # 2 * num_kv_heads * head_dim * bf16 = 2 * 1 * 32 * 2 = 128 bytes per token per layer (the paper's toy)
 TOY_HEADS, TOY_HEAD_DIM = 1, 32

@@ -16,25 +16,27 @@ read back, so a wrong page would also change the output.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 from collections import deque
+from unittest import mock
 
-from vllm import SamplingParams
+import vllm.triton_utils  # noqa: E402
+from vllm import SamplingParams  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
-from vllm.v1.core.kv_cache_utils import (
-    get_kv_cache_configs,
-    get_request_block_hasher,
-    init_none_hash,
-    resolve_kv_cache_block_sizes,
-)
-from vllm.v1.kv_cache_interface import FullAttentionSpec
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash, resolve_kv_cache_block_sizes
+from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionSpec, SlidingWindowSpec
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 
+from jenga.vllm.compat import MINOR, kv_cache_configs  # noqa: E402
+
 VOCAB = 500
+RUNNER_OUTPUT_FIELDS = {f.name for f in dataclasses.fields(ModelRunnerOutput)}
 
 
 def async_config(path: str, **kw):
@@ -42,22 +44,44 @@ def async_config(path: str, **kw):
     args = dict(model=path, dtype="float32", block_size=32, max_model_len=512, max_num_seqs=8, seed=0,
                 enable_prefix_caching=True, enforce_eager=True)
     args.update(kw)
-    cfg = EngineArgs(**args).create_engine_config()
+    with contextlib.ExitStack() as stack:
+        if MINOR >= (0, 34):
+            # 0.34's CPU platform refuses x86 without triton-cpu (its kernels need it); a CUDA
+            # wheel here has none, and the stand-in runner runs no kernel
+            stack.enter_context(mock.patch.object(vllm.triton_utils, "HAS_TRITON", True))
+        cfg = EngineArgs(**args).create_engine_config()
     cfg.scheduler_config.async_scheduling = True
     return cfg
 
 
-def kv_config(vllm_config, num_layers: int, num_blocks: int):
-    """vLLM's own KV-cache config for ``num_layers`` full-attention layers and ``num_blocks`` blocks."""
-    mc = vllm_config.model_config
-    specs = {f"model.layers.{i}.self_attn.attn": FullAttentionSpec(
-        block_size=vllm_config.cache_config.block_size, num_kv_heads=mc.get_total_num_kv_heads(),
-        head_size=mc.get_head_size(), dtype=mc.dtype) for i in range(num_layers)}
+def kv_config(vllm_config, layers, num_blocks: int):
+    """vLLM's own KV-cache config for ``layers`` (a number of full-attention layers, or one kind
+    per layer: ``"full"``, ``("sliding", window)``, ``("chunked", chunk)``) and a budget of
+    ``num_blocks`` blocks of every layer."""
+    specs = layer_specs(vllm_config, layers)
     page = next(iter(specs.values())).page_size_bytes
     resolve_kv_cache_layout(vllm_config, [["LBNHC"]], specs.values())  # the engine core does this first
-    cfg = get_kv_cache_configs(vllm_config, [specs], [num_blocks * page * num_layers])[0]
+    cfg = kv_cache_configs(vllm_config, [specs], [num_blocks * page * len(specs)])[0]
     vllm_config.cache_config.num_gpu_blocks = cfg.num_blocks  # as the engine core records it
     return cfg
+
+
+def layer_specs(vllm_config, layers) -> dict:
+    """vLLM's per-layer KV specs for ``layers`` (see :func:`kv_config`)."""
+    mc = vllm_config.model_config
+    kinds = ["full"] * layers if isinstance(layers, int) else list(layers)
+    kw = dict(block_size=vllm_config.cache_config.block_size, num_kv_heads=mc.get_total_num_kv_heads(),
+              head_size=mc.get_head_size(), dtype=mc.dtype)
+    specs = {}
+    for i, kind in enumerate(kinds):
+        name = f"model.layers.{i}.self_attn.attn"
+        if kind == "full":
+            specs[name] = FullAttentionSpec(**kw)
+        elif kind[0] == "sliding":
+            specs[name] = SlidingWindowSpec(**kw, sliding_window=kind[1])
+        else:
+            specs[name] = ChunkedLocalAttentionSpec(**kw, attention_chunk_size=kind[1])
+    return specs
 
 
 def make_scheduler(cls, vllm_config, kv_cache_config):
@@ -67,11 +91,24 @@ def make_scheduler(cls, vllm_config, kv_cache_config):
                hash_block_size=hash_block), hash_block
 
 
+def _first_needed(spec):
+    """The first position the token at ``p`` reads in a layer of ``spec``."""
+    window = getattr(spec, "sliding_window", None)
+    chunk = getattr(spec, "attention_chunk_size", None)
+    if window:
+        return lambda p: max(0, p - window + 1)
+    if chunk:
+        return lambda p: p // chunk * chunk
+    return lambda p: 0
+
+
 class FakeRunner:
     """Executes scheduler outputs against a KV store (see the module docstring)."""
 
     def __init__(self, kv_cache_config):
         self.block_sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
+        # per group, the first position token ``p`` attends to (the rest may be freed)
+        self.first_needed = [_first_needed(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups]
         self.kv: dict[tuple[int, int, int], tuple[int, int]] = {}
         self.tokens: dict[str, list[int]] = {}
         self.prompt_len: dict[str, int] = {}
@@ -85,13 +122,14 @@ class FakeRunner:
     def execute(self, out) -> ModelRunnerOutput:
         starts = {}
         for r in out.scheduled_new_reqs:
-            self.tokens[r.req_id] = list(r.prompt_token_ids)
-            self.prompt_len[r.req_id] = len(r.prompt_token_ids)
+            # 0.34 re-sends a preempted request as a new one with all its tokens (prefill_token_ids)
+            self.tokens[r.req_id] = list(getattr(r, "prefill_token_ids", None) or r.prompt_token_ids)
+            self.prompt_len.setdefault(r.req_id, len(r.prompt_token_ids))
             self.tables[r.req_id] = [list(b) for b in r.block_ids]
             starts[r.req_id] = r.num_computed_tokens
         c = out.scheduled_cached_reqs
         for i, rid in enumerate(c.req_ids):
-            if rid in c.resumed_req_ids:  # preempted and back: the scheduler's tokens, new tables
+            if rid in getattr(c, "resumed_req_ids", ()):  # preempted and back: the scheduler's tokens, new tables
                 self.tokens[rid] = self.tokens[rid][:self.prompt_len[rid] + c.num_output_tokens[i]]
                 self.tables[rid] = [list(b) for b in c.new_block_ids[i]]
             elif c.new_block_ids[i] is not None:
@@ -101,25 +139,29 @@ class FakeRunner:
         req_ids, sampled = [], []
         for rid, n in out.num_scheduled_tokens.items():
             start, toks, tables = starts[rid], self.tokens[rid], self.tables[rid]
-            seen = []
-            for g, table in enumerate(tables):  # every earlier position, read back through the table
-                got = [self.kv.get(self._slot(g, table, q)) for q in range(start)]
-                assert got == [(q, toks[q]) for q in range(start)], f"{rid}: group {g} pages hold other tokens"
-                seen = [t for _, t in got]
-            self.checked += start
+            seen: set[tuple[int, int]] = set()  # (position, token) read back, whatever the grouping
+            for g, table in enumerate(tables):  # every earlier position attended, read back through the table
+                lo = self.first_needed[g](start)
+                got = [self.kv.get(self._slot(g, table, q)) for q in range(lo, start)]
+                assert got == [(q, toks[q]) for q in range(lo, start)], f"{rid}: group {g} pages hold other tokens"
+                seen.update(got)
+                self.checked += start - lo
             for p in range(start, start + n):
                 for g, table in enumerate(tables):
                     self.kv[self._slot(g, table, p)] = (p, toks[p])
             req_ids.append(rid)
             if start + n == len(toks):  # the last known token computed: sample the next one
-                digest = hashlib.blake2b(repr(seen + toks[start:start + n]).encode(), digest_size=8).digest()
+                digest = hashlib.blake2b(repr([t for _, t in sorted(seen)] + toks[start:start + n]).encode(), digest_size=8).digest()
                 tok = 3 + int.from_bytes(digest, "little") % (VOCAB - 3)
                 toks.append(tok)
                 sampled.append([tok])
             else:
                 sampled.append([])
-        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                 sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={}, pooler_output=[])
+        kw = dict(req_ids=req_ids, sampled_token_ids=sampled, logprobs=None, prompt_logprobs_dict={},
+                  pooler_output=[])
+        if "req_id_to_index" in RUNNER_OUTPUT_FIELDS:  # gone in 0.34 (the scheduler indexes req_ids itself)
+            kw["req_id_to_index"] = {r: i for i, r in enumerate(req_ids)}
+        return ModelRunnerOutput(**kw)
 
 
 def run(scheduler, hash_block: int, kv_cache_config, prompts, *, max_tokens: int = 24, arrivals=None):

@@ -22,6 +22,7 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 from jenga.events import AllBlocksCleared, BlockRemoved, BlockStored
 from jenga.manager import KVCacheManager
 from jenga.tables import StateTable, TokenTable
+from jenga.vllm import compat
 from jenga.vllm.plan import VllmPlan
 
 NULL_BLOCK = 0
@@ -174,14 +175,12 @@ class JengaKVCacheAdapter:
     def new_step_starts(self) -> None:
         pass
 
-    def get_computed_blocks(self, request):
+    def get_computed_blocks(self, request, max_cache_hit_length: int | None = None):
         req = self._ensure(request)
         if req.tables is not None:
             raise AssertionError(f"jenga.vllm: lookup of running request {request.request_id}")
-        if self.enable_caching and not request.skip_reading_prefix_cache:
-            hit = self.manager.lookup(request.request_id)
-        else:
-            hit = self.manager.lookup(request.request_id, max_tokens=0)
+        limit = compat.max_cache_hit_length(request, max_cache_hit_length) if self.enable_caching else 0
+        hit = self.manager.lookup(request.request_id, max_tokens=limit)
         self._sent.pop(request.request_id, None)
         self._rows.pop(request.request_id, None)
         # the junction (where the prompt leaves the cached prefix) is vLLM's shared-prefix
@@ -239,9 +238,6 @@ class JengaKVCacheAdapter:
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         return self.get_blocks(request_id).get_block_ids()
 
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
-        return [0] * self.num_groups
-
     def estimate_cached_tokens(self, request) -> int:
         req = self.manager.requests.get(request.request_id)
         return req.hit if req is not None else 0
@@ -260,7 +256,7 @@ class JengaKVCacheAdapter:
         return self.manager.usage
 
     def prefix_cache_lookup_enabled(self, request) -> bool:
-        return self.enable_caching and not request.skip_reading_prefix_cache
+        return self.enable_caching and compat.reads_prefix_cache(request)
 
     def record_prefix_cache_stats(self, request, num_hits: int) -> None:
         if self.log_stats and self.prefix_cache_lookup_enabled(request):

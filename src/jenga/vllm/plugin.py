@@ -3,8 +3,9 @@
 vLLM runs ``register()`` in every process (engine core and workers).  It wraps
 ``vllm.v1.engine.core.get_kv_cache_configs`` so that, when the engine's scheduler is
 jenga's, the configs sent to the workers (and the scheduler's own) carry jenga's
-page-layer layout and plan (see :mod:`jenga.vllm.plan`).  Engines with vLLM's own
-scheduler are left untouched.
+page-layer layout and plan (see :mod:`jenga.vllm.plan`).  On vLLM 0.34 it also turns the
+extensible KV cache off for such engines (:func:`jenga.vllm.compat.turn_off_extensible_kv_cache`).
+Engines with vLLM's own scheduler are left untouched.
 """
 
 from __future__ import annotations
@@ -26,13 +27,17 @@ def uses_jenga(vllm_config) -> bool:
 def register() -> None:
     import vllm.v1.engine.core as core
 
+    from jenga.vllm.compat import turn_off_extensible_kv_cache
+
+    turn_off_extensible_kv_cache(uses_jenga)
     original = core.get_kv_cache_configs
     if getattr(original, _MARK, False):
         return
 
     @functools.wraps(original)
-    def get_kv_cache_configs(vllm_config, kv_cache_specs, available_memory):
-        configs = original(vllm_config, kv_cache_specs, available_memory)
+    def get_kv_cache_configs(vllm_config, *args, **kwargs):
+        # (vllm_config, specs, memory) on 0.32; 0.33 added the global KV-cache groups
+        configs = original(vllm_config, *args, **kwargs)
         if not uses_jenga(vllm_config):
             return configs
         from jenga.vllm.plan import rewrite_config

@@ -13,13 +13,16 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from jenga.capacity import fits, max_context_tokens, pages_for_context
 from jenga.errors import InsufficientMemoryError
+from jenga.vllm import compat
 from jenga.vllm.adapter import JengaKVCacheAdapter
 from jenga.vllm.plan import layout_name, uniform_plan
 from jenga.vllm.specs import UnsupportedInVllm
 
 
 def refuse_unsupported(vllm_config) -> None:
-    """Raise ``UnsupportedInVllm`` naming the first vLLM feature jenga cannot serve."""
+    """Raise ``UnsupportedInVllm`` naming the first vLLM feature jenga cannot serve
+    (first of all, a vLLM version outside the supported range)."""
+    compat.check_version()
     checks = [
         (vllm_config.kv_transfer_config is not None,
          "KV connectors (offloading, disaggregated prefill, LMCache/NIXL transfers)"),
@@ -33,6 +36,7 @@ def refuse_unsupported(vllm_config) -> None:
         (vllm_config.scheduler_config.watermark > 0, "a KV-cache watermark"),
         (getattr(vllm_config.cache_config, "use_replayssm", False),
          "ReplaySSM Mamba decode kernels (they write states outside the block-table columns jenga plans)"),
+        *compat.refusals(vllm_config),
     ]
     for bad, what in checks:
         if bad:

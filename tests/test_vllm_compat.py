@@ -1,0 +1,138 @@
+"""``jenga.vllm.compat`` on the installed vLLM (``make test`` runs it once per version): the
+supported range, the request's prefix-hit limit as this version defines it (and the adapter
+honouring it on a warm cache), and 0.34's extensible KV cache turned off for jenga's engines only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from vllm import SamplingParams
+from vllm.v1.request import Request
+from vllm_async_driver import async_config, kv_config, layer_specs, make_scheduler, run
+from vllm_support import model_dir
+
+from jenga.vllm import JengaScheduler, compat
+from jenga.vllm.plan import rewrite_config
+from jenga.vllm.plugin import uses_jenga
+
+pytestmark = pytest.mark.xdist_group("vllm-async")
+
+PROMPT = list(range(3, 200))  # 197 tokens: six full 32-token blocks
+
+
+def request(rid: str, **sp) -> Request:
+    return Request(rid, PROMPT, SamplingParams(max_tokens=4, **sp), None)
+
+
+def test_cache_hit_limits_through_compat():
+    """compat reads the request's hit limit the way the installed version defines it."""
+    plain = Request("a", list(range(3, 40)), SamplingParams(max_tokens=4), None)
+    skip = Request("b", list(range(3, 40)), SamplingParams(max_tokens=4, skip_reading_prefix_cache=True), None)
+    assert compat.reads_prefix_cache(plain) and compat.max_cache_hit_length(plain) == 36
+    assert compat.max_cache_hit_length(plain, 20) == 20
+    assert not compat.reads_prefix_cache(skip) and compat.max_cache_hit_length(skip) == 0
+    if compat.MINOR >= (0, 34):  # prompt logprobs from row 10 on: at most 10 tokens come from the cache
+        sp = SamplingParams(max_tokens=4, prompt_logprobs=1, prompt_logprob_start=10, skip_reading_prefix_cache=False)
+        scored = Request("c", list(range(3, 40)), sp, None)
+        assert compat.max_cache_hit_length(scored) == 10
+
+
+def test_installed_version_is_supported_and_others_are_refused(monkeypatch):
+    compat.check_version()
+    monkeypatch.setattr(compat, "INSTALLED", compat.Version("0.35.0"))
+    with pytest.raises(compat.UnsupportedInVllm, match=r"supports vLLM .*0\.32.*0\.35"):
+        compat.check_version()
+
+
+def test_pyproject_declares_the_supported_range():
+    import tomllib
+    from packaging.requirements import Requirement
+
+    meta = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    reqs = [Requirement(r) for r in meta["project"]["optional-dependencies"]["vllm-cuda"]]
+    assert [r.specifier for r in reqs if r.name == "vllm"] == [compat.SUPPORTED]
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    """A jenga scheduler that served PROMPT once (its pages stay cached)."""
+    cfg = async_config(model_dir("llama", tmp_path_factory.getbasetemp()))
+    cfg.scheduler_config.async_scheduling = False
+    kv = rewrite_config(kv_config(cfg, 2, 64), cfg.model_config.max_model_len)
+    sched, hash_block = make_scheduler(JengaScheduler, cfg, kv)
+    run(sched, hash_block, kv, [PROMPT], max_tokens=2)
+    return sched.kv_cache_manager
+
+
+def _hit(adapter, req: Request, bound: int | None = None) -> int:
+    _, hit, _ = adapter.get_computed_blocks(req, bound)
+    adapter.free(req)
+    return hit
+
+
+def test_adapter_honours_the_requests_hit_limit(warm):
+    assert _hit(warm, request("full")) == 192
+    assert _hit(warm, request("bounded"), 100) == 96  # the scheduler's bound, rounded down to blocks
+    assert _hit(warm, request("skip", skip_reading_prefix_cache=True)) == 0
+    if compat.MINOR >= (0, 34):  # prompt logprobs scored from row 70: at most 70 tokens from the cache
+        scored = request("scored", prompt_logprobs=1, prompt_logprob_start=70, skip_reading_prefix_cache=False)
+        assert _hit(warm, scored) == 64
+    assert not warm.manager.requests and warm.manager.used_bytes == 0
+
+
+def test_extensible_kv_cache_is_turned_off_for_jengas_engines_only():
+    if compat.MINOR < (0, 34):
+        pytest.skip("the extensible KV cache exists from vLLM 0.34 on")
+    from vllm.v1.executor.abstract import Executor
+
+    from jenga.vllm.plugin import register
+
+    register()  # what vLLM's plugin loader does in every process
+    ask = Executor.extensible_kv_cache_unsupported_reason
+    jenga = SimpleNamespace(vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(
+        scheduler_cls="jenga.vllm.JengaScheduler")))
+    assert uses_jenga(jenga.vllm_config)
+    assert ask(jenga, [{"layer": object()}]) == compat.EXTENSIBLE_OFF
+    stock = SimpleNamespace(vllm_config=SimpleNamespace(scheduler_config=SimpleNamespace(scheduler_cls=None)))
+    # stock engines get vLLM's own answer (here: the original's first check, no KV cache)
+    assert ask(stock, [{}]) == "the model has no KV cache"
+
+
+def test_engine_start_refuses_what_jenga_cannot_serve_on_this_version(tmp_path_factory):
+    from jenga.vllm.scheduler import refuse_unsupported
+
+    cfg = async_config(model_dir("llama", tmp_path_factory.getbasetemp()))
+    refuse_unsupported(cfg)  # the plain config passes
+    if compat.MINOR >= (0, 34):
+        cfg.scheduler_config.cache_aware_admission_window = 4
+        with pytest.raises(compat.UnsupportedInVllm, match="cache-aware admission"):
+            refuse_unsupported(cfg)
+
+
+def test_plugin_rewrites_the_planners_configs_with_this_versions_arguments(tmp_path_factory):
+    """The engine core calls ``vllm.v1.engine.core.get_kv_cache_configs`` with 3 (0.32) or 4
+    (0.33+) arguments; the plugin's wrapper gives jenga's engines the page-layer plan and leaves
+    stock engines' configs alone."""
+    import vllm.v1.engine.core as core
+    from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
+
+    from jenga.vllm.plugin import register
+
+    register()
+    cfg = async_config(model_dir("gemma3", tmp_path_factory.getbasetemp()))
+    specs = layer_specs(cfg, [("sliding", 64)] * 5 + ["full"])
+    resolve_kv_cache_layout(cfg, [["LBNHC"]], specs.values())
+    memory = [64 * next(iter(specs.values())).page_size_bytes * len(specs)]
+    args = [cfg, [specs], memory]
+    if compat.MINOR >= (0, 33):
+        from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups
+
+        args.append(get_global_kv_cache_groups(cfg, [specs]))
+    (stock,) = core.get_kv_cache_configs(*args)
+    assert not hasattr(stock, "jenga_plan")
+    cfg.scheduler_config.scheduler_cls = "jenga.vllm.JengaScheduler"
+    (ours,) = core.get_kv_cache_configs(*args)
+    assert ours.jenga_plan.layout == "pages"
+    assert sorted(g.spec.kind for g in ours.jenga_plan.model.groups) == ["full", "sliding"]
