@@ -56,6 +56,10 @@ def test_config_without_sizes_warns():
     with warnings.catch_warnings():
         warnings.simplefilter("error", MissingSizesWarning)
         jenga.ModelSpec.from_hf_config("llama-3.1-8b")  # the catalog: complete, no warning
+        from jenga.engine.tiny import TINY_MODELS, tiny_hf_config
+
+        for name in TINY_MODELS:  # complete configs as dicts (Nemotron-H: layers from its pattern)
+            jenga.ModelSpec.from_hf_config(tiny_hf_config(name).to_dict())
 
 
 def test_config_without_sizes_warns_on_the_command_line(capsys, tmp_path, monkeypatch):

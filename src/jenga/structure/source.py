@@ -110,6 +110,8 @@ def name_hint(name: str) -> str:
 
 #: sizes a decoder config needs; without them transformers' defaults for the model type stand in
 _CORE_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads")
+#: per-layer patterns some families derive the layer count from (Nemotron-H, Falcon-H1, ...)
+_LAYER_PATTERNS = ("layer_types", "hybrid_override_pattern", "layers_block_type", "block_types")
 
 
 def warn_missing_sizes(src: Source) -> None:
@@ -119,6 +121,8 @@ def warn_missing_sizes(src: Source) -> None:
         return
     raw = src.raw.get("text_config") if isinstance(src.raw.get("text_config"), Mapping) else src.raw
     missing = [f for f in _CORE_SIZES if f not in raw and f not in src.raw]
+    if any(k in raw for k in _LAYER_PATTERNS):  # the layer count follows from a per-layer pattern
+        missing = [f for f in missing if f != "num_hidden_layers"]
     if missing:
         warnings.warn(f"{src.where}: no {', '.join(missing)}; transformers' defaults for "
                       f"{src.raw.get('model_type')!r} are used, which may not be the model you mean",
