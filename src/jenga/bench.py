@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 DEFAULTS = dict(model="tiny-gemma3", kv_memory="12MiB", requests=48, prompt_min=256, prompt_max=448,
                 output_len=64, shared_prefix=0, max_num_batched_tokens=512, managers="jenga,paged", seed=0,
-                threads=1)
+                threads=1, device="cpu", dtype="fp32")
 
 
 @dataclass
@@ -79,6 +79,7 @@ def run_engine(name: str, args, work: Workload, progress=None, *, track_kv_stats
     from jenga.engine.sampling_params import SamplingParams
 
     llm = LLM(args.model, manager=name, kv_memory=args.kv_memory, random_weights=True, seed=args.seed,
+              device=args.device, dtype=args.dtype,
               max_num_batched_tokens=args.max_num_batched_tokens, track_kv_stats=track_kv_stats,
               state_checkpoint_interval=getattr(args, "state_checkpoint_interval", None))
     params = SamplingParams(max_tokens=work.output_len, ignore_eos=True)
@@ -92,6 +93,10 @@ def run_engine(name: str, args, work: Workload, progress=None, *, track_kv_stats
         finished = llm.step()
         if progress is not None and finished:
             progress(len(finished))
+    if llm.device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
     wall = time.perf_counter() - t0
     m, s, st = llm.metrics, llm.scheduler.stats, llm.manager.stats()
     queries = st.prefix_query_tokens - st0.prefix_query_tokens
@@ -170,6 +175,8 @@ def bench_data(args) -> dict:
         "shared_prefix": args.shared_prefix,
         "max_num_batched_tokens": args.max_num_batched_tokens,
         "threads": args.threads,
+        "device": args.device,
+        "dtype": args.dtype,
         "workload_kv_bytes": first["kv_spec_bytes"],
         "managers": results,
     }
@@ -249,5 +256,7 @@ def add_bench_parser(subparsers) -> None:
                    help="tokens between Mamba / linear-attention state checkpoints (default 512)")
     p.add_argument("--seed", type=int, default=d["seed"], help="workload and weights seed")
     p.add_argument("--threads", type=int, default=d["threads"], help="torch CPU threads")
+    p.add_argument("--device", default=d["device"], help="torch device of the engine (cpu, cuda)")
+    p.add_argument("--dtype", default=d["dtype"], help="weights and KV dtype: fp32, bf16, fp16")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of the table")
     p.set_defaults(func=run_bench)

@@ -1,11 +1,17 @@
 """Closed-form capacity of a manager: the longest single request and how many short
 requests fit, from the manager's own groups and page rules (decode state: sliding and
-chunked groups hold their window / current chunk; a state group one state).
+chunked groups hold their window / current chunk; a state group one state).  A length is
+promised only when every shorter one fits too: the scheduler runs a request alone one step
+at a time, down to one token a step (it shrinks a prefill chunk that does not fit), and the
+step computing token ``l`` holds ``pages_for_context(l)``, which for a sliding or chunked
+group is not monotone in ``l`` (``peak_pages``).
 
 Cross-checked against real allocations in ``tests/test_capacity.py``.
 """
 
 from __future__ import annotations
+
+from math import lcm
 
 from jenga.prefix.policies import FullPolicy, MambaPolicy, cdiv
 
@@ -26,6 +32,30 @@ def pages_for_context(mgr, length: int) -> list[int]:
     return out
 
 
+def peak_pages(mgr, length: int) -> list[int]:
+    """Most small pages each group holds at any step of a request computing its tokens
+    ``0 .. length`` one step at a time (``pages_for_context`` of each ``l <= length``).
+
+    A group's count at ``l + P`` is at least its count at ``l`` (``P``: the page for a full or
+    sliding group, ``lcm(chunk, page)`` for a chunked one), so the last ``P`` lengths hold the
+    peak; within one chunk the count only grows, so a chunked group's peak is at ``length`` or
+    a chunk's last token.  Summed over groups whose peaks may fall on different lengths, this
+    is an upper bound on what one step holds (exact for one windowed kind)."""
+    out = pages_for_context(mgr, length)
+    for gi, pol in enumerate(mgr.policies):
+        if not isinstance(pol, FullPolicy) or type(pol).first_needed is FullPolicy.first_needed:
+            continue
+        tpp = pol.tpp
+        chunk = getattr(pol.group.spec, "chunk", None)
+        if chunk:
+            cands = range(length - length % chunk - 1, max(-1, length - lcm(chunk, tpp)), -chunk)
+        else:
+            cands = range(max(0, length - tpp + 1), length)
+        for n in cands:
+            out[gi] = max(out[gi], n // tpp - pol.keep_from(n) // tpp + 1)
+    return out
+
+
 def fits(mgr, pages: list[int]) -> bool:
     """Whether these small pages per group fit in the manager's large pages (and, for a
     static partition, in every group's share)."""
@@ -41,7 +71,7 @@ def max_context_tokens(mgr, limit: int = 1 << 40) -> int | None:
     the model's max length.  Returns 0 if not even one token fits, and ``None`` when the
     length is unbounded (every layer keeps only a window or chunk, e.g. Mistral-7B)."""
     def ok(length: int) -> bool:
-        return fits(mgr, pages_for_context(mgr, length))
+        return fits(mgr, peak_pages(mgr, length))
 
     if not ok(1):
         return 0
@@ -59,7 +89,7 @@ def max_context_tokens(mgr, limit: int = 1 << 40) -> int | None:
 def max_concurrent_requests(mgr, length: int) -> int:
     """How many requests of ``length`` tokens fit at once (large pages shared between
     requests once every request's own pages are placed)."""
-    per = pages_for_context(mgr, length)
+    per = peak_pages(mgr, length)
     if not fits(mgr, per):
         return 0
     lo, hi = 1, 2

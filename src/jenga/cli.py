@@ -26,6 +26,11 @@ def _add_plan(sub) -> None:
 
 
 def plan_data(args) -> dict:
+    return plan_and_model(args)[0]
+
+
+def plan_and_model(args) -> tuple[dict, object]:
+    """``jenga plan``'s figures and the model spec they are of."""
     from jenga.baselines import make_manager
     from jenga.capacity import max_concurrent_requests, max_context_tokens
     from jenga.specs import ModelSpec
@@ -62,7 +67,7 @@ def plan_data(args) -> dict:
         "max_concurrent_requests": {n: max_concurrent_requests(m, args.short_tokens) for n, m in built.items()},
         "page_bytes": {n: sorted({g.page_bytes for g in m.model.groups}) for n, m in built.items()},
     }
-    return data
+    return data, model
 
 
 def check_plan_args(args) -> None:
@@ -97,10 +102,18 @@ def _budget(args, model) -> tuple[int, str]:
     return per_gpu * args.tp, f"{args.gpu} x{args.tp}: memory x 0.9 - weights/tp - activations"
 
 
+def plan_notes(data: dict, model_max_len: int) -> list[str]:
+    """Where a capacity figure exceeds the model's own maximum context (no request can be that long)."""
+    return [f"{name}: the KV cache holds {'any number of' if ctx is None else ctx} tokens for one request, more "
+            f"than the model's maximum context of {model_max_len}; a request is limited to {model_max_len}"
+            for name, ctx in data["max_context_tokens"].items() if ctx is None or ctx > model_max_len]
+
+
 def run_plan(args) -> int:
-    data = plan_data(args)
+    data, model = plan_and_model(args)
+    notes = plan_notes(data, model.max_model_len)
     if args.json:
-        print(json.dumps(data, indent=2))
+        print(json.dumps({**data, "notes": notes}, indent=2))
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -131,12 +144,24 @@ def run_plan(args) -> int:
         c.add_row(name, ", ".join(fmt_bytes(b) for b in data["page_bytes"][name]), shown + ratio,
                   str(data["max_concurrent_requests"][name]))
     con.print(c)
+    for note in notes:
+        con.print(f"note: {note}")
     return 0
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("jenga")
+    except PackageNotFoundError:
+        return "(not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``jenga`` parser with every subcommand whose module is installed."""
     parser = argparse.ArgumentParser(prog="jenga", description="KV-cache memory management for heterogeneous LLMs")
+    parser.add_argument("--version", action="version", version=f"jenga {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_plan(sub)
     for mod, fn in (("jenga.bench", "add_bench_parser"), ("jenga.sim.cli", "add_sim_parsers"),
@@ -155,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
+    warnings.formatwarning = lambda msg, cat, *_a, **_k: f"jenga: warning: {msg}\n"  # one line, no source echo
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

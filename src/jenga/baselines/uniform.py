@@ -10,7 +10,10 @@ What it models, rule by rule:
   v1 falls back to storing sliding and chunked layers as full attention.
 * **One pool, no large pages**: ``S = P`` so any free page serves any group.
 * **Out-of-window blocks are freed at the request's next allocate** (``remove_skipped_blocks``),
-  so a just-computed chunk's out-of-window pages stay held until then.
+  so a just-computed chunk's out-of-window pages stay held until then.  vLLM frees them before
+  its fit check; here they count as supply in the check (``can_allocate`` too) and are freed
+  only once the allocation is certain, so ``can_allocate`` and an ``allocate`` returning
+  ``None`` change nothing, as for every manager.
 * **Sparse retention (default 0)**: sliding-window and state groups keep prefix-cache
   entries only at the prompt boundary; blocks not retained are never hashed.
 * **Cross-attention is never prefix-cached; vision embeddings live outside the pool.**
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import math
 
+from jenga.allocator import Supply
 from jenga.baselines.common import TrueNeedsMixin
 from jenga.prefix.policies import (
     ChunkedPolicy,
@@ -123,8 +127,21 @@ class _ReleaseAtNextAllocate(FullPolicy):
         return 1 << 62
 
     def plan(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> int:
-        super().commit(req, gs, _NoRegister(ops))  # remove_skipped_blocks
-        return super().plan(req, gs, end, ops)
+        """Pages past the held ones; those below the window stay held (``skipped``)."""
+        return max(0, cdiv(end, self.tpp) - len(gs.pages))
+
+    def skipped(self, req: Request, gs: GroupState) -> range:
+        """Page indices that left the window / chunk but are still held (freed at the next allocate)."""
+        return range(gs.released, min(self.keep_from(req.num_computed) // self.tpp, len(gs.pages)))
+
+    def freed_by_release(self, req: Request, gs: GroupState, ops: PageOps) -> int:
+        """Pages that ``release_skipped`` gives back to the pool (held by nobody else)."""
+        ref, pages = ops.ref[self.gi], gs.pages
+        return sum(1 for i in self.skipped(req, gs) if pages[i] is not None and ref[pages[i]] == 1)
+
+    def release_skipped(self, req: Request, gs: GroupState, ops: PageOps) -> None:
+        """``remove_skipped_blocks``: drop the pages below the window (no new registration)."""
+        super().commit(req, gs, _NoRegister(ops))
 
     def next_event(self, req: Request, gs: GroupState, ops: PageOps) -> int:
         return (gs.registered + 1) * self.tpp if ops.caching else 1 << 62
@@ -215,6 +232,29 @@ class UniformManager(TrueNeedsMixin):
         self._align = math.lcm(*(g.tokens_per_page for g in um.groups if g.spec.per_token)) \
             if any(g.spec.per_token for g in um.groups) else tokens_per_page
         return um
+
+    def _releasing(self, req: Request) -> list[tuple[_ReleaseAtNextAllocate, GroupState]]:
+        return [(pol, gs) for pol, gs in zip(self.policies, req.groups, strict=True)
+                if isinstance(pol, _ReleaseAtNextAllocate)]
+
+    def _quota_of(self, req: Request, need: list[int], end: int) -> list[int] | None:
+        """As the base class, with the pages this allocate's ``remove_skipped_blocks`` frees
+        counted as whole large pages (one page = one large page here)."""
+        credit = sum(pol.freed_by_release(req, gs, self) for pol, gs in self._releasing(req))
+        if not credit or not any(need):
+            return super()._quota_of(req, need, end)
+        sup = self.alloc.supply()
+        return self._quota_for(need, Supply(sup.free_small, sup.cached_small, sup.whole_large + credit))
+
+    def _allocate_slow(self, req: Request, n: int, lookahead: int, end: int):
+        """Free the skipped blocks only once the allocation is sure to succeed (count first)."""
+        releasing = [(pol, gs) for pol, gs in self._releasing(req) if pol.skipped(req, gs)]
+        if releasing:
+            if not self.can_allocate(req.request_id, n, num_lookahead=lookahead):
+                return None
+            for pol, gs in releasing:
+                pol.release_skipped(req, gs, self)
+        return super()._allocate_slow(req, n, lookahead, end)
 
     def _policy(self, gi: int, group: LayerGroup) -> Policy:
         spec = group.spec

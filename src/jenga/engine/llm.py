@@ -35,17 +35,19 @@ from pathlib import Path
 import torch
 
 from jenga.engine.cross_attention import CrossAttentionKV
+from jenga.engine.devices import checked_device
 from jenga.engine.generation_config import GenerationDefaults, load_generation_defaults
 from jenga.engine.metrics import EngineMetrics
 from jenga.engine.model_runner import ModelRunner
 from jenga.engine.multimodal import attach_images
 from jenga.engine.outputs import RequestOutput
 from jenga.engine.processor_prompts import ProcessorPrompts
+from jenga.engine.request_limits import RequestLimits
 from jenga.engine.sampler import make_generator, sample
 from jenga.engine.sampling_params import SamplingParams
 from jenga.engine.scheduler import Scheduler
 from jenga.engine.sequence import Sequence as Seq
-from jenga.engine.tiny import init_random_weights, is_tiny, tiny_hf_config
+from jenga.engine.tiny import engine_name_hint, init_random_weights, is_tiny, tiny_hf_config
 from jenga.engine.tokenizer import TextTokenizer, load_tokenizer, tiny_tokenizer
 from jenga.engine.vision_cache import VisionEmbeddings
 from jenga.errors import DuplicateRequestError, InvalidArgumentError
@@ -59,6 +61,7 @@ def _resolve_model(model: str | Path, random_weights: bool, seed: int, dtype: to
     """``(hf config, paged model, spec source, tokenizer, generation defaults)`` for a directory or tiny name."""
     from jenga.engine.models.registry import build_model, text_config
     from jenga.engine.models.weights import load_config, load_weights
+    from jenga.structure.source import read_source
 
     if is_tiny(model):
         config = tiny_hf_config(str(model))
@@ -70,7 +73,8 @@ def _resolve_model(model: str | Path, random_weights: bool, seed: int, dtype: to
         from jenga.engine.tiny import TINY_MODELS
 
         raise InvalidArgumentError(f"model {str(model)!r} is neither a directory with config.json nor a built-in "
-                                   f"tiny model ({', '.join(TINY_MODELS)})")
+                                   f"tiny model ({', '.join(TINY_MODELS)}){engine_name_hint(str(model))}")
+    read_source(path)  # a typed error for a config.json that is no JSON object, before the model code reads it
     config = load_config(path)
     net = build_model(config, device=device, dtype=dtype)
     if random_weights:
@@ -133,7 +137,7 @@ class LLM:
 
         if dtype not in TORCH_DTYPES:
             raise InvalidArgumentError(f"dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
-        self.device = torch.device(device)
+        self.device = checked_device(device)
         self.dtype = dtype
         config, net, spec_source, tok, gen = _resolve_model(model, random_weights, seed, TORCH_DTYPES[dtype],
                                                             self.device)
@@ -174,6 +178,7 @@ class LLM:
 
             self.scheduler = SpecScheduler(self.manager, num_speculative_tokens=num_speculative_tokens, **sched)
             self.speculative = SpeculativeDecoder(self.runner, draft, self.manager, self.scheduler, device=self.device)
+        self.limits = RequestLimits.of(self.manager, self.scheduler.max_model_len)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.track_kv_stats = track_kv_stats
         self.metrics = EngineMetrics()
@@ -232,6 +237,7 @@ class LLM:
         params = params or self.default_sampling_params
         prompt = self.processor_prompts.apply(prompt)  # text / raw images -> ids + the model's image tensors
         text, ids = self._prompt_ids(prompt)
+        self.limits.check(len(ids), params.max_tokens)
         rid = next(self._ids) if request_id is None else request_id
         if rid in self._live:
             raise DuplicateRequestError(f"request id {rid!r} is already live")

@@ -148,10 +148,13 @@ class Scheduler:
             n = mgr.chunk_tokens(seq.request_id, min(seq.num_uncomputed, left))
             tables = mgr.allocate(seq.request_id, n)
             while tables is None:
-                if len(self.running) == 1:  # alone and still does not fit: it never will
-                    raise InsufficientMemoryError(
-                        f"request {seq.request_id!r} needs pages for {seq.num_computed + n} tokens, more than the "
-                        "whole KV cache holds; raise the KV memory budget or lower max_tokens")
+                if len(self.running) == 1:  # alone: a shorter chunk, or it never fits
+                    n, tables = self._fit_alone(seq, n)
+                    if tables is None:
+                        raise InsufficientMemoryError(
+                            f"request {seq.request_id!r} needs pages for {seq.num_computed + 1} tokens, more than "
+                            "the whole KV cache holds; raise the KV memory budget or lower max_tokens")
+                    break
                 victim = self.running.pop()
                 self._preempt(victim)
                 plan.preempted.append(victim)
@@ -164,6 +167,20 @@ class Scheduler:
             left -= n
             i += 1
         return left
+
+    def _fit_alone(self, seq: Sequence, n: int) -> tuple[int, object]:
+        """``seq`` runs alone and a chunk of ``n`` tokens does not fit: the longest shorter
+        chunk the manager can allocate (``can_allocate``, which changes nothing; a sliding
+        group holds its window plus every token of the step, so a shorter step needs fewer
+        pages) and its tables, or ``(n, None)`` when not even one token fits."""
+        mgr, rid = self.mgr, seq.request_id
+        lo, hi = 0, n  # can_allocate(lo) holds (0 trivially), can_allocate(hi) does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if mgr.can_allocate(rid, mid) else (lo, mid)
+        m = mgr.chunk_tokens(rid, lo) if lo else 0
+        tables = mgr.allocate(rid, m) if m else None
+        return (m, tables) if tables is not None else (n, None)
 
     def _enter(self, seq: Sequence) -> None:
         """Add the waiting head to the manager and skip its cached prefix (``lookup``)."""
@@ -196,6 +213,8 @@ class Scheduler:
             self._enter(seq)
             n = self.mgr.chunk_tokens(seq.request_id, min(seq.num_uncomputed, left))
             tables = self.mgr.allocate(seq.request_id, n)
+            if tables is None and not self.running:
+                n, tables = self._fit_alone(seq, n)
             if tables is None:
                 self._leave(seq)
                 break

@@ -83,3 +83,20 @@ def init_random_weights(model: torch.nn.Module, *, seed: int = 0, std: float = 0
         if isinstance(model, MllamaForConditionalGeneration):
             init_mllama_weights(model, seed=seed)
     return model
+
+
+def engine_name_hint(name: str) -> str:
+    """A clause for a model name the engine does not know: a catalog name (a config for
+    ``jenga plan`` / ``simulate``, no weights) with the tiny model of its family, or a hub id."""
+    import difflib
+
+    from jenga.structure.source import CATALOG_NAMES, name_hint
+
+    if name in CATALOG_NAMES:
+        family = name.split("-")[0] + "".join(c for c in name.split("-")[1][:1] if c.isdigit()) if "-" in name else name
+        close = difflib.get_close_matches(f"tiny-{family}", list(TINY_MODELS), n=1, cutoff=0.5)
+        also = f"; its family's tiny model is {close[0]!r}" if close else ""
+        return (f"; {name!r} is a catalog name: a config for `jenga plan` / `jenga simulate`, without weights. "
+                f"The engine runs a local HF model directory (with --random-weights for a random one) or a tiny "
+                f"model{also}")
+    return name_hint(name)

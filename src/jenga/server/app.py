@@ -39,17 +39,15 @@ class Service:
     """What the handlers share: the engine loop, the handler-side tokenizer, the limits."""
 
     def __init__(self, llm, *, model_name: str, max_waiting: int, retry_after_s: int):
-        from jenga.capacity import max_context_tokens
-
         self.model_name = model_name
         self.metrics = ServerMetrics([g.name for g in llm.manager.model.groups])
         self.engine = EngineLoop(llm, self.metrics, max_waiting=max_waiting)
         self.tokenizer = copy.deepcopy(llm.tokenizer)  # the engine thread keeps its own
         self.vocab = llm.config_vocab
         self.defaults = dict(llm.generation_defaults.sampling)
-        self.model_max_len = llm.scheduler.max_model_len
-        self.kv_max_len = max_context_tokens(llm.manager)
-        self.max_len = min(self.model_max_len, self.kv_max_len or self.model_max_len)
+        self.limits = llm.limits  # the engine's own length rule (jenga.engine.request_limits)
+        self.model_max_len = llm.limits.model_max_len
+        self.max_len = llm.limits.max_len
         self.retry_after_s = retry_after_s
 
     # ---------------------------------------------------------------- inputs
@@ -92,10 +90,7 @@ class Service:
 
     def max_tokens(self, n_prompt: int, asked: int | None, default: int | None) -> int:
         """The request's ``max_tokens``; 400 naming both lengths when the prompt (+ ``asked``) is too long."""
-        limit = self.max_len
-        what = (f"this model's maximum context length is {self.model_max_len} tokens"
-                if limit == self.model_max_len else
-                f"the KV cache holds at most {limit} tokens for one request (model maximum {self.model_max_len})")
+        limit, what = self.max_len, self.limits.describe()
         if n_prompt >= limit:
             raise APIError(400, f"{what}; the prompt has {n_prompt} tokens, leaving no room to generate",
                            param="prompt", code="context_length_exceeded")

@@ -48,8 +48,33 @@ def build_app(args):
                       max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes)
 
 
-def run_serve(args) -> int:
-    from jenga.server.launch import serve_forever
+def startup_line(llm, name: str) -> str:
+    """What the KV cache holds, logged once at start: budget, large page, small pages per large
+    page of each group, the longest request and how many of the model's length fit at once."""
+    from jenga.capacity import max_concurrent_requests
+    from jenga.units import fmt_bytes
 
-    serve_forever(build_app(args), args.host, args.port, args.log_level)
+    mgr, limits = llm.manager, llm.limits
+    groups = ", ".join(f"{g.name} {k}" for g, k in zip(mgr.model.groups, mgr.alloc.k, strict=True))
+    n = limits.model_max_len
+    fit = max_concurrent_requests(mgr, n)
+    return (f"jenga serve: {name} on {llm.device}, manager {mgr.name}: KV budget {fmt_bytes(llm.kv_memory)} = "
+            f"{mgr.alloc.num_large} large pages of {fmt_bytes(mgr.large_page_bytes)}; small pages per large page: "
+            f"{groups}; longest request {limits.max_len} tokens; requests of the model's length ({n} tokens) "
+            f"that fit at once: {fit}")
+
+
+def run_serve(args) -> int:
+    import sys
+
+    from jenga.server.launch import bind, serve_forever
+
+    sock = bind(args.host, args.port)  # a port in use is found before the model loads
+    try:
+        app = build_app(args)
+        print(startup_line(app.state.service.engine.llm, args.served_model_name or args.model),
+              file=sys.stderr, flush=True)
+        serve_forever(app, sock, args.log_level)
+    finally:
+        sock.close()
     return 0

@@ -45,5 +45,22 @@ class BackgroundServer:
         self.sock.close()
 
 
-def serve_forever(app, host: str, port: int, log_level: str = "info") -> None:
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``; a typed one-line error when the port is taken."""
+    from jenga.errors import InvalidArgumentError
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise InvalidArgumentError(f"cannot listen on {host}:{port}: {e.strerror or e}; pick another --port "
+                                   "(or stop what is using it)") from None
+    return sock
+
+
+def serve_forever(app, sock: socket.socket, log_level: str = "info") -> None:
+    """uvicorn on an already bound socket (``bind``)."""
+    config = uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])

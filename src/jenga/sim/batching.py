@@ -60,6 +60,9 @@ class ManagerView:
     def chunk_tokens(self, rid, n: int) -> int:
         return self.mgr.chunk_tokens(rid, n)
 
+    def can_allocate(self, rid, n: int) -> bool:  # a prefill chunk: no lookahead
+        return self.mgr.can_allocate(rid, n)
+
     def append_tokens(self, rid, ids) -> None:
         self.mgr.append_tokens(rid, ids)
 

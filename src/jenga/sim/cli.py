@@ -150,5 +150,5 @@ def run_reproduce(args) -> int:
     if args.json:
         print(json.dumps({"quick": args.quick, "rows": [r.as_dict() for r in rows]}, indent=2))
     else:
-        print_reproduce(rows)
+        print_reproduce(rows, quick=args.quick)
     return 0

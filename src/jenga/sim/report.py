@@ -68,11 +68,18 @@ def print_simulate(results: dict[str, SimResult], meta: dict, console=None) -> N
             con.print(f"[yellow]{name}: rejected {rid}: {why}[/yellow]")
 
 
-def print_reproduce(rows, console=None) -> None:
+def reproduce_title(quick: bool) -> str:
+    if quick:
+        return ("jenga reproduce --quick: a smoke run at reduced sizes (checks the pipeline runs; "
+                "not the paper's figures, run without --quick for those)")
+    return "Jenga (SOSP 2025) headline numbers: paper vs this reproduction"
+
+
+def print_reproduce(rows, console=None, *, quick: bool = False) -> None:
     from rich.table import Table
 
     con = console or _console()
-    t = Table(title="Jenga (SOSP 2025) headline numbers: paper vs this reproduction", show_lines=False)
+    t = Table(title=reproduce_title(quick), show_lines=False)
     for col in ("section", "what", "paper", "ours", "why they differ"):
         t.add_column(col, justify="right" if col in ("paper", "ours") else "left", overflow="fold")
     for r in rows:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from jenga.errors import JengaError, MissingConfigError
+from jenga.errors import ConfigError, JengaError, MissingConfigError
 from jenga.validation import check_config_sizes
 
 __all__ = ["CATALOG_NAMES", "Source", "UnsupportedModelError", "catalog_dir", "list_catalog", "parse_config",
@@ -69,15 +71,66 @@ def read_source(source: Any) -> Source:
         cfg_file = path / "config.json"
         if not cfg_file.is_file():
             raise MissingConfigError(f"{path} has no config.json")
-        return Source(json.loads(cfg_file.read_text()), path.resolve().name, str(cfg_file), directory=path)
+        return Source(read_json_object(cfg_file), path.resolve().name, str(cfg_file), directory=path)
     if path.is_file():
         name = path.resolve().parent.name if path.stem == "config" else path.stem
-        return Source(json.loads(path.read_text()), name, str(path))
+        return Source(read_json_object(path), name, str(path))
     if str(source) in CATALOG_NAMES:
         raw = json.loads(catalog_dir().joinpath(f"{source}.json").read_text())
         return Source(raw, str(source), f"catalog {source!r}", catalog=str(source))
-    raise UnsupportedModelError(f"{str(source)!r} is neither a catalog name nor an existing path. "
+    raise UnsupportedModelError(f"{str(source)!r} is neither a catalog name nor an existing path{name_hint(str(source))}. "
                                 f"Catalog names: {', '.join(CATALOG_NAMES)}.")
+
+
+def read_json_object(file: Path) -> dict:
+    """A config file's JSON object; ``ConfigError`` naming the file for invalid JSON or another JSON value."""
+    try:
+        raw = json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{file} is not valid JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{file} holds a JSON {type(raw).__name__}, not an object of config fields")
+    return raw
+
+
+#: ``owner/name``: what a Hugging Face hub id looks like
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def name_hint(name: str) -> str:
+    """A clause for an unknown model name: a hub id (jenga never downloads) or a built-in tiny model."""
+    if _HUB_ID.match(name):
+        return (f" ({name!r} looks like a Hugging Face hub id; jenga never downloads: download it, e.g. "
+                f"`huggingface-cli download {name} --local-dir DIR`, and pass the directory)")
+    if name.startswith("tiny-"):
+        return (f" ({name!r} looks like one of the engine's built-in tiny models, which jenga.LLM, `jenga serve` "
+                "and `jenga bench` run; plan and simulate take a catalog name or a model directory)")
+    return ""
+
+
+#: sizes a decoder config needs; without them transformers' defaults for the model type stand in
+_CORE_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads")
+#: per-layer patterns some families derive the layer count from (Nemotron-H, Falcon-H1, ...)
+_LAYER_PATTERNS = ("layer_types", "hybrid_override_pattern", "layers_block_type", "block_types")
+
+
+def warn_missing_sizes(src: Source) -> None:
+    """Warn when a config (or its text config) lacks the core sizes: it is planned from
+    transformers' defaults for its ``model_type``, which are rarely the model meant."""
+    if src.catalog is not None:
+        return
+    raw = src.raw.get("text_config") if isinstance(src.raw.get("text_config"), Mapping) else src.raw
+    missing = [f for f in _CORE_SIZES if f not in raw and f not in src.raw]
+    if any(k in raw for k in _LAYER_PATTERNS):  # the layer count follows from a per-layer pattern
+        missing = [f for f in missing if f != "num_hidden_layers"]
+    if missing:
+        warnings.warn(f"{src.where}: no {', '.join(missing)}; transformers' defaults for "
+                      f"{src.raw.get('model_type')!r} are used, which may not be the model you mean",
+                      MissingSizesWarning, stacklevel=3)
+
+
+class MissingSizesWarning(UserWarning):
+    """A config without the core sizes, planned from transformers' defaults."""
 
 
 @contextmanager
@@ -104,6 +157,7 @@ def parse_config(src: Source) -> Any:
     mt = src.raw.get("model_type")
     if not mt:
         raise UnsupportedModelError(f"{src.where}: config has no 'model_type'")
+    warn_missing_sizes(src)
     if mt not in CONFIG_MAPPING_NAMES:
         raise UnsupportedModelError(f"{src.where}: model_type {mt!r} is not one transformers knows")
     errors = (TypeError, ValueError, KeyError, AttributeError, StrictDataclassError)
