@@ -68,11 +68,14 @@ def print_simulate(results: dict[str, SimResult], meta: dict, console=None) -> N
             con.print(f"[yellow]{name}: rejected {rid}: {why}[/yellow]")
 
 
-def print_reproduce(rows, console=None) -> None:
+def print_reproduce(rows, console=None, quick: bool = False) -> None:
     from rich.table import Table
 
     con = console or _console()
-    t = Table(title="Jenga (SOSP 2025) headline numbers: paper vs this reproduction", show_lines=False)
+    title = "Jenga (SOSP 2025) headline numbers: paper vs this reproduction"
+    if quick:
+        title = "jenga reproduce --quick: a smoke run on tiny request counts, NOT the paper's figures"
+    t = Table(title=title, show_lines=False)
     for col in ("section", "what", "paper", "ours", "why they differ"):
         t.add_column(col, justify="right" if col in ("paper", "ours") else "left", overflow="fold")
     for r in rows:

@@ -178,8 +178,8 @@ def throughput_rows(gpu: str, quick: bool) -> list[Row]:
         note = (f"{r['model']} TP{r['tp']}, {wl}, max_num_seqs {r['max_num_seqs']}, {r['budget']} tokens/step, "
                 f"reserve {r['reserve_bytes'] / 1e9:.1f} GB/GPU; vs {case.baseline_label()}; "
                 f"jenga {j['throughput_req_s']:.3f} vs {b['throughput_req_s']:.3f} req/s")
-        if case.note:
-            note += f"; {case.note}"
+        if case.note(gpu):
+            note += f"; {case.note(gpu)}"
         if p is None:
             note += "; paper's baseline OOM: not in the mean"
         else:
