@@ -57,6 +57,12 @@ class Case:
     reserve_bytes: int | None = None  # per GPU; None = profile run at the token budget
     weight_dtype: dict = field(default_factory=dict)  # gpu -> weight dtype (L4 runs use fp8)
     notes: dict = field(default_factory=dict)  # gpu (or "*" for every GPU) -> a note on that GPU's row
+    eager: bool = False  # the artifact's --enforce-eager (no CUDA graphs)
+
+    @property
+    def calibration_engine(self) -> str:
+        """The row of :class:`jenga.sim.calibration.Calibration` this case's engine uses."""
+        return "v0-eager" if self.eager else self.engine
 
     def note(self, gpu: str) -> str:
         return "; ".join(n for n in (self.notes.get("*"), self.notes.get(gpu)) if n)
@@ -78,7 +84,7 @@ _ARXIV = "arxiv-multiq"
 CASES: tuple[Case, ...] = (
     Case("mllama", "llama-3.2-11b-vision", 1, "mmmu-pro", dict(num_requests=200, output_len=200),
          dict(num_requests=16), "paged", "v0", 52, 131072, (False, False),
-         {"h100-80gb": (2.67, 1.56), "l4-24gb": (0.69, 0.32)}, weight_dtype={"l4-24gb": "fp8"}),
+         {"h100-80gb": (2.67, 1.56), "l4-24gb": (0.69, 0.32)}, weight_dtype={"l4-24gb": "fp8"}, eager=True),
     Case("Gemma-3", "gemma-3-12b", 1, _ARXIV,
          dict(num_articles=10, questions_per_article=4, order="shuffled", max_prompt_len=90000),
          dict(num_articles=2, max_prompt_len=16384), "paged", "v1", V1_H100_MAX_SEQS, 131072, (True, True),
@@ -93,7 +99,8 @@ CASES: tuple[Case, ...] = (
          {"h100-80gb": (1.16, 0.67)}, reserve_bytes=LLAMA4_RESERVE),
     Case("Jamba", "jamba-1.5-mini", 4, "mmlu-pro-5shot", dict(num_requests=1000, output_len=20),
          dict(num_requests=64), "static", "v0", 1024, 8192, (False, True),
-         {"h100-80gb": (10.38, 7.47)}),
+         {"h100-80gb": (10.38, 7.47)}, eager=True,
+         notes={"*": "the artifact's Jenga result file is jamba-tp4.sys-no-cache.mmlu.json (its figure14.md)"}),
     Case("Llama 3.1", "llama-3.1-70b", 4, "mmlu-pro-5shot", dict(num_requests=200, output_len=256),
          dict(num_requests=24), "paged", "v1", V1_H100_MAX_SEQS, 131072, (True, True),
          {"h100-80gb": (9.21, 9.23), "l4-24gb": (0.66, 0.66)},
@@ -140,7 +147,7 @@ def run_case(case: Case, gpu: str = "h100-80gb", quick: bool = False, record_eve
     model, tp = L4_MODEL.get(case.label, (case.model, case.tp)) if gpu != "h100-80gb" else (case.model, case.tp)
     max_len, budget, seqs, reserve = _limits(case, gpu, model, tp)
     st = build_setup(model, gpu, tp, activation_reserve_bytes=reserve, weight_dtype=case.weight_dtype.get(gpu, "bf16"),
-                     efficiency=calibration.cost_kwargs(case.engine))
+                     efficiency=calibration.cost_kwargs(case.calibration_engine))
     kw = dict(case.workload_kw, **(case.quick_kw if quick else {}))
     max_len = min(max_len, st.target.max_model_len)
     if kw.get("max_prompt_len") or (case.workload == "arxiv-multiq" and max_len < case.max_model_len):

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from jenga.sim.calibration import ROOFLINE, Calibration, EngineEfficiency
+from jenga.sim.calibration import ENGINES, ROOFLINE, Calibration, EngineEfficiency
 
 #: ``logs/figure14.csv`` of heheda12345/Jenga-SOSP25-AE (req/s; None = OOM / N/A), per case label
 #: of :data:`jenga.sim.figure14.CASES` and GPU: (vllm, max, static, jenga).
@@ -40,6 +40,8 @@ MEASURED: dict[str, dict[str, tuple]] = {
     "Llama 3.1": {"h100-80gb": (9.23, 9.24, 9.23, 9.21), "l4-24gb": (0.66, 0.66, 0.66, 0.66)},
 }
 COLUMNS = ("vllm", "max", "static", "jenga")
+#: Cells the artifact fills from another run (paper.md): Llama 3.1's static is its vLLM run.
+ALIASES = {("Llama 3.1", "static")}
 
 
 @dataclass
@@ -72,7 +74,8 @@ def record(quick: bool = False, progress=None) -> list[Cell]:
     cells = []
     for case in CASES:
         for gpu, vals in MEASURED.get(case.label, {}).items():
-            cols = {c: v for c, v in zip(COLUMNS, vals, strict=True) if v is not None and c != "max"}
+            cols = {c: v for c, v in zip(COLUMNS, vals, strict=True)
+                    if v is not None and c != "max" and (case.label, c) not in ALIASES}
             mgr = {"vllm": case.baseline, "static": "static", "jenga": "jenga"}
             if case.baseline == "static":
                 cols.pop("static", None)  # the same run as its "vllm" cell
@@ -81,7 +84,7 @@ def record(quick: bool = False, progress=None) -> list[Cell]:
                 progress(f"{case.label} {gpu}")
             r = run_case(case, gpu, quick, calibration=ROOFLINE, managers=extra, record_terms=True)
             for c, v in cols.items():
-                cells.append(Cell(case.label, gpu, c, mgr[c], case.engine, v, r[mgr[c]]["finished"],
+                cells.append(Cell(case.label, gpu, c, mgr[c], case.calibration_engine, v, r[mgr[c]]["finished"],
                                   r["terms"][mgr[c]], r["cost"]))
     return cells
 
@@ -101,7 +104,8 @@ def _params(cal: Calibration) -> np.ndarray:
         eng = cal.engines[e]
         x += [math.log(eng.step_overhead_s), logit(eng.gemm_efficiency), logit(eng.attention_efficiency)]
     x += [math.log(cal.engines["v0"].per_seq_overhead_s), logit(cal.scan_efficiency or 0.999),
-          logit(cal.vision_efficiency or cal.engines["v0"].gemm_efficiency)]
+          logit(cal.vision_efficiency or cal.engines["v0"].gemm_efficiency),
+          math.log(cal.engines["v0-eager"].step_overhead_s)]
     return np.array(x)
 
 
@@ -112,12 +116,51 @@ def _table(x: np.ndarray, name: str = "fitted") -> Calibration:
     per_seq = math.exp(x[6])
     engines = {e: EngineEfficiency(math.exp(x[3 * i]), per_seq, sig(x[3 * i + 1]), sig(x[3 * i + 2]))
                for i, e in enumerate(("v0", "v1"))}
+    engines["v0-eager"] = replace(engines["v0"], step_overhead_s=math.exp(x[9]))  # v0's kernels, eager steps
     return Calibration(name, engines, sig(x[7]), sig(x[8]), source="jenga.sim.fit on figure14.csv")
 
 
-def _loss(x: np.ndarray, cells: list[Cell], prior: np.ndarray, weight: float) -> float:
-    cal = _table(x)
-    err = [math.log(c.req_s(cal) / c.measured) for c in cells]
+class _Stacked:
+    """Every cell's steps, normalised by its GPU's peaks, in one column block per engine: the
+    same arithmetic as :meth:`CostModel.time_of`, over all cells at once (for the fit)."""
+
+    def __init__(self, cells: list[Cell]):
+        self.blocks = []
+        order = []
+        for engine in ENGINES:
+            mine = [i for i, c in enumerate(cells) if c.engine == engine]
+            if not mine:
+                continue
+            rows, starts = [], []
+            for i in mine:
+                c = cells[i]
+                cm, t = c.cost, np.asarray(c.terms, dtype=np.float64)
+                peak = cm.gpu.peak_flops(cm.model_info.dtype) * cm.tp
+                bf16 = cm.gpu.peak_flops_bf16 * cm.tp
+                starts.append(sum(len(r) for r in rows))
+                rows.append(np.column_stack([t[:, 0] / peak, t[:, 1] / bf16, t[:, 2] / peak, t[:, 3] / bf16,
+                                             t[:, 4] / cm.gpu.hbm_bytes_per_s, t[:, 5], t[:, 6], t[:, 7]]))
+            cols = np.ascontiguousarray(np.concatenate(rows).T)
+            self.blocks.append((engine, cols, np.array(starts)))
+            order += mine
+        self.back = np.argsort(order)  # block order -> the cells' order
+        self.finished = np.array([c.finished for c in cells], dtype=np.float64)
+        self.measured = np.array([c.measured for c in cells])
+
+    def req_s(self, cal: Calibration) -> np.ndarray:
+        spans = []
+        for engine, (g, a, im, sc, mem, ar, seqs, busy), starts in self.blocks:
+            d = cal.cost_kwargs(engine)  # None: the tower at the GEMM share, scans not costed (CostModel)
+            vis, scan = d["vision_efficiency"] or d["mfu"], d["scan_efficiency"] or math.inf
+            compute = g / d["mfu"] + a / d["attention_efficiency"] + im / vis + sc / scan
+            t = (np.maximum(compute, mem / d["bandwidth_efficiency"]) + ar + d["step_overhead_s"]
+                 + d["per_seq_overhead_s"] * seqs) * busy
+            spans.append(np.add.reduceat(t, starts))
+        return self.finished / np.concatenate(spans)[self.back]
+
+
+def _loss(x: np.ndarray, stacked: _Stacked, prior: np.ndarray, weight: float) -> float:
+    err = np.log(stacked.req_s(_table(x)) / stacked.measured)
     return float(np.sum(np.square(err)) + weight * np.sum(np.square(x - prior)))
 
 
@@ -154,9 +197,9 @@ def nelder_mead(f, x0: np.ndarray, step: float = 0.5, iters: int = 3000, tol: fl
 def fit(cells: list[Cell], start: Calibration = ROOFLINE, weight: float = 0.01, restarts: int = 3) -> Calibration:
     """The table minimising the squared log error of req/s over ``cells`` (see the module doc)."""
     prior = _params(start)
-    x = prior
+    x, stacked = prior, _Stacked(cells)
     for _ in range(restarts):  # restarts shrink Nelder-Mead's chance of stalling
-        x = nelder_mead(lambda v: _loss(v, cells, prior, weight), x)
+        x = nelder_mead(lambda v: _loss(v, stacked, prior, weight), x)
     return _table(x)
 
 
@@ -169,11 +212,11 @@ def held_out(cells: list[Cell], **kw) -> list[tuple[Cell, float]]:
 
 def markdown(cal: Calibration, rows: list[tuple[Cell, float]]) -> str:
     """The fitted table, the held-out cells and the per-model ratios as Markdown."""
-    out = ["| parameter | v0 | v1 |", "|---|---|---|"]
+    out = ["| parameter | " + " | ".join(ENGINES) + " |", "|---|---|---|---|"]
     for f in ("step_overhead_s", "per_seq_overhead_s", "gemm_efficiency", "attention_efficiency"):
-        out.append(f"| {f} | " + " | ".join(f"{getattr(cal.engines[e], f):.3g}" for e in ("v0", "v1")) + " |")
-    out.append(f"| scan_efficiency (both) | {cal.scan_efficiency:.3g} | |")
-    out.append(f"| vision_efficiency (both) | {cal.vision_efficiency:.3g} | |")
+        out.append(f"| {f} | " + " | ".join(f"{getattr(cal.engines[e], f):.3g}" for e in ENGINES) + " |")
+    out.append(f"| scan_efficiency (every engine) | {cal.scan_efficiency:.3g} | | |")
+    out.append(f"| vision_efficiency (every engine) | {cal.vision_efficiency:.3g} | | |")
     out += ["", "| held-out cell (manager) | paper req/s | ours req/s | ours / paper |", "|---|---|---|---|"]
     got = {}
     for c, v in rows:
@@ -199,12 +242,12 @@ def main(argv=None) -> int:
 
     if a.cache and os.path.exists(a.cache):
         with open(a.cache, "rb") as f:
-            cells = pickle.load(f)
+            cells = [Cell(**d) for d in pickle.load(f)]
     else:
         cells = record(a.quick, progress=lambda s: print(f"recording {s}", file=sys.stderr))
         if a.cache:
             with open(a.cache, "wb") as f:
-                pickle.dump(cells, f)
+                pickle.dump([vars(c) for c in cells], f)
     cal = fit(cells)
     print(markdown(cal, held_out(cells)))
     print("\nFITTED =", repr(cal))
