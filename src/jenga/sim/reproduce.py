@@ -152,12 +152,13 @@ def _why(case, r: dict, gpu: str, quick: bool) -> str:
     b, j = r[case.baseline], r["jenga"]
     pj, pv = case.paper[gpu]
     parts = [f"abs req/s ours {j['throughput_req_s']:.3g}/{b['throughput_req_s']:.3g} vs paper {pj}/{pv} "
-             f"({j['throughput_req_s'] / pj:.1f}x the paper's jenga: roofline step times)"]
+             f"({j['throughput_req_s'] / pj:.2f}x the paper's jenga, {b['throughput_req_s'] / pv:.2f}x its baseline)"]
     if abs(j["prefix_hit_rate"] - b["prefix_hit_rate"]) > 0.1 and not quick:
         off = run_case(case, gpu, quick, prefix_caching=(False, False))
-        parts.append(f"prefix hits {j['prefix_hit_rate']:.2f} vs {b['prefix_hit_rate']:.2f}; "
-                     f"with caching off for both: {off['ratio']:.2f}x")
-    parts.append(f"max batch {j['max_concurrent']} vs {b['max_concurrent']}")
+        parts.append(f"with prefix caching off for both: {off['ratio']:.2f}x")
+    parts.append(f"max batch {j['max_concurrent']} vs {b['max_concurrent']}, prefix hits {j['prefix_hit_rate']:.2f} "
+                 f"vs {b['prefix_hit_rate']:.2f}, prefill tokens computed {j['prefill_tokens'] / 1e6:.2f}M vs "
+                 f"{b['prefill_tokens'] / 1e6:.2f}M")
     return "; ".join(parts)
 
 

@@ -113,6 +113,7 @@ class SimResult:
     prefix_hit_rate: float = 0.0
     wall_s: float = 0.0
     step_terms: np.ndarray | None = field(default=None, repr=False)  # steps x TERMS (record_terms)
+    prefill_tokens: int = 0  # prompt (and recomputed) tokens the steps computed: prefix hits are not in it
 
     def summary(self) -> dict:
         lat, ttft = self.latencies_s, self.ttfts_s
@@ -134,6 +135,7 @@ class SimResult:
             "preemptions": self.preemptions, "steps": self.steps, "max_concurrent": self.max_concurrent,
             "finished": self.finished, "rejected": len(self.rejected), "requests": self.num_requests,
             "makespan_s": span, "memory_bytes": self.memory_bytes, "wall_s": self.wall_s,
+            "prefill_tokens": self.prefill_tokens,
         }
 
 
@@ -195,7 +197,7 @@ class Simulator:
         rejected: dict[object, str] = {}
         timeline: list[StepRecord] = []
         decode_batches: list[int] = []
-        now, i, steps, idle, max_conc, out_tokens = 0.0, 0, 0, 0, 0, 0
+        now, i, steps, idle, max_conc, out_tokens, prefill_tokens = 0.0, 0, 0, 0, 0, 0, 0
         n_rej_seen = 0
         terms: list | None = [] if c.record_terms else None
         while i < len(arrivals) or sched.has_unfinished:
@@ -252,6 +254,7 @@ class Simulator:
                 sampled.append(self._out_ids(t, 1))
             if n_dec:
                 decode_batches.append(n_dec)
+            prefill_tokens += sum(it.num_tokens for it in plan.scheduled) - n_dec
             finished = sched.update(plan, sampled)
             for seq in finished:
                 t = tracks.pop(seq.request_id)
@@ -271,7 +274,8 @@ class Simulator:
         return SimResult(manager, st.model.name, info.name, st.memory_bytes, len(arrivals), len(done), rejected,
                          out_tokens, now - (arrivals[0].arrival_s if arrivals else 0.0), lat, ttft,
                          decode_batches, timeline, sched.stats.preemptions, steps, max_conc, s.prefix_hit_rate,
-                         _time.perf_counter() - wall0, None if terms is None else np.array(terms).reshape(-1, len(TERMS)))
+                         _time.perf_counter() - wall0, None if terms is None else np.array(terms).reshape(-1, len(TERMS)),
+                         prefill_tokens)
 
     def _arrays(self, items, tracks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         end = np.fromiter((it.start + it.num_tokens for it in items), np.int64, len(items))
