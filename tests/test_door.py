@@ -114,13 +114,6 @@ def test_plan_notes_a_figure_past_the_models_maximum(capsys):
     assert json.loads(out)["notes"] == []  # 8k tokens: within the model's maximum
 
 
-def test_reproduce_quick_says_it_is_a_smoke_run():
-    from jenga.sim.report import reproduce_title
-
-    assert "smoke run" in reproduce_title(True) and "not the paper's figures" in reproduce_title(True)
-    assert "headline" in reproduce_title(False)
-
-
 def test_readme_page_tables_comment_holds():
     mgr = jenga.KVCacheManager(jenga.ModelSpec.from_hf_config("gemma-3-27b"), 64 << 30)
     mgr.add_request("r1", list(range(5000)))

@@ -39,12 +39,16 @@ def add_sim_parsers(sub) -> None:
     p.add_argument("--max-num-seqs", type=int, default=256, help="most running requests per step")
     p.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
     p.add_argument("--record-every", type=int, default=1, help="record memory stats every N steps")
+    p.add_argument("--calibration", choices=("fitted", "roofline"), default="fitted", metavar="TABLE",
+                   help="cost model efficiencies: fitted (jenga.sim.calibration, the engine of --scheduler: "
+                        "v0 or v1) or roofline (uncalibrated guesses)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--plot", default=None, metavar="OUT.png", help="write a memory-timeline PNG")
     p.set_defaults(func=run_simulate)
 
     r = sub.add_parser("reproduce", help="the paper's headline numbers next to this reproduction's")
-    r.add_argument("--quick", action="store_true", help="tiny request counts (seconds; for tests)")
+    r.add_argument("--quick", action="store_true",
+                   help="smoke run: tiny request counts (seconds; for tests), not the paper's figures")
     r.add_argument("--section", action="append", default=None,
                    help="only this section (repeatable; default: all): {sections}")
     r.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -78,7 +82,11 @@ def run_simulate(args) -> int:
     draft = args.draft
     if args.workload == "spec-decode" and draft is None:
         draft = "llama-3.2-1b"
-    setup = build_setup(args.model, args.gpu, args.tp, draft=draft)
+    from jenga.sim.calibration import CALIBRATIONS
+
+    calibration = CALIBRATIONS[args.calibration]
+    engine = "v0" if args.scheduler == "v0" else "v1"
+    setup = build_setup(args.model, args.gpu, args.tp, draft=draft, efficiency=calibration.cost_kwargs(engine))
     try:
         w = _workload(args, setup.target.max_model_len)
     except (TypeError, ValueError) as e:
@@ -111,7 +119,8 @@ def run_simulate(args) -> int:
         return 2
     meta = {"model": setup.model.name, "workload": w.info.name, "gpu": setup.gpu, "tp": setup.tp,
             "requests": len(w), "seed": args.seed, "rate": None if math.isinf(args.rate) else args.rate,
-            "memory_bytes": setup.memory_bytes, "draft": draft}
+            "memory_bytes": setup.memory_bytes, "draft": draft,
+            "calibration": {"engine": engine, **calibration.as_dict()}}
     if args.plot:
         from jenga.sim.plot import plot_timeline
 
@@ -148,7 +157,10 @@ def run_reproduce(args) -> int:
         rows = reproduce(quick=args.quick, sections=args.section, progress=say)
         line.done, line.unit = len(todo), ""
     if args.json:
-        print(json.dumps({"quick": args.quick, "rows": [r.as_dict() for r in rows]}, indent=2))
+        from jenga.sim.calibration import FITTED
+
+        print(json.dumps({"quick": args.quick, "calibration": FITTED.as_dict(), "rows": [r.as_dict() for r in rows]},
+                         indent=2))
     else:
         print_reproduce(rows, quick=args.quick)
     return 0

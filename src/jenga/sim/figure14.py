@@ -13,7 +13,8 @@ its ``logs/figure14.csv``.  Every run sends all requests at t = 0 with ``--seed 
   prefill, 8,192 tokens and 1,024 sequences per step on H100; ``paged`` memory (sliding-window
   and chunked layers stored as full attention).
 
-The activation reserve is vLLM's profile run (:mod:`jenga.sim.activation`) at the run's token
+Step times use the efficiency table of :mod:`jenga.sim.calibration` for the case's engine
+(:data:`~jenga.sim.calibration.FITTED` unless told otherwise).  The activation reserve is vLLM's profile run (:mod:`jenga.sim.activation`) at the run's token
 budget; Llama 4's is the 17.5 GB/GPU that paper Table 2 implies for its 1M max-model-len.
 """
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 
 from jenga.engine.v0_scheduler import v0_token_budget
 from jenga.sim.activation import profile_reserve_bytes
+from jenga.sim.calibration import FITTED, Calibration
 from jenga.sim.gpu import DEFAULT_ACTIVATION_RESERVE_BYTES
 from jenga.sim.setup import build_setup
 from jenga.sim.simulator import SimConfig, Simulator
@@ -36,13 +38,6 @@ LLAMA4_RESERVE = int(17.5e9)
 #: sequences per step, smaller ones (L4) 2,048 and 256.
 V1_H100_BATCHED_TOKENS, V1_H100_MAX_SEQS = 8192, 1024
 V1_SMALL_BATCHED_TOKENS, V1_SMALL_MAX_SEQS = 2048, 256
-#: Attention kernels' share of bf16 peak (sources in :class:`jenga.sim.gpu.CostModel`): vLLM 0.6.x
-#: runs FlashAttention-2 (~35 % on H100), vLLM v1 FlashAttention-3 on Hopper (75 %); on L4 (Ada)
-#: both run FlashAttention-2 (50 %, the low end of its A100 range).
-ATTENTION_EFFICIENCY = {("h100-80gb", "v0"): 0.35, ("h100-80gb", "v1"): 0.75, ("l4-24gb", "v0"): 0.5,
-                        ("l4-24gb", "v1"): 0.5}
-
-
 @dataclass(frozen=True)
 class Case:
     """One bar pair of figure 14: a model, its workload and the baseline the paper used."""
@@ -61,7 +56,16 @@ class Case:
     paper: dict = field(default_factory=dict)  # gpu -> (jenga req/s, vLLM req/s or None for OOM)
     reserve_bytes: int | None = None  # per GPU; None = profile run at the token budget
     weight_dtype: dict = field(default_factory=dict)  # gpu -> weight dtype (L4 runs use fp8)
-    note: str = ""
+    notes: dict = field(default_factory=dict)  # gpu (or "*" for every GPU) -> a note on that GPU's row
+    eager: bool = False  # the artifact's --enforce-eager (no CUDA graphs)
+
+    @property
+    def calibration_engine(self) -> str:
+        """The row of :class:`jenga.sim.calibration.Calibration` this case's engine uses."""
+        return "v0-eager" if self.eager else self.engine
+
+    def note(self, gpu: str) -> str:
+        return "; ".join(n for n in (self.notes.get("*"), self.notes.get(gpu)) if n)
 
     @property
     def scheduler(self) -> str:
@@ -80,12 +84,12 @@ _ARXIV = "arxiv-multiq"
 CASES: tuple[Case, ...] = (
     Case("mllama", "llama-3.2-11b-vision", 1, "mmmu-pro", dict(num_requests=200, output_len=200),
          dict(num_requests=16), "paged", "v0", 52, 131072, (False, False),
-         {"h100-80gb": (2.67, 1.56), "l4-24gb": (0.69, 0.32)}, weight_dtype={"l4-24gb": "fp8"}),
+         {"h100-80gb": (2.67, 1.56), "l4-24gb": (0.69, 0.32)}, weight_dtype={"l4-24gb": "fp8"}, eager=True),
     Case("Gemma-3", "gemma-3-12b", 1, _ARXIV,
          dict(num_articles=10, questions_per_article=4, order="shuffled", max_prompt_len=90000),
          dict(num_articles=2, max_prompt_len=16384), "paged", "v1", V1_H100_MAX_SEQS, 131072, (True, True),
          {"h100-80gb": (0.25, 0.18), "l4-24gb": (0.14, 0.09)}, weight_dtype={"l4-24gb": "fp8"},
-         note="L4 precision not stated (ours: fp8 weights)"),
+         notes={"l4-24gb": "L4 precision not stated (ours: fp8 weights)"}),
     Case("Ministral", "ministral-8b", 1, _ARXIV,
          dict(num_articles=8, questions_per_article=4, order="shuffled", max_prompt_len=80000),
          dict(num_articles=2, max_prompt_len=16384), "paged", "v0", 256, 131072, (True, True),
@@ -95,11 +99,12 @@ CASES: tuple[Case, ...] = (
          {"h100-80gb": (1.16, 0.67)}, reserve_bytes=LLAMA4_RESERVE),
     Case("Jamba", "jamba-1.5-mini", 4, "mmlu-pro-5shot", dict(num_requests=1000, output_len=20),
          dict(num_requests=64), "static", "v0", 1024, 8192, (False, True),
-         {"h100-80gb": (10.38, 7.47)}),
+         {"h100-80gb": (10.38, 7.47)}, eager=True,
+         notes={"*": "the artifact's Jenga result file is jamba-tp4.sys-no-cache.mmlu.json (its figure14.md)"}),
     Case("Llama 3.1", "llama-3.1-70b", 4, "mmlu-pro-5shot", dict(num_requests=200, output_len=256),
          dict(num_requests=24), "paged", "v1", V1_H100_MAX_SEQS, 131072, (True, True),
          {"h100-80gb": (9.21, 9.23), "l4-24gb": (0.66, 0.66)},
-         note="output = the 405B reference answers' lengths (unpublished; ours 256)"),
+         notes={"*": "output = the 405B reference answers' lengths (unpublished; ours 256)"}),
 )
 #: L4 runs use the 8B Llama 3.1 (paper §7 table) on one GPU.
 L4_MODEL = {"Llama 3.1": ("llama-3.1-8b", 1)}
@@ -133,25 +138,34 @@ def _limits(case: Case, gpu: str, model: str, tp: int) -> tuple[int, int, int, i
 
 
 def run_case(case: Case, gpu: str = "h100-80gb", quick: bool = False, record_every: int = 8,
-             prefix_caching: tuple[bool, bool] | None = None) -> dict:
-    """Simulate the baseline and jenga for ``case`` on ``gpu``; returns both summaries and settings.
-    ``prefix_caching`` overrides the artifact's (baseline, jenga) flags (for ablations)."""
+             prefix_caching: tuple[bool, bool] | None = None, calibration: Calibration = FITTED,
+             managers: tuple[str, ...] = (), record_terms: bool = False) -> dict:
+    """Simulate the baseline and jenga (and ``managers``) for ``case`` on ``gpu``; returns their
+    summaries and the settings.  ``prefix_caching`` overrides the artifact's (baseline, jenga)
+    flags (for ablations; extra managers get the baseline's); ``record_terms`` adds
+    ``out["terms"][manager]`` (every step's :meth:`CostModel.terms`) and ``out["cost"]``."""
     model, tp = L4_MODEL.get(case.label, (case.model, case.tp)) if gpu != "h100-80gb" else (case.model, case.tp)
     max_len, budget, seqs, reserve = _limits(case, gpu, model, tp)
     st = build_setup(model, gpu, tp, activation_reserve_bytes=reserve, weight_dtype=case.weight_dtype.get(gpu, "bf16"),
-                     attention_efficiency=ATTENTION_EFFICIENCY[gpu, case.engine])
+                     efficiency=calibration.cost_kwargs(case.calibration_engine))
     kw = dict(case.workload_kw, **(case.quick_kw if quick else {}))
     max_len = min(max_len, st.target.max_model_len)
     if kw.get("max_prompt_len") or (case.workload == "arxiv-multiq" and max_len < case.max_model_len):
         kw["max_prompt_len"] = min(kw.get("max_prompt_len") or max_len, max_len)
     w = get_workload(case.workload, seed=SEED, max_len=max_len, **kw)
     out = {"model": model, "tp": tp, "reserve_bytes": reserve, "memory_bytes": st.memory_bytes,
-           "requests": len(w), "budget": budget, "max_num_seqs": seqs, "max_model_len": max_len}
+           "requests": len(w), "budget": budget, "max_num_seqs": seqs, "max_model_len": max_len,
+           "calibration": calibration.name, "terms": {}, "cost": st.cost}
     caching = case.prefix_caching if prefix_caching is None else prefix_caching
-    for name, cache in ((case.baseline, caching[0]), ("jenga", caching[1])):
+    runs = {case.baseline: caching[0], "jenga": caching[1]}
+    runs.update({m: caching[0] for m in managers if m not in runs})
+    for name, cache in runs.items():
         cfg = SimConfig(max_num_batched_tokens=budget, max_num_seqs=seqs, scheduler=case.scheduler,
-                        enable_prefix_caching=cache, seed=SEED, record_every=record_every)
-        out[name] = Simulator(st, cfg).run(w, name).summary()
+                        enable_prefix_caching=cache, seed=SEED, record_every=record_every, record_terms=record_terms)
+        res = Simulator(st, cfg).run(w, name)
+        out[name] = res.summary()
+        if record_terms:
+            out["terms"][name] = res.step_terms
     b, j = out[case.baseline], out["jenga"]
     out["ratio"] = (j["throughput_req_s"] / b["throughput_req_s"]) if b["throughput_req_s"] else math.inf
     return out

@@ -128,6 +128,11 @@ def memory_budget(gpu: GPUSpec, weight_bytes: int, tp: int = 1, utilization: flo
 
 # ----------------------------------------------------------------------------------- cost model
 
+#: Columns of :meth:`CostModel.terms`: GEMM, attention, image-tower and state-scan FLOPs (whole
+#: model), HBM bytes per GPU, all-reduce seconds, scheduled sequences, 1 for a non-empty step.
+TERMS = ("gemm_flops", "attention_flops", "image_flops", "scan_flops", "hbm_bytes_per_gpu", "allreduce_s",
+         "num_seqs", "busy")
+
 
 @dataclass(frozen=True)
 class CostModel:
@@ -149,6 +154,11 @@ class CostModel:
       and KV streaming (guess: memcpy-class kernels).
     * ``step_overhead_s`` = 2 ms — scheduler, input preparation, sampling, launch per step (guess).
     * ``per_seq_overhead_s`` = 20 us — per scheduled sequence (metadata, sampling, detokenize; guess).
+    * ``vision_efficiency`` — the vision tower's share of peak; ``None`` = ``mfu``.
+    * ``scan_efficiency`` — state scans' (Mamba, Gated DeltaNet) share of bf16 peak; ``None`` = not
+      costed (the roofline alone).
+
+    The figure-14 runs replace these guesses by the fitted table of :mod:`jenga.sim.calibration`.
 
     With ``bandwidth_efficiency=1`` and zero overheads, a batch-1 decode of Llama-3.1-8B on an
     H100 costs 16.06 GB / 3.35 TB/s = 4.8 ms.
@@ -162,12 +172,16 @@ class CostModel:
     step_overhead_s: float = 2e-3
     per_seq_overhead_s: float = 20e-6
     attention_efficiency: float | None = None
+    vision_efficiency: float | None = None
+    scan_efficiency: float | None = None
 
     def __post_init__(self) -> None:
         if self.tp < 1:
             raise ValueError(f"tp must be >= 1, got {self.tp}")
-        if self.attention_efficiency is not None and not 0 < self.attention_efficiency <= 1:
-            raise ValueError(f"attention_efficiency must be in (0, 1], got {self.attention_efficiency}")
+        for name in ("attention_efficiency", "vision_efficiency", "scan_efficiency"):
+            v = getattr(self, name)
+            if v is not None and not 0 < v <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {v}")
         if not (0 < self.mfu <= 1 and 0 < self.bandwidth_efficiency <= 1):
             raise ValueError(f"mfu and bandwidth_efficiency must be in (0, 1], got "
                              f"{self.mfu}, {self.bandwidth_efficiency}")
@@ -185,7 +199,17 @@ class CostModel:
     def step_time(self, num_prefill_tokens: int, num_decode_tokens: int, kv_bytes_read: float = 0.0, *,
                   attention_flops: float | None = None, query_lens=None, context_lens=None,
                   num_seqs: int | None = None, num_image_tokens: int = 0) -> float:
-        """Seconds for one step that computes ``num_prefill_tokens + num_decode_tokens`` tokens.
+        """Seconds for one step that computes ``num_prefill_tokens + num_decode_tokens`` tokens:
+        :meth:`time_of` the step's :meth:`terms` (same arguments).  An empty step costs 0."""
+        return self.time_of(self.terms(num_prefill_tokens, num_decode_tokens, kv_bytes_read,
+                                       attention_flops=attention_flops, query_lens=query_lens,
+                                       context_lens=context_lens, num_seqs=num_seqs,
+                                       num_image_tokens=num_image_tokens))
+
+    def terms(self, num_prefill_tokens: int, num_decode_tokens: int, kv_bytes_read: float = 0.0, *,
+              attention_flops: float | None = None, query_lens=None, context_lens=None,
+              num_seqs: int | None = None, num_image_tokens: int = 0) -> np.ndarray:
+        """The step's work, independent of every efficiency: :data:`TERMS` as one float array.
 
         ``kv_bytes_read`` is the whole model's KV (and state) bytes the step reads, over all
         GPUs.  Attention FLOPs are ``attention_flops`` if given, else estimated from
@@ -195,8 +219,8 @@ class CostModel:
         both the per-sequence overhead and the number of lm_head rows.  ``num_image_tokens`` of
         the prefill tokens are image positions: they cost :meth:`ModelCost.image_flops` and the
         tower's weights, and language-model work only when ``images_in_lm`` (not for
-        cross-attention models, whose image positions never enter the decoder).  An empty step
-        costs 0.
+        cross-attention models, whose image positions never enter the decoder).  Every token
+        through the language model costs :attr:`ModelCost.scan_flops_per_token` of state scans.
         """
         if num_prefill_tokens < 0 or num_decode_tokens < 0 or kv_bytes_read < 0:
             raise ValueError("token counts and kv_bytes_read must be non-negative")
@@ -204,7 +228,7 @@ class CostModel:
             raise ValueError(f"num_image_tokens ({num_image_tokens}) must be within the {num_prefill_tokens} "
                              "prefill tokens")
         if num_prefill_tokens + num_decode_tokens == 0:
-            return 0.0
+            return np.zeros(len(TERMS))
         m = self.model_info
         tokens = num_prefill_tokens + num_decode_tokens - (0 if m.images_in_lm else num_image_tokens)
         if attention_flops is None:
@@ -216,11 +240,26 @@ class CostModel:
                 attention_flops = 0.0
         if num_seqs is None:
             num_seqs = num_decode_tokens + (1 if num_prefill_tokens else 0)
-        flops = m.matmul_flops(tokens, min(tokens, num_seqs)) + m.image_flops(num_image_tokens)
-        attn_eff = self.mfu if self.attention_efficiency is None else self.attention_efficiency
-        peak = self.gpu.peak_flops(m.dtype) * self.tp
-        compute = flops / (peak * self.mfu) + attention_flops / (self.gpu.peak_flops_bf16 * self.tp * attn_eff)
         mem_bytes = (m.weight_bytes_read(tokens, num_image_tokens) + kv_bytes_read) / self.tp
-        memory = mem_bytes / (self.gpu.hbm_bytes_per_s * self.bandwidth_efficiency)
-        return (max(compute, memory) + self.allreduce_time(tokens)
-                + self.step_overhead_s + self.per_seq_overhead_s * num_seqs)
+        return np.array([m.matmul_flops(tokens, min(tokens, num_seqs)), attention_flops,
+                         m.image_flops(num_image_tokens), m.scan_flops_per_token * tokens, mem_bytes,
+                         self.allreduce_time(tokens), num_seqs, 1.0])
+
+    def time_of(self, terms: np.ndarray) -> np.ndarray | float:
+        """Seconds of steps whose :meth:`terms` are ``terms`` (one step, or rows of many):
+        ``max(compute, memory) + all-reduce + step overhead + per-sequence overhead``, where
+        compute = GEMM FLOPs / (peak x mfu) + attention / (bf16 peak x attention efficiency)
+        + image tower / (peak x vision efficiency) + state scans / (bf16 peak x scan efficiency)."""
+        t = np.asarray(terms, dtype=np.float64)
+        gemm, attn, image, scan, mem, allreduce, seqs, busy = (t[..., i] for i in range(len(TERMS)))
+        m = self.model_info
+        peak = self.gpu.peak_flops(m.dtype) * self.tp
+        bf16 = self.gpu.peak_flops_bf16 * self.tp
+        attn_eff = self.mfu if self.attention_efficiency is None else self.attention_efficiency
+        vis_eff = self.mfu if self.vision_efficiency is None else self.vision_efficiency
+        compute = gemm / (peak * self.mfu) + attn / (bf16 * attn_eff) + image / (peak * vis_eff)
+        if self.scan_efficiency is not None:
+            compute = compute + scan / (bf16 * self.scan_efficiency)
+        memory = mem / (self.gpu.hbm_bytes_per_s * self.bandwidth_efficiency)
+        out = (np.maximum(compute, memory) + allreduce + self.step_overhead_s + self.per_seq_overhead_s * seqs) * busy
+        return float(out) if out.ndim == 0 else out

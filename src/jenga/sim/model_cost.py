@@ -80,6 +80,28 @@ def _gdn_params(cfg: Mapping, h: int) -> int:
             + 2 * n_v + value_dim + value_dim * h)
 
 
+#: FLOPs per state element per token of a recurrent state update (decay, input and read-out
+#: multiply-adds: Mamba's ``h = exp(dt A) h + dt B x; y = C h``, the delta rule's update and read).
+SCAN_FLOPS_PER_STATE_ELEMENT = 6
+
+
+def _state_elements(cfg: Mapping, h: int, mixer: str) -> int:
+    """State elements one token updates in one layer's recurrent mixer (0 for attention)."""
+    if mixer == "mamba1":
+        return (int(_first(cfg, "mamba_expand", "expand", default=2)) * h
+                * int(_first(cfg, "mamba_d_state", "state_size", default=16)))
+    if mixer == "mamba2":
+        n_heads = int(_first(cfg, "mamba_num_heads", "mamba_n_heads", default=0))
+        d_inner = int(_first(cfg, "mamba_d_ssm", default=n_heads * int(_first(cfg, "mamba_head_dim",
+                                                                                  "mamba_d_head", default=64))))
+        d_inner = d_inner or int(_first(cfg, "mamba_expand", "expand", default=2)) * h
+        return d_inner * int(_first(cfg, "ssm_state_size", "mamba_d_state", default=128))
+    if mixer == "gdn":
+        return (int(cfg.get("linear_num_value_heads", 32)) * int(cfg.get("linear_key_head_dim", 128))
+                * int(cfg.get("linear_value_head_dim", 128)))
+    return 0
+
+
 def _layer_plan(cfg: Mapping, n_layers: int, n_experts: int) -> list[tuple[str, str]]:
     """(mixer, ffn) per layer; mixer in {attn, mamba1, mamba2, gdn, attn+mamba1, attn+mamba2, none},
     ffn in {dense, moe, none}.  Rules follow reference/models.md §0."""
@@ -146,7 +168,8 @@ class ModelCost:
     are :meth:`image_flops`, not part of :meth:`matmul_flops`, and its weights are read only by
     steps that encode images.  ``cross_kv_params`` are the K/V projections of cross-attention
     layers (mllama): image tokens pass only through the tower and these, never through the
-    language model (``images_in_lm`` False).  ``routed_expert_params`` is the total over layers of
+    language model (``images_in_lm`` False).  ``scan_flops_per_token`` are the recurrent state
+    updates of one token over all state layers (:data:`SCAN_FLOPS_PER_STATE_ELEMENT` per element).  ``routed_expert_params`` is the total over layers of
     all routed experts, used for MoE weight-read estimates.  ``assumed`` names the config fields
     that were missing and replaced by :data:`CONFIG_FALLBACKS` (empty for a complete config).
     """
@@ -167,6 +190,7 @@ class ModelCost:
     hidden_size: int = 0
     num_attention_heads: int = 0
     head_dim: int = 0
+    scan_flops_per_token: int = 0
     dtype: str = "bf16"
     assumed: tuple[str, ...] = field(default=(), compare=False)
 
@@ -308,6 +332,7 @@ class ModelCost:
                 f = fa = 0
             body += m + f
             active += m + fa
+        scan = SCAN_FLOPS_PER_STATE_ELEMENT * sum(_state_elements(text, h, p) for m, _ in plan for p in m.split("+"))
         vcfg = config.get("vision_config")
         vision = _vision_params(vcfg, h) if isinstance(vcfg, Mapping) else 0
         cross = len(text.get("cross_attention_layers") or ()) * 2 * h * kv_heads * head_dim
@@ -318,4 +343,4 @@ class ModelCost:
             routed_expert_params=routed,
             num_experts=n_exp, experts_per_tok=top_k, num_layers=len(plan),
             num_attention_layers=sum("attn" in m for m, _ in plan), hidden_size=h,
-            num_attention_heads=heads, head_dim=head_dim, dtype=dtype, assumed=tuple(assumed))
+            num_attention_heads=heads, head_dim=head_dim, scan_flops_per_token=scan, dtype=dtype, assumed=tuple(assumed))

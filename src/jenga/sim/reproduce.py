@@ -152,12 +152,13 @@ def _why(case, r: dict, gpu: str, quick: bool) -> str:
     b, j = r[case.baseline], r["jenga"]
     pj, pv = case.paper[gpu]
     parts = [f"abs req/s ours {j['throughput_req_s']:.3g}/{b['throughput_req_s']:.3g} vs paper {pj}/{pv} "
-             f"({j['throughput_req_s'] / pj:.1f}x the paper's jenga: roofline step times)"]
+             f"({j['throughput_req_s'] / pj:.2f}x the paper's jenga, {b['throughput_req_s'] / pv:.2f}x its baseline)"]
     if abs(j["prefix_hit_rate"] - b["prefix_hit_rate"]) > 0.1 and not quick:
         off = run_case(case, gpu, quick, prefix_caching=(False, False))
-        parts.append(f"prefix hits {j['prefix_hit_rate']:.2f} vs {b['prefix_hit_rate']:.2f}; "
-                     f"with caching off for both: {off['ratio']:.2f}x")
-    parts.append(f"max batch {j['max_concurrent']} vs {b['max_concurrent']}")
+        parts.append(f"with prefix caching off for both: {off['ratio']:.2f}x")
+    parts.append(f"max batch {j['max_concurrent']} vs {b['max_concurrent']}, prefix hits {j['prefix_hit_rate']:.2f} "
+                 f"vs {b['prefix_hit_rate']:.2f}, prefill tokens computed {j['prefill_tokens'] / 1e6:.2f}M vs "
+                 f"{b['prefill_tokens'] / 1e6:.2f}M")
     return "; ".join(parts)
 
 
@@ -178,8 +179,8 @@ def throughput_rows(gpu: str, quick: bool) -> list[Row]:
         note = (f"{r['model']} TP{r['tp']}, {wl}, max_num_seqs {r['max_num_seqs']}, {r['budget']} tokens/step, "
                 f"reserve {r['reserve_bytes'] / 1e9:.1f} GB/GPU; vs {case.baseline_label()}; "
                 f"jenga {j['throughput_req_s']:.3f} vs {b['throughput_req_s']:.3f} req/s")
-        if case.note:
-            note += f"; {case.note}"
+        if case.note(gpu):
+            note += f"; {case.note(gpu)}"
         if p is None:
             note += "; paper's baseline OOM: not in the mean"
         else:

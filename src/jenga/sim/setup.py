@@ -39,11 +39,11 @@ def _coster(spec: ModelSpec, mc: ModelCost) -> StepCoster:
 def build_setup(model: str, gpu: str = "h100-80gb", tp: int = 1, *, draft: str | None = None,
                 dtype: str = "bf16", tokens_per_page: int = 16, utilization: float = 0.9,
                 activation_reserve_bytes: int | None = None, memory_bytes: int | None = None,
-                weight_dtype: str = "bf16", attention_efficiency: float | None = None) -> Setup:
+                weight_dtype: str = "bf16", efficiency: dict | None = None) -> Setup:
     """Whole-model specs (``tp = 1`` shapes) and budget = ``memory_budget(gpu, weights) x tp``
     (target + draft weights), unless ``memory_bytes`` is given.  ``dtype`` is the KV cache's,
     ``weight_dtype`` the target's weights' (e.g. ``fp8`` for vLLM ``--quantization fp8``);
-    ``attention_efficiency`` is :class:`CostModel`'s (the attention kernel's share of peak)."""
+    ``efficiency``: :class:`CostModel` keyword arguments (``Calibration.cost_kwargs``), both models."""
     g = get_gpu(gpu)
     target = ModelSpec.from_hf_config(model, dtype=dtype, tokens_per_page=tokens_per_page)
     tcost = model_cost(target, weight_dtype)
@@ -57,7 +57,7 @@ def build_setup(model: str, gpu: str = "h100-80gb", tp: int = 1, *, draft: str |
         kw = {} if activation_reserve_bytes is None else {"activation_reserve_bytes": activation_reserve_bytes}
         memory_bytes = memory_budget(g, weights, tp=tp, utilization=utilization, **kw) * tp
     combined = target.combine(d_spec) if d_spec is not None else target
-    ae = {"attention_efficiency": attention_efficiency}
+    ae = efficiency or {}
     return Setup(combined, target, CostModel(g, tcost, tp=tp, **ae), _coster(target, tcost), memory_bytes, d_spec,
                  CostModel(g, d_cost, tp=tp, **ae) if d_cost else None, _coster(d_spec, d_cost) if d_spec else None,
                  g.name, tp)

@@ -32,6 +32,7 @@ from jenga.engine.sampling_params import SamplingParams
 from jenga.engine.sequence import Sequence
 from jenga.errors import InvalidArgumentError
 from jenga.sim.batching import SCHEDULERS, ManagerView
+from jenga.sim.gpu import TERMS
 from jenga.sim.setup import Setup, build_setup
 from jenga.sim.workloads import FIRST_TOKEN_ID, SimRequest, Workload, _stable_int
 
@@ -54,6 +55,7 @@ class SimConfig:
     vocab_size: int = 32000
     check_integrity: bool = False
     max_lcm_ratio: float = 8.0
+    record_terms: bool = False  # keep every step's CostModel.terms (SimResult.step_terms), for calibration
 
 
 @dataclass(slots=True)
@@ -110,6 +112,8 @@ class SimResult:
     max_concurrent: int = 0
     prefix_hit_rate: float = 0.0
     wall_s: float = 0.0
+    step_terms: np.ndarray | None = field(default=None, repr=False)  # steps x TERMS (record_terms)
+    prefill_tokens: int = 0  # prompt (and recomputed) tokens the steps computed: prefix hits are not in it
 
     def summary(self) -> dict:
         lat, ttft = self.latencies_s, self.ttfts_s
@@ -131,6 +135,7 @@ class SimResult:
             "preemptions": self.preemptions, "steps": self.steps, "max_concurrent": self.max_concurrent,
             "finished": self.finished, "rejected": len(self.rejected), "requests": self.num_requests,
             "makespan_s": span, "memory_bytes": self.memory_bytes, "wall_s": self.wall_s,
+            "prefill_tokens": self.prefill_tokens,
         }
 
 
@@ -192,8 +197,9 @@ class Simulator:
         rejected: dict[object, str] = {}
         timeline: list[StepRecord] = []
         decode_batches: list[int] = []
-        now, i, steps, idle, max_conc, out_tokens = 0.0, 0, 0, 0, 0, 0
+        now, i, steps, idle, max_conc, out_tokens, prefill_tokens = 0.0, 0, 0, 0, 0, 0, 0
         n_rej_seen = 0
+        terms: list | None = [] if c.record_terms else None
         while i < len(arrivals) or sched.has_unfinished:
             while i < len(arrivals) and arrivals[i].arrival_s <= now:
                 r = arrivals[i]
@@ -229,7 +235,7 @@ class Simulator:
             idle = 0
             steps += 1
             max_conc = max(max_conc, len(sched.running))
-            now += self._step_time(plan, tracks, k)
+            now += self._step_time(plan, tracks, k, terms)
             sampled, n_dec = [], 0
             for item in plan.scheduled:
                 if not item.sample:
@@ -248,6 +254,7 @@ class Simulator:
                 sampled.append(self._out_ids(t, 1))
             if n_dec:
                 decode_batches.append(n_dec)
+            prefill_tokens += sum(it.num_tokens for it in plan.scheduled) - n_dec
             finished = sched.update(plan, sampled)
             for seq in finished:
                 t = tracks.pop(seq.request_id)
@@ -267,7 +274,8 @@ class Simulator:
         return SimResult(manager, st.model.name, info.name, st.memory_bytes, len(arrivals), len(done), rejected,
                          out_tokens, now - (arrivals[0].arrival_s if arrivals else 0.0), lat, ttft,
                          decode_batches, timeline, sched.stats.preemptions, steps, max_conc, s.prefix_hit_rate,
-                         _time.perf_counter() - wall0)
+                         _time.perf_counter() - wall0, None if terms is None else np.array(terms).reshape(-1, len(TERMS)),
+                         prefill_tokens)
 
     def _arrays(self, items, tracks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         end = np.fromiter((it.start + it.num_tokens for it in items), np.int64, len(items))
@@ -285,7 +293,7 @@ class Simulator:
             out[j] = sum(max(0, min(hi, o + n) - max(lo, o)) for o, n, _ in spans)
         return out
 
-    def _step_time(self, plan, tracks, k: int) -> float:
+    def _step_time(self, plan, tracks, k: int, record: list | None = None) -> float:
         st = self.setup
         items = plan.scheduled
         end, q, img = self._arrays(items, tracks)
@@ -303,8 +311,11 @@ class Simulator:
         dec_tok = int(q[decode].sum())
         pre_tok = int(q[~decode].sum())
         n_img = 0 if img_new is None else int(img_new[~decode].sum())
-        t = st.cost.step_time(pre_tok, dec_tok, kv, attention_flops=flops, num_seqs=len(items),
+        terms = st.cost.terms(pre_tok, dec_tok, kv, attention_flops=flops, num_seqs=len(items),
                               num_image_tokens=n_img)
+        if record is not None:
+            record.append(terms)
+        t = st.cost.time_of(terms)
         if k and st.draft_cost is not None:
             dkv, dfl = st.draft_coster.step(end, q, img)
             t += st.draft_cost.step_time(pre_tok, n_dec, dkv, attention_flops=dfl, num_seqs=len(items))
