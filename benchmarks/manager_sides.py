@@ -46,7 +46,7 @@ class JengaSide:
         self.mgr.add_request(rid, tokens)
         return self.mgr.lookup(rid)
 
-    def clip(self, rid, n, hit=0) -> int:  # jenga's scheduler rule (jenga.chunk_split), as vLLM's side
+    def clip(self, rid, n, hit=0) -> int:  # jenga's scheduler rule (jenga.core.manager.chunk_split), as vLLM's side
         return self.mgr.chunk_tokens(rid, n)
 
     def step(self) -> None:

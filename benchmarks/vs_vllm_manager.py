@@ -214,7 +214,7 @@ def scaled(trace: str, scale: float):
 
 
 def run_row(row: str, a) -> dict:
-    from jenga.specs import ModelSpec
+    from jenga.core.specs import ModelSpec
     name, trace = row.split(":")
     model = ModelSpec.from_hf_config(name, vision=False)
     memory, where = budget_of(name, a.memory_gib)
@@ -296,7 +296,7 @@ def micro(name: str, a) -> list[str]:
     """add (hash + lookup) of a 128k-token prompt and free of a 100k-token request, ms, both sides:
     the median of ``a.repeat`` samples (each on a fresh manager, the sides alternating), and the
     largest sample after it when there are several."""
-    from jenga.specs import ModelSpec
+    from jenga.core.specs import ModelSpec
     model = ModelSpec.from_hf_config(name, vision=False)
     memory, _ = budget_of(name, a.memory_gib)
     makers = [lambda: JengaSide(model, memory)] + ([] if a.no_vllm else [lambda: VllmSide(model, memory, a.budget)])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import copy
 
-from jenga.manager import KVCacheManager
-from jenga.pagesize import with_base_page
-from jenga.specs import (
+from jenga.core.manager.manager import KVCacheManager
+from jenga.core.pagesize import with_base_page
+from jenga.core.specs import (
     ChunkedLocalSpec,
     CrossAttentionSpec,
     FullAttentionSpec,

@@ -8,8 +8,8 @@ from conftest import full, group, make_manager, mamba, model, page_ids, serve, s
 
 from jenga.baselines import MANAGER_NAMES
 from jenga.baselines import make_manager as make_named
+from jenga.core.prefix.events import AllBlocksCleared, BlockRemoved, BlockStored
 from jenga.errors import InvalidArgumentError, SequenceTooLongError
-from jenga.events import AllBlocksCleared, BlockRemoved, BlockStored
 
 
 def one_full(max_len: int = 64):

@@ -7,7 +7,7 @@ import random
 
 from conftest import full, group, make_manager, model, sliding
 
-from jenga.manager import KVCacheManager
+from jenga.core.manager.manager import KVCacheManager
 
 
 def _checked(mgr: KVCacheManager, seen: list) -> None:
@@ -57,7 +57,7 @@ def test_precheck_counts_the_cached_pages_of_a_long_hit_run_exactly():
     """A hit run longer than ``BULK`` pages is counted in one numpy gather: its cached (zero
     reference) pages, not the ones a live request still holds.  Where the free pages alone
     hold the new pages, the precheck answers before counting anything."""
-    from jenga.flat_arrays import BULK
+    from jenga.core.flat_arrays import BULK
 
     spec = model(group("full", full(), 1))
     mgr = make_manager(spec, 400, tokens_per_page=2)

@@ -11,9 +11,9 @@ from array import array
 import pytest
 from conftest import full, group, make_manager, model, serve
 
-from jenga.prefix.hash_chain import HashChain
-from jenga.prefix.hash_memo import HashMemo
-from jenga.prefix.hashing import extend_block_hashes, root_hash
+from jenga.core.prefix.hash_chain import HashChain
+from jenga.core.prefix.hash_memo import HashMemo
+from jenga.core.prefix.hashing import extend_block_hashes, root_hash
 
 
 def _chain(tokens, block, salt=None, stop=None):

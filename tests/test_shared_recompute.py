@@ -1,4 +1,4 @@
-"""Recompute under shared pages (``jenga.shared_recompute``): a request whose state hit lies
+"""Recompute under shared pages (``jenga.core.manager.shared_recompute``): a request whose state hit lies
 below the cached attention prefix (the junction) holds the cached attention pages up to the
 junction and writes K/V only from there (``TokenTable.write_from``); exact page ids on a tiny
 hybrid (2-token pages, state checkpoints every 4 tokens), against vLLM's protocol
@@ -9,7 +9,7 @@ from __future__ import annotations
 from conftest import cached_keys, full, group, make_manager, mamba, model, random_lookups
 
 from jenga.baselines import make_manager as make_baseline
-from jenga.specs import CopyForwardMambaSpec
+from jenga.core.specs import CopyForwardMambaSpec
 
 P = list(range(10))  # the shared prefix: 5 attention pages; state checkpoints at 4 and 8 only
 

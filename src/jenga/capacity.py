@@ -7,7 +7,7 @@ Cross-checked against real allocations in ``tests/test_capacity.py``.
 
 from __future__ import annotations
 
-from jenga.prefix.policies import FullPolicy, MambaPolicy, cdiv
+from jenga.core.policy.registry import FullPolicy, MambaPolicy, cdiv
 
 
 def pages_for_context(mgr, length: int) -> list[int]:

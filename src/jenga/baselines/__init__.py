@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from jenga.core.manager.manager import KVCacheManager
+from jenga.core.specs import ModelSpec
 from jenga.errors import InvalidArgumentError
-from jenga.manager import KVCacheManager
-from jenga.specs import ModelSpec
 
 MANAGER_NAMES = ("jenga", "paged", "static", "uniform")
 

@@ -7,9 +7,9 @@ No memory moves between groups while serving.
 
 from __future__ import annotations
 
-from jenga.allocator import Supply
-from jenga.manager import KVCacheManager
-from jenga.prefix.policies import cdiv
+from jenga.core.alloc.allocator import Supply
+from jenga.core.manager.manager import KVCacheManager
+from jenga.core.policy.registry import cdiv
 
 WEIGHT = {"full": 1.0, "cross": 1.0, "sliding": 0.5, "chunked": 0.5, "mamba": 0.5, "vision": 0.5}
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 from jenga.baselines.common import TrueNeedsMixin
-from jenga.prefix.policies import (
+from jenga.core.policy.registry import (
     ChunkedPolicy,
     FullPolicy,
     ImagePolicy,
@@ -33,8 +33,8 @@ from jenga.prefix.policies import (
     SlidingPolicy,
     cdiv,
 )
-from jenga.request import GroupState, Request
-from jenga.specs import (
+from jenga.core.request import GroupState, Request
+from jenga.core.specs import (
     AttentionSpec,
     ChunkedLocalSpec,
     CrossAttentionSpec,

@@ -1,6 +1,6 @@
 """The engine's continuous-batching scheduler, adapted to the simulator.
 
-The simulator reuses :class:`jenga.engine.scheduler.Scheduler` (FCFS admission with
+The simulator reuses :class:`jenga.sched.scheduler.Scheduler` (FCFS admission with
 ``lookup`` then ``allocate``, chunked prefill under a token budget, preemption by recompute
 of the newest running request) so the simulator and the engine share one scheduling policy.
 :class:`SimScheduler` only adds what a trace needs and the engine does not:
@@ -15,7 +15,7 @@ of the newest running request) so the simulator and the engine share one schedul
   admission the head is retried only once a request finished or was preempted, or every
   ``RETRY_EVERY`` steps (memory can also grow as windows slide).
 * **scheduler kind** — :data:`SCHEDULERS` maps a name to the class: ``chunked`` (the engine's
-  v1-like mixed chunked prefill; vLLM v1) or ``v0`` (:class:`jenga.engine.v0_scheduler.V0Scheduler`:
+  v1-like mixed chunked prefill; vLLM v1) or ``v0`` (:class:`jenga.sched.v0_scheduler.V0Scheduler`:
   whole-prompt admission and prefill-only steps; vLLM v0 with chunked prefill off).
 * **rejection** — a request that cannot fit even with nothing else running (its first chunk
   does not fit an empty cache, or it had to preempt itself) is removed with a reason instead
@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-from jenga.engine.scheduler import Scheduler, StepPlan
-from jenga.engine.sequence import Sequence, Status
-from jenga.engine.v0_scheduler import V0Scheduler
 from jenga.errors import InsufficientMemoryError, InvalidArgumentError
+from jenga.sched.scheduler import Scheduler, StepPlan
+from jenga.sched.sequence import Sequence, Status
+from jenga.sched.v0_scheduler import V0Scheduler
 
 
 class ManagerView:

@@ -19,9 +19,9 @@ from types import SimpleNamespace
 from vllm.distributed import kv_events as ve
 from vllm.v1.metrics.stats import PrefixCacheStats
 
-from jenga.events import AllBlocksCleared, BlockRemoved, BlockStored
-from jenga.manager import KVCacheManager
-from jenga.tables import StateTable, TokenTable
+from jenga.core.manager.manager import KVCacheManager
+from jenga.core.prefix.events import AllBlocksCleared, BlockRemoved, BlockStored
+from jenga.core.tables import StateTable, TokenTable
 from jenga.vllm.plan import VllmPlan
 
 NULL_BLOCK = 0

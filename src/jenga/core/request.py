@@ -1,0 +1,62 @@
+"""Per-request records the manager keeps (hot: slots dataclasses)."""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+
+from jenga.core.prefix.hashing import ImageRef
+from jenga.core.tables import GroupTable, PageTables
+
+
+@dataclass(slots=True)
+class GroupState:
+    """One request's pages in one group.  Which fields matter depends on the kind."""
+
+    # token kinds: pages[i] holds the group's logical page i; None = released / not held
+    pages: list[int | None] = field(default_factory=list)
+    registered: int = 0  # pages [0, registered) were offered to the prefix index
+    released: int = 0  # pages [0, released) are None
+    # image kinds: image index -> its pages; images waiting for pages in this allocate
+    image_pages: dict[int, list[int]] = field(default_factory=dict)
+    pending: dict[int, list[int] | None] = field(default_factory=dict)
+    to_fill: set[int] = field(default_factory=set)
+    initialized: bool = False
+    # state kinds
+    work: int | None = None
+    read: int | None = None
+    read_pos: int = 0
+    checkpoints: dict[int, int] = field(default_factory=dict)
+    table: GroupTable | None = None
+
+
+@dataclass(slots=True)
+class Request:
+    request_id: object
+    tokens: array  # the known token ids, a flat uint32 array (appends are amortised O(1))
+    prompt_len: int
+    images: tuple[ImageRef, ...]
+    hashes: list[bytes]
+    groups: list[GroupState]
+    num_computed: int = 0
+    num_scheduled: int = 0  # allocated, not yet committed by append_tokens
+    num_lookahead: int = 0
+    last_access: int = 0
+    hit: int = 0  # tokens the last lookup found (pinned until allocate)
+    pins: list[tuple] = field(default_factory=list)  # the hold log: (group, page, key) or (group, pages, keys)
+    reserve: list | None = None  # the lookup's holds, recorded but not done yet (jenga.core.manager.deferred_hold)
+    reserve_cached: int | None = None  # bytes of cached pages among them (computed when first asked)
+    limit: int = 0  # allocate may end below this without new pages (fast path)
+    tables: PageTables | None = None
+    counted: bool = False  # prefix hit statistics recorded
+    repeat: bool = False  # re-added after it was freed while running (a preemption)
+    junction: int = 0  # where the prompt leaves the cached token prefix (lookup), if past the hit
+    next_event: int = 0  # append_tokens commits groups once num_computed reaches this
+    salt_root: bytes = b""
+    pairs: list | None = None  # (policy, group state) pairs with work, set at the first allocate
+    lender: tuple | None = None  # (tokens, hashes) of a prompt starting alike (jenga.core.prefix.hash_memo)
+
+    @property
+    def start(self) -> int:
+        """First token position the next allocate covers."""
+        return self.num_computed + self.num_scheduled
