@@ -213,7 +213,7 @@ def scaled(trace: str, scale: float):
     return TRACES[trace](**kw)
 
 
-def run_row(row: str, a) -> dict:
+def run_row(row: str, a, checksum: bool = False) -> dict:
     from jenga.core.specs import ModelSpec
     name, trace = row.split(":")
     model = ModelSpec.from_hf_config(name, vision=False)
@@ -228,7 +228,7 @@ def run_row(row: str, a) -> dict:
         bound = bridged_hit_bound(reqs, model, memory)
         out["bound"] = bound if bound is not None and bound < trie.best_hit - 5e-4 else None
     caching = not a.no_prefix_caching
-    makers = [lambda: JengaSide(model, memory, caching, checksum=a.checksum)]
+    makers = [lambda: JengaSide(model, memory, caching, checksum=checksum)]
     if not a.no_vllm:
         makers.append(lambda: VllmSide(model, memory, a.budget, None if a.retention == "dense" else int(a.retention),
                                        caching=caching))
@@ -240,7 +240,7 @@ def run_row(row: str, a) -> dict:
             with frozen_heap(), GCWatch() as w:
                 m = simulate(side, model, reqs, a.budget, a.max_running, st)
             m["gc_ms"] = 1e3 * w.longest
-            if a.checksum and side.name == "jenga":
+            if checksum and side.name == "jenga":
                 m["crc"] = f"{side.crc:08x}/{side.allocs}"
             runs.setdefault(side.name, []).append(m)
             if a.verbose:
@@ -381,7 +381,7 @@ def main(argv=None) -> int:
     if a.markdown:  # row by row, as each finishes
         print("| " + " | ".join(HEADER) + " |\n|" + "---|" * len(HEADER), flush=True)
     for row in rows:
-        res = run_row(row, a)
+        res = run_row(row, a, checksum=a.checksum)
         table.append(fmt(res))
         print(f"{row}: {res['n']} requests, KV {res['memory'] / 2**30:.1f} GiB ({res['where']})", file=sys.stderr)
         if a.checksum:
