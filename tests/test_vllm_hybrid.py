@@ -97,7 +97,7 @@ def test_tight_budget_preempts_and_equals_stock(runs):
     else:
         sched = runs["tight"]
         assert runs["got"]["pressure"] == runs["ref"]["pressure"]
-        assert sched.num_preemptions > 0 and sched.jenga.core.manager.stats().prefix_hit_tokens > 0
+        assert sched.num_preemptions > 0 and sched.jenga.stats().prefix_hit_tokens > 0
 
 
 def test_without_prefix_caching_one_state_page_per_request(runs):
@@ -107,7 +107,7 @@ def test_without_prefix_caching_one_state_page_per_request(runs):
     state = [g for g in sched.jenga.model.groups if not g.spec.per_token]
     assert [type(g.spec) for g in state] == [MambaSpec]
     assert runs["nocache_got"] == runs["ref"]["first"] + runs["ref"]["shared"]
-    assert sched.jenga.core.manager.stats().prefix_hit_tokens == 0
+    assert sched.jenga.stats().prefix_hit_tokens == 0
     assert sched.jenga.used_bytes == 0
     sched.jenga.check_integrity()
 
@@ -123,6 +123,6 @@ def test_uniform_layout_state_blocks_equal_stock(runs):
     assert sched.kv_cache_manager.plan.layout == "uniform"
     assert len(sched.jenga.model.groups) == len(sched.kv_cache_config.kv_cache_groups) == 4  # vLLM's 3 + 1
     assert runs["uniform_got"] == runs["ref"]["first"] + runs["ref"]["shared"]
-    assert sched.jenga.core.manager.stats().prefix_hit_tokens >= 6 * 96
+    assert sched.jenga.stats().prefix_hit_tokens >= 6 * 96
     assert sched.jenga.used_bytes == 0
     sched.jenga.check_integrity()

@@ -167,13 +167,13 @@ def check_ample(runs: dict, *, min_hit_tokens: int) -> None:
     assert runs["got"]["first"] == runs["ref"]["first"]
     assert runs["got"]["shared"] == runs["ref"]["shared"]
     assert sched.num_preemptions == 0
-    assert sched.jenga.core.manager.stats().prefix_hit_tokens >= min_hit_tokens
+    assert sched.jenga.stats().prefix_hit_tokens >= min_hit_tokens
 
 
 def check_tight(runs: dict) -> None:
     sched = runs["tight"]
     assert runs["got"]["pressure"] == runs["ref"]["pressure"]
-    st = sched.jenga.core.manager.stats()
+    st = sched.jenga.stats()
     assert sched.num_preemptions > 0 and st.evicted_pages > 0 and st.prefix_hit_tokens > 0, (sched.num_preemptions, st)
 
 
