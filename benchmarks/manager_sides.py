@@ -46,7 +46,7 @@ class JengaSide:
         self.mgr.add_request(rid, tokens)
         return self.mgr.lookup(rid)
 
-    def clip(self, rid, n, hit=0) -> int:  # jenga's scheduler rule (jenga.core.manager.chunk_split), as vLLM's side
+    def clip(self, rid, n, hit=0) -> int:  # jenga's scheduler rule (jenga.core.manager.cache_control), as vLLM's side
         return self.mgr.chunk_tokens(rid, n)
 
     def step(self) -> None:
@@ -73,12 +73,12 @@ class JengaSide:
         return st.used_bytes, st.used_bytes + st.stranded_bytes
 
     def pool_bytes(self) -> int:
-        return self.mgr.alloc.num_large * self.mgr.large_page_bytes
+        return self.mgr.total_bytes
 
     def describe(self) -> str:
         m = self.mgr
         return (f"{len(m.model.groups)} groups, pages {[g.page_bytes for g in m.model.groups]} B, "
-                f"large page {m.large_page_bytes} B x {m.alloc.num_large}")
+                f"large page {m.large_page_bytes} B x {m.total_bytes // m.large_page_bytes}")
 
 
 class VllmSide:

@@ -156,7 +156,7 @@ def test_kv_events_follow_the_prefix_index():
     assert mgr.take_events() == []
     mgr.enable_kv_events()
     serve(mgr, "a", [10, 11, 12, 13, 14], [15])
-    h = mgr._hash_memo._memo["a"][1]  # the block hashes of "a"
+    h = mgr.hasher.memo._memo["a"][1]  # the block hashes of "a"
     assert mgr.take_events() == [BlockStored(0, [h[0]], None, [10, 11], 2),
                                  BlockStored(0, [h[1]], h[0], [12, 13], 2)]
     assert mgr.take_events() == []

@@ -1,4 +1,4 @@
-"""The chunk split (``KVCacheManager.chunk_tokens``, ``jenga.core.manager.chunk_split``): a step crossing a
+"""The chunk split (``KVCacheManager.chunk_tokens``, ``jenga.core.manager.cache_control``): a step crossing a
 state group's prompt-end checkpoint ends on it, so the step's work page becomes that
 checkpoint (one state page live, not two); exact on a tiny hybrid with 4-token pages."""
 

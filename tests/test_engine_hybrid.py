@@ -94,7 +94,7 @@ def test_steps_ending_on_checkpoints_hand_the_work_page_on(name):
 @pytest.mark.parametrize("name", HYBRIDS)
 def test_prefill_step_ends_on_the_prompt_end_checkpoint(name):
     """A 41-token prompt under a 64-token budget runs [0, 32) then [32, 41) (the scheduler's
-    chunk split, ``jenga.core.manager.chunk_split``): the first step's work page becomes the prompt-end
+    chunk split, ``jenga.core.manager.cache_control``): the first step's work page becomes the prompt-end
     checkpoint 32, which a later prompt resumes from.  Tokens and logits equal HF's."""
     shared, b = prompts([41, 7], seed=6)
     llm = jenga.LLM(name, kv_memory="8MiB", max_num_batched_tokens=64, state_checkpoint_interval=32)

@@ -119,7 +119,7 @@ def test_long_drop_with_gaps_equals_the_per_element_path(monkeypatch, caching):
         serve(mgr, "b", P + [200], [1, 2], free=False)
         gs = mgr.requests["b"].groups[0]
         for i in (3, 17, 18, len(gs.pages) - 1):  # dropped one by one before the free
-            mgr.drop(0, gs.pages[i], mgr.now, (i + 1) * mgr.policies[0].tpp)
+            mgr.ledger.drop(0, gs.pages[i], mgr.now, (i + 1) * mgr.policies[0].tpp)
             gs.pages[i] = None
         mgr.free("b")
         mgr.free("a")
@@ -145,7 +145,7 @@ def test_retime_keys_skips_missing_and_held_pages_on_both_paths(monkeypatch, evi
         keys = sorted(table, key=table.get)[:30]
         keys[2:2] = [b"gone" * 8, b"also gone" * 4]
         ends = [16 * (i + 1) for i in range(len(keys))]
-        mgr.retime_keys(1, keys, ends, mgr.now + 5)
+        mgr.ledger.retime_keys(1, keys, ends, mgr.now + 5)
         mgr.check_integrity()
         return trace_order(mgr)
 
@@ -174,10 +174,10 @@ def test_long_drop_of_an_unreferenced_page_fails_before_any_change(monkeypatch):
     serve(mgr, "a", P + [100, 101], [1, 2, 3], free=False)
     pages = list(mgr.requests["a"].groups[0].pages)
     gone = pages[:6]
-    mgr.drop_run(0, list(gone), 0, len(gone), mgr.now, mgr.policies[0].tpp)
+    mgr.ledger.drop_run(0, list(gone), 0, len(gone), mgr.now, mgr.policies[0].tpp)
     before = snapshot(mgr)
     with pytest.raises(AssertionError, match="unreferenced"):
-        mgr.drop_run(0, list(pages), 0, len(pages), mgr.now, mgr.policies[0].tpp)
+        mgr.ledger.drop_run(0, list(pages), 0, len(pages), mgr.now, mgr.policies[0].tpp)
     assert snapshot(mgr) == before
 
 

@@ -618,7 +618,7 @@ def test_readded_request_reuses_block_hashes_only_when_unchanged():
         mgr.add_request("r", tokens, cache_salt=salt)
         req = mgr.requests["r"]
         reused = list(req.hashes)
-        mgr._hash_upto(req, len(tokens) // 16)
+        mgr.hasher.hash_upto(req, len(tokens) // 16)
         return reused, list(req.hashes)
 
     prompt = list(range(100))

@@ -318,7 +318,7 @@ class ManagerMachine(RuleBasedStateMachine):
         mode = data.draw(st.sampled_from(["all", "chunk", "one", "split"]))
         n = {"all": known - start, "split": known - start, "one": 1}.get(mode) \
             or data.draw(st.integers(1, known - start))
-        if mode == "split":  # the scheduler's chunk split (jenga.core.manager.chunk_split): no effect, ends on the prompt end
+        if mode == "split":  # the scheduler's chunk split (jenga.core.manager.cache_control): no effect, ends on the prompt end
             before, split = snapshot(self.mgr), self.mgr.chunk_tokens(r, n)
             assert snapshot(self.mgr) == before, "chunk_tokens changed the manager"
             end = req.prompt_len // TPP * TPP

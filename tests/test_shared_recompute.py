@@ -67,7 +67,7 @@ def test_vllm_protocol_keeps_fresh_pages_for_the_recomputed_tokens():
 def test_uniform_baseline_keeps_fresh_pages():
     spec = hybrid()
     mgr = make_baseline("uniform", spec, 1 << 20, tokens_per_page=2)
-    assert not mgr._ahead
+    assert not mgr.junction.ahead
 
 
 def test_no_hit_at_all_shares_the_whole_cached_attention_prefix():
@@ -209,7 +209,7 @@ def test_the_junction_from_the_lookup_bound_is_the_full_attention_fixed_point():
     mgr = make_manager(hybrid(), 40, tokens_per_page=2)
 
     def check(req, prompt, cap, hit, bound):
-        want = mgr._fixed_point(req, bound, mgr._junction_policies)
+        want = mgr._fixed_point(req, bound, mgr.junction.policies)
         assert req.junction == (want // 2 * 2 if want > hit else 0), (req.request_id, prompt, cap)
         return req.junction > 0
 

@@ -112,7 +112,7 @@ def run_engine(name: str, args, work: Workload, progress=None, *, track_kv_stats
         "waste_frac_mean": m.waste_frac_mean,
         "model_s": m.model_s,
         "overhead_s": m.overhead_s,
-        "kv_pool_bytes": llm.manager.alloc.num_large * llm.manager.large_page_bytes,
+        "kv_pool_bytes": llm.manager.total_bytes,
         "kv_spec_bytes": workload_kv_bytes(llm.spec, work),
     }
 

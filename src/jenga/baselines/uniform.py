@@ -217,14 +217,17 @@ class UniformManager(TrueNeedsMixin):
         return um
 
     def _policy(self, gi: int, group: LayerGroup) -> Policy:
-        spec = group.spec
-        if isinstance(spec, SlidingWindowSpec):
-            return UniformSlidingPolicy(gi, group, self.block)
-        if isinstance(spec, ChunkedLocalSpec):
-            return UniformChunkedPolicy(gi, group, self.block)
-        if isinstance(spec, MambaSpec):
-            return UniformMambaPolicy(gi, group, self.block, self._align)
-        if isinstance(spec, CrossAttentionSpec):
-            return UncachedImagePolicy(gi, group, self.block)
-        assert isinstance(spec, FullAttentionSpec), f"uniform: no rule for {type(spec).__name__}"
-        return FullPolicy(gi, group, self.block)
+        for cls in type(group.spec).__mro__:  # exact type first, then its bases (as ``policy_for``)
+            if cls in UNIFORM_POLICIES:
+                return UNIFORM_POLICIES[cls](gi, group, self.block, self._align)
+        raise AssertionError(f"uniform: no rule for {type(group.spec).__name__}")
+
+
+#: spec type -> the uniform manager's policy (``align``: the Mamba checkpoint alignment)
+UNIFORM_POLICIES = {
+    SlidingWindowSpec: lambda gi, group, block, align: UniformSlidingPolicy(gi, group, block),
+    ChunkedLocalSpec: lambda gi, group, block, align: UniformChunkedPolicy(gi, group, block),
+    MambaSpec: UniformMambaPolicy,
+    CrossAttentionSpec: lambda gi, group, block, align: UncachedImagePolicy(gi, group, block),
+    FullAttentionSpec: lambda gi, group, block, align: FullPolicy(gi, group, block),
+}

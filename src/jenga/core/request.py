@@ -44,7 +44,7 @@ class Request:
     last_access: int = 0
     hit: int = 0  # tokens the last lookup found (pinned until allocate)
     pins: list[tuple] = field(default_factory=list)  # the hold log: (group, page, key) or (group, pages, keys)
-    reserve: list | None = None  # the lookup's holds, recorded but not done yet (jenga.core.manager.deferred_hold)
+    reserve: list | None = None  # the lookup's holds, recorded but not done yet (jenga.core.manager.ledger)
     reserve_cached: int | None = None  # bytes of cached pages among them (computed when first asked)
     limit: int = 0  # allocate may end below this without new pages (fast path)
     tables: PageTables | None = None
@@ -60,3 +60,60 @@ class Request:
     def start(self) -> int:
         """First token position the next allocate covers."""
         return self.num_computed + self.num_scheduled
+
+
+class RequestView:
+    """A live request as the manager's callers may read it (``KVCacheManager.view``): its
+    counters, its hit and junction, its page tables; read-only, and current as long as the
+    request lives (it reads the manager's record)."""
+
+    __slots__ = ("_req",)
+
+    def __init__(self, req: Request):
+        self._req = req
+
+    @property
+    def request_id(self) -> object:
+        return self._req.request_id
+
+    @property
+    def num_tokens(self) -> int:
+        """Token ids known (prompt and appended)."""
+        return len(self._req.tokens)
+
+    @property
+    def prompt_len(self) -> int:
+        return self._req.prompt_len
+
+    @property
+    def num_computed(self) -> int:
+        return self._req.num_computed
+
+    @property
+    def num_scheduled(self) -> int:
+        """Allocated, not yet committed by ``append_tokens``."""
+        return self._req.num_scheduled
+
+    @property
+    def start(self) -> int:
+        """First token position the next allocate covers."""
+        return self._req.start
+
+    @property
+    def hit(self) -> int:
+        """Tokens the last lookup found cached."""
+        return self._req.hit
+
+    @property
+    def junction(self) -> int:
+        """Where the prompt leaves the cached token prefix (lookup), if past the hit; else 0."""
+        return self._req.junction
+
+    @property
+    def tables(self) -> PageTables | None:
+        """The page tables (``None`` before the first allocate); read, never mutate."""
+        return self._req.tables
+
+    def page_ids(self, group: int) -> list[int | None]:
+        """A token group's held pages by logical page (before the first allocate: the hit's)."""
+        return self._req.groups[group].pages

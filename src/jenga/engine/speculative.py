@@ -75,7 +75,7 @@ class SpecScheduler(Scheduler):
         super().add(seq)
         self.by_id[seq.request_id] = seq
 
-    def _commit(self, seq: Sequence, toks) -> bool:
+    def commit(self, seq: Sequence, toks) -> bool:
         emitted, reason = [], None
         for tok in toks:
             seq.append(tok)

@@ -20,7 +20,7 @@ Policy (vLLM-v1-like)
   order (decodes take 1 token, prefills a chunk of what is left of the budget), then waiting
   requests FCFS while the budget and ``max_num_seqs`` allow (chunked prefill).  The manager's
   ``chunk_tokens`` may shorten a chunk (a state group ends a step on its prompt-end checkpoint or junction,
-  :mod:`jenga.core.manager.chunk_split`).
+  :mod:`jenga.core.manager.cache_control`).
 * A waiting request is added to the manager, ``lookup`` finds its cached prefix (those tokens
   are not fed again), then ``allocate`` asks for the first chunk.  If that returns ``None`` the
   request stays waiting (the manager is told to ``free`` it) and admission stops for the step.
@@ -174,8 +174,9 @@ class Scheduler:
             seq.num_computed = self.mgr.lookup(seq.request_id)
             seq.prefix_hit_tokens += seq.num_computed
 
-    def _leave(self, seq: Sequence) -> None:
-        """The waiting head did not fit: take it out of the manager again (it stays waiting)."""
+    def leave(self, seq: Sequence) -> None:
+        """The waiting head did not fit: take it out of the manager again (it stays waiting).
+        A hook: a subclass may note the failed admission (then call this)."""
         self.mgr.free(seq.request_id)
         seq.in_manager, seq.num_computed = False, 0
         if not self.running:
@@ -197,7 +198,7 @@ class Scheduler:
             n = self.mgr.chunk_tokens(seq.request_id, min(seq.num_uncomputed, left))
             tables = self.mgr.allocate(seq.request_id, n)
             if tables is None:
-                self._leave(seq)
+                self.leave(seq)
                 break
             self._start(plan, seq, n, tables)
             left -= n
@@ -253,11 +254,11 @@ class Scheduler:
             seq.num_computed += item.num_tokens
             if not item.sample:
                 self.mgr.append_tokens(seq.request_id, ())
-            elif self._commit(seq, tok):
+            elif self.commit(seq, tok):
                 finished.append(seq)
         return finished
 
-    def _commit(self, seq: Sequence, tok) -> bool:
+    def commit(self, seq: Sequence, tok) -> bool:
         """Append the token sampled for ``seq`` (its step ended the known tokens), tell the
         manager, and finish the request if it stops; True when it finished.  A subclass with a
         different sample type (e.g. several accepted speculative tokens) overrides this."""

@@ -73,7 +73,7 @@ class V0Scheduler(Scheduler):
                     self.mgr.free(seq.request_id)
                     seq.in_manager, seq.num_computed = False, 0
                 else:
-                    self._leave(seq)  # the whole prompt does not fit now (raises if nothing runs)
+                    self.leave(seq)  # the whole prompt does not fit now (raises if nothing runs)
                 break
             self._start(plan, seq, n, tables)
             left -= n

@@ -154,9 +154,9 @@ class SimScheduler(Scheduler):
                                      f"else running ({self._memory_note()})")
             return plan
 
-    def _leave(self, seq: Sequence) -> None:
+    def leave(self, seq: Sequence) -> None:
         self._head_failed = True
-        super()._leave(seq)
+        super().leave(seq)
 
     def update(self, plan: StepPlan, sampled: Seq[Seq[int] | None]) -> list[Sequence]:
         """Commit the step: ``sampled[i]`` is the list of tokens accepted for
@@ -167,7 +167,7 @@ class SimScheduler(Scheduler):
             raise InvalidArgumentError(f"{len(sampled)} samples for {len(plan.scheduled)} scheduled requests")
         return super().update(plan, sampled)
 
-    def _commit(self, seq: Sequence, toks: Seq[int] | None) -> bool:
+    def commit(self, seq: Sequence, toks: Seq[int] | None) -> bool:
         if not toks:
             raise InvalidArgumentError(f"request {seq.request_id!r} needs sampled tokens this step")
         room = min(seq.params.max_tokens - len(seq.output_token_ids), self.max_model_len - seq.num_tokens)
@@ -177,7 +177,7 @@ class SimScheduler(Scheduler):
         self.view.append_tokens(seq.request_id, toks)
         if len(seq.output_token_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
             self._epoch += 1
-            self._finish(seq, "length", None)
+            self.finish(seq, "length")
             self._forget(seq.request_id)
             return True
         self.view.decoding.add(seq.request_id)

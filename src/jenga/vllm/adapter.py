@@ -104,7 +104,7 @@ class JengaKVCacheAdapter:
         return row
 
     def _blocks(self, request_id: str, *, only_new: bool) -> Blocks:
-        req = self.manager.requests.get(request_id)
+        req = self.manager.view(request_id)
         if req is None:
             return self.empty_kv_cache_blocks
         tables = self._tables(req)
@@ -137,8 +137,7 @@ class JengaKVCacheAdapter:
         if req.tables is not None:
             return req.tables.groups
         # after a lookup, before the first allocate: the hit's pages
-        return [TokenTable(i, g.tokens_per_page, gs.pages)
-                for i, (g, gs) in enumerate(zip(self.manager.model.groups, req.groups, strict=True))]
+        return [TokenTable(i, g.tokens_per_page, req.page_ids(i)) for i, g in enumerate(self.manager.model.groups)]
 
     # ------------------------------------------------------------ sync
     @staticmethod
@@ -151,19 +150,19 @@ class JengaKVCacheAdapter:
 
     def _ensure(self, request):
         mgr = self.manager
-        req = mgr.requests.get(request.request_id)
+        req = mgr.view(request.request_id)
         if req is None:
             mgr.add_request(request.request_id, request.all_token_ids, cache_salt=self._salt(request))
-            req = mgr.requests[request.request_id]
+            req = mgr.view(request.request_id)
         return req
 
     def _sync(self, request) -> None:
         """Tell jenga what vLLM learnt since the last call about ``request``."""
-        req = self.manager.requests.get(request.request_id)
+        req = self.manager.view(request.request_id)
         if req is None or req.tables is None:
             return
         known = request.num_tokens
-        new_ids = request.all_token_ids[len(req.tokens):known] if known > len(req.tokens) else []
+        new_ids = request.all_token_ids[req.num_tokens:known] if known > req.num_tokens else []
         rejected = req.num_computed + req.num_scheduled - request.num_computed_tokens
         assert rejected >= 0, (f"jenga.vllm: vLLM computed {request.num_computed_tokens} tokens of "
                                f"{request.request_id}, jenga allocated {req.num_computed + req.num_scheduled}")
@@ -212,7 +211,7 @@ class JengaKVCacheAdapter:
             f"jenga.vllm: {rid} starts at {start} in jenga, "
             f"{request.num_computed_tokens + num_new_computed_tokens} in vLLM")
         lookahead = max(0, min(num_lookahead_tokens, self.max_model_len - start - num_new_tokens))
-        unknown = max(0, start + num_new_tokens - len(req.tokens))
+        unknown = max(0, start + num_new_tokens - req.num_tokens)
         if mgr.allocate(rid, num_new_tokens, num_lookahead=lookahead, num_placeholders=unknown) is None:
             return None
         self._check_step_ends(req, start)
@@ -223,7 +222,7 @@ class JengaKVCacheAdapter:
 
     def free(self, request) -> None:
         rid = request.request_id
-        if rid in self.manager.requests:
+        if self.manager.view(rid) is not None:
             self._sync(request)
             self.manager.free(rid)
             self.num_preempted_or_freed += 1
@@ -243,7 +242,7 @@ class JengaKVCacheAdapter:
         return [0] * self.num_groups
 
     def estimate_cached_tokens(self, request) -> int:
-        req = self.manager.requests.get(request.request_id)
+        req = self.manager.view(request.request_id)
         return req.hit if req is not None else 0
 
     def take_new_block_ids(self) -> list[int]:

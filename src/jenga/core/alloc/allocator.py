@@ -23,10 +23,10 @@ from functools import reduce
 import numpy as np
 
 from jenga.core.alloc.allocator_check import check_allocator
+from jenga.core.alloc.evictable_set import EvictableSet
 from jenga.core.alloc.free_pool import FreePool
 from jenga.core.alloc.page_states import CACHED, FREE, USED, EvictionSource, Supply
 from jenga.core.alloc.run_moves import RunMoves
-from jenga.core.evict.evictable_set import EvictableSet
 from jenga.core.flat_arrays import BULK, zeros
 
 CARVE_LOOP = 16  # up to this many large pages carved at once: a slice assignment each
@@ -393,4 +393,4 @@ class LargePageAllocator(EvictableSet, RunMoves):
 
     def check_integrity(self) -> dict[str, int]:
         """Recount every page from ``state``; assert all counters agree.  Returns totals."""
-        return check_allocator(self)
+        return check_allocator(self, self._free_large, self._slots, self._hidden)

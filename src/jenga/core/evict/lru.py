@@ -70,11 +70,15 @@ class _CachedWithKey:
 class PrefixEvictor(LargeEviction, EvictionSource):
     """Holds the key of every CACHED page; evicts small pages per group and whole large pages."""
 
+    #: whether this order reads the index's use counts (the manager then has the index keep them)
+    counts_uses = False
+
     def __init__(self, allocator: LargePageAllocator, index: PrefixIndex):
+        """The manager wires the parts: it sizes the index's page arrays (``track_pages``, and
+        ``track_uses`` where ``counts_uses``) and hands the allocator this evictor."""
         self.alloc = allocator
         self.index = index
         a = allocator
-        index.track_pages([a.num_large * k for k in a.k])  # registered flags for bulk frees
         n = len(a.k)
         self.key_t = [zeros(a.num_large * k) for k in a.k]  # per page: key (t, n) while CACHED
         self.key_n = [zeros(a.num_large * k) for k in a.k]
@@ -92,7 +96,6 @@ class PrefixEvictor(LargeEviction, EvictionSource):
         self._large_ver = zeros(a.num_large)
         self._large_heaps = [RunHeap(self._large_check, self._large_check_many, reads="ig") for _ in range(n)]
         self.num_evicted_pages = 0
-        allocator.evictor = self
 
     def _large_check(self, large, t, n, v) -> bool:
         return self._large_ver[large] == v and self.alloc.in_e[large] == 1
@@ -248,6 +251,16 @@ class PrefixEvictor(LargeEviction, EvictionSource):
         """Recount the keyed pages (for ``check_integrity``)."""
         counted = [st.count(CACHED) for st in self.alloc.state]
         assert counted == self.num_keys, f"keyed pages {self.num_keys} != cached pages {counted}"
+
+    def protected_supply(self) -> tuple[list[int], int] | None:
+        """(per group: protected pages outside fully evictable large pages, fully evictable large
+        pages holding a protected page): what an admission must leave alone while others run
+        (``Admission``); ``None``: this order protects no page."""
+        return None
+
+    def protected_bytes(self) -> int:
+        """Bytes of protected pages."""
+        return 0
 
     # -------------------------------------------------- EvictionSource hooks
     def evict_small(self, group: int) -> int | None:

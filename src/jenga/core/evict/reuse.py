@@ -33,6 +33,8 @@ class ReuseEvictor(PrefixEvictor):
 
     _plain = False
 
+    counts_uses = True
+
     def __init__(self, allocator, index):
         super().__init__(allocator, index)
         # per group: each cached page's release time (its key's first part may be a class)
@@ -43,7 +45,6 @@ class ReuseEvictor(PrefixEvictor):
         self._prot_in = zeros(allocator.num_large)  # per large page: class-3 pages in it
         self._prot_out = [0] * len(allocator.k)  # per group: class-3 pages outside E
         self._e_prot = 0  # large pages in E holding a class-3 page
-        index.track_uses([allocator.num_large * k for k in allocator.k])
 
     # class-3 pages are counted per large page, so an admission can ask what it may evict
     # without touching them (``protected_supply``) in O(groups)

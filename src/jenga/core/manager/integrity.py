@@ -32,9 +32,7 @@ def check_manager(mgr) -> None:
     requests; a page a request holds twice, a USED page nobody holds, a CACHED page
     outside the index or the evictor, or an index entry on a FREE page all fail."""
     totals = mgr.alloc.check_integrity()
-    check = getattr(mgr.evictor, "check", None)
-    if check is not None:
-        check()
+    mgr.evictor.check()
     assert totals["free"] + totals["used"] + totals["cached"] == mgr.alloc.num_large * mgr.alloc.large_bytes
     for pol in mgr.policies:
         pol.check(mgr.requests.values())

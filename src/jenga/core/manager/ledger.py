@@ -1,42 +1,158 @@
-"""How the manager's pages change hands: fresh pages in, references held and dropped,
-registered pages handed to the evictor at zero references, unregistered ones freed.
+"""Who holds which page: fresh pages in, references held and dropped, registered pages handed
+to the evictor at zero references, unregistered ones freed.
 
-``PageLedger`` implements the ``PageOps`` the policies call; ``KVCacheManager`` is one.
-It works on the manager's allocator, index, evictor and per-group reference counts.
+``PageLedger`` is the ``PageOps`` the policies call.  It owns the per-group reference counts, the
+keys of releases by other holders (:mod:`jenga.core.manager.released_keys`), the log of holds an
+allocation may have to undo, the current allocation's grant and a lookup's pending hit; the
+manager hands it the allocator, the index and the evictor it works on.
+
+*A lookup's hit is held lazily.*  ``lookup`` promises that the pages of its hit stay put until
+``allocate`` or ``free``.  Holding them at once costs a reference, an evictor key and an allocator
+state change per page, and a scheduler looks up a waiting long prompt on every step only to find
+it does not fit and free it again (thousands of pages held and given back per step).  So while
+``lookup`` runs the policies' ``hit`` (``recording``), ``hold`` / ``hold_run`` only record which
+pages the hit holds, and the ledger holds them for real (``settle``) the first time anything reads
+or changes the page structures through it (every page move below, and the manager's ``alloc``,
+``index``, ``evictor``, ``ref``).  Two calls need not: an ``allocate`` of that request that cannot
+fit even if every free and unpinned cached byte were its own returns ``None`` at once
+(``Admission.hit_cannot_fit``), and ``free`` (or a new ``lookup``) of it gives the hit back with
+the effect a hold and its undo have: none (``forget_pending``: a hit let go before its allocate is
+not a use, so use counts and keys stay as they were).
 """
 
 from __future__ import annotations
 
 import struct
 from array import array
-from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 
-from jenga.core.flat_arrays import BULK, as_ids, int64s, view
-from jenga.core.policy.base import PageOps
+from jenga.core.alloc.allocator import LargePageAllocator
+from jenga.core.evict.lru import PrefixEvictor
+from jenga.core.flat_arrays import BULK, as_ids, int64s, view, zeros
+from jenga.core.manager.released_keys import ReleasedKeys
+from jenga.core.manager.unhold import unhold
+from jenga.core.policy.base import OUT_OF_RANGE_AGE, PageOps
+from jenga.core.prefix.index import PrefixIndex
+from jenga.core.request import Request
 
 #: a run of at most this many pages is dropped element by element (cheaper than numpy's ~25 calls)
 DROP_LOOP = 128
 
 
-class PageLedger(PageOps):
-    """Reference counts and the hand-offs between allocator, index and evictor."""
+@dataclass(slots=True)
+class Grant:
+    """What one ``allocate`` may take (a value the manager hands the ledger for its ``grow``):
+    ``tag`` names the request whose large pages are preferred, ``quota[g]`` is how many fresh or
+    evicted large pages group ``g`` may still carve, ``shared[g]`` whether it fills other
+    requests' large pages first (``Admission.prefer_shared``)."""
 
+    tag: object
+    quota: list[int]
+    shared: list[bool]
+
+
+class PageLedger(PageOps):
+    """Reference counts and the hand-offs between allocator, index and evictor (module doc)."""
+
+    def __init__(self, alloc: LargePageAllocator, index: PrefixIndex, evictor: PrefixEvictor, *, caching: bool,
+                 out_of_range_age: int = OUT_OF_RANGE_AGE):
+        self.alloc, self.index, self.evictor = alloc, index, evictor
+        self.caching = caching
+        self.out_of_range_age = out_of_range_age
+        self.now = 0  # the manager's clock: one tick per allocate
+        self.ref = [zeros(alloc.num_large * k) for k in alloc.k]  # per group and page: references
+        self.released = ReleasedKeys([alloc.num_large * k for k in alloc.k])  # keys for undone pins
+        self.pending: Request | None = None  # the request whose recorded hit is not held yet
+        self._recording: list | None = None  # while ``lookup`` runs the policies' ``hit``: the holds
+        self._log: list | None = None  # holds to undo if the allocation is rolled back
+        self._grant: Grant | None = None  # the allocation being grown
+
+    # ------------------------------------------------------------ hit, log and grant
+    def settle(self) -> None:
+        """Hold the pending hit for real, if any (``req.pins`` gets the log to undo it)."""
+        req = self.pending
+        if req is None:
+            return
+        self.pending = None
+        self._log = log = []
+        try:
+            for group, pages in req.reserve:
+                if type(pages) is list:
+                    self.hold_run(group, pages)
+                else:
+                    self.hold(group, pages)
+        finally:
+            self._log = None
+        req.pins, req.reserve = log, None
+
+    def record_hit(self, req: Request, policies: list, hit_of) -> None:
+        """Run the policies' ``hit`` (``hit_of(policy, req)`` tokens each) recording their holds:
+        they are done by the next ``settle``."""
+        self.settle()
+        rec: list = []
+        self._recording = rec
+        try:
+            for pol, gs in zip(policies, req.groups, strict=True):
+                pol.hit(req, gs, hit_of(pol, req), self)
+        finally:
+            self._recording = None
+        req.reserve = rec or None
+        req.reserve_cached = None
+        if rec:
+            self.pending = req
+
+    def forget_pending(self, req: Request) -> None:
+        """Give back ``req``'s pending hit: what holding it and undoing the hold would do
+        (nothing: a hit let go before its allocate is not a use, see ``undo_holds``)."""
+        self.pending = None
+        req.reserve = None
+
+    def start_log(self) -> list:
+        """Log the holds from now on (``end_log`` stops): the allocation may be rolled back."""
+        self._log = log = []
+        return log
+
+    def end_log(self) -> None:
+        self._log = None
+
+    def grant(self, grant: Grant | None) -> None:
+        """The allocation whose ``grow`` takes pages now (``None`` once it is done)."""
+        self._grant = grant
+
+    def undo_holds(self, log: list) -> None:
+        """``unhold`` for holds that did not become a use (a rolled-back plan, a hit let go
+        before its allocate): the reuse counts they added are taken back."""
+        self.settle()
+        index = self.index
+        if index.uses is not None:
+            for group, page, _key in log:
+                if type(page) is list:  # a run from hold_run
+                    index.uncount_uses(group, page)
+                else:
+                    index.uncount_use(group, page)
+        unhold(log, self.ref, self.released, self.evictor, self.now)
+
+    # ------------------------------------------------------------ page moves (PageOps)
     def take(self, group: int) -> int:
-        alloc = self.alloc
+        if self.pending is not None:
+            self.settle()
+        alloc, grant = self.alloc, self._grant
         before = alloc.num_carved
-        page = alloc.allocate(group, self._tag, self._quota[group] > 0, self._shared[group])
-        self._quota[group] -= alloc.num_carved - before
+        page = alloc.allocate(group, grant.tag, grant.quota[group] > 0, grant.shared[group])
+        grant.quota[group] -= alloc.num_carved - before
         self.ref[group][page] = 1
         return page
 
     def hold_run(self, group: int, pages: list[int]) -> None:
         """``hold`` each page (a hit on a run of distinct cached pages); the log gets one
         ``(group, pages, keys)`` entry for the run."""
-        if self._recording is not None:  # a lookup: held later (``jenga.core.manager.deferred_hold``)
+        if self._recording is not None:  # a lookup: held later (module doc)
             self._recording.append((group, list(pages)))
             return
+        if self.pending is not None:
+            self.settle()
         ref, log = self.ref[group], self._log
         if self.index.uses is not None:
             self.index.count_uses(group, pages)
@@ -70,6 +186,8 @@ class PageLedger(PageOps):
         if self._recording is not None:
             self._recording.append((group, page))
             return
+        if self.pending is not None:
+            self.settle()
         ref = self.ref[group]
         if self.index.uses is not None:
             self.index.count_use(group, page)
@@ -79,21 +197,25 @@ class PageLedger(PageOps):
             self._log.append((group, page, key))
 
     def drop(self, group: int, page: int, last_access: int, prefix_len: int) -> None:
+        if self.pending is not None:
+            self.settle()
         ref = self.ref[group]
         assert ref[page] > 0, f"drop of unreferenced page {group}:{page}"
         ref[page] -= 1
         if ref[page] > 0:
             if self.caching:
-                self._released.put(group, page, (last_access, -prefix_len))
+                self.released.put(group, page, (last_access, -prefix_len))
         else:
-            if self._released:
-                self._released.pop(group, page)
+            if self.released:
+                self.released.pop(group, page)
             self._dropped(group, page, last_access, prefix_len)
 
     def drop_run(self, group: int, pages: list[int | None], start: int, stop: int, last_access: int,
                  tokens_per_page: int) -> None:
         """``drop`` for ``pages[start:stop]`` (page ``i`` ends at token ``(i+1) * tokens_per_page``),
         setting them to None; cached pages handed to the evictor together (a long run in numpy)."""
+        if self.pending is not None:
+            self.settle()
         seg = pages[start:stop]
         pages[start:stop] = [None] * len(seg)
         if len(seg) <= DROP_LOOP:
@@ -117,13 +239,13 @@ class PageLedger(PageOps):
         if shared:  # still held by others: their keys are recorded for an undone pin
             held = r > 0
             if self.caching:  # ``put`` for those, ``forget`` for the rest, in one pass
-                self._released.update_many(group, ids, held, last_access, negs)
+                self.released.update_many(group, ids, held, last_access, negs)
             last = ~held
             ids, negs = ids[last], negs[last]
             if not self.caching:
-                self._released.forget_many(group, ids)
+                self.released.forget_many(group, ids)
         else:
-            self._released.forget_many(group, ids)
+            self.released.forget_many(group, ids)
         reg = view(self.index.flags[group])[ids] == 1
         if self.caching and reg.all():
             self.evictor.add_run(group, ids, negs, last_access)
@@ -139,7 +261,7 @@ class PageLedger(PageOps):
     def _drop_short(self, group: int, seg: list[int | None], start: int, last_access: int,
                     tokens_per_page: int) -> None:
         """``drop_run`` of a short run, element by element; cached pages go to the evictor together."""
-        ref, registered, caching, released = self.ref[group], self.index.flags[group], self.caching, self._released
+        ref, registered, caching, released = self.ref[group], self.index.flags[group], self.caching, self.released
         rel_on, rel_t, rel_n = released.on[group], released.t[group], released.n[group]
         cache_ids: list[int] = []
         cache_negs: list[int] = []
@@ -191,8 +313,11 @@ class PageLedger(PageOps):
 
     def take_run(self, group: int, n: int) -> list[int]:
         """``n`` fresh pages of ``group`` (``take`` in a loop, own large pages in bulk)."""
-        pages, carved = self.alloc.allocate_many(group, self._tag, n, self._quota[group], self._shared[group])
-        self._quota[group] -= carved
+        if self.pending is not None:
+            self.settle()
+        grant = self._grant
+        pages, carved = self.alloc.allocate_many(group, grant.tag, n, grant.quota[group], grant.shared[group])
+        grant.quota[group] -= carved
         ref = self.ref[group]
         m, lo = len(pages), pages[0]
         if m > 8 and pages[-1] - lo == m - 1 and pages == list(range(lo, lo + m)):  # a carve's: one slice
@@ -203,6 +328,8 @@ class PageLedger(PageOps):
         return pages
 
     def retime_keys(self, group: int, keys: list[bytes], ends: list[int], last_access: int) -> None:
+        if self.pending is not None:
+            self.settle()
         found = list(map(self.index.table[group].get, keys))
         ref = self.ref[group]
         if len(found) <= BULK:
@@ -222,101 +349,28 @@ class PageLedger(PageOps):
             self.evictor.retime_run(group, ids[free], negs[free], last_access)
 
     def register(self, group: int, page: int, key: bytes) -> bool:
+        if self.pending is not None:
+            self.settle()
         return self.index.register(group, page, key)
 
     def register_run(self, group: int, pages: list[int | None], keys: list[bytes]) -> None:
+        if self.pending is not None:
+            self.settle()
         self.index.register_many(group, pages, keys)
 
     def find(self, group: int, key: bytes) -> int | None:
+        if self.pending is not None:
+            self.settle()
         return self.index.get(group, key)
 
     def index_table(self, group: int) -> dict[bytes, int]:
+        if self.pending is not None:
+            self.settle()
         return self.index.table[group]
 
-    def _unhold(self, log: Iterable[tuple[int, int, tuple[int, int] | None]]) -> None:
-        """Undo ``hold`` calls (``key``: the evictor key the page had when it was held).
+    def unregister(self, group: int, page: int) -> None:
+        """Take a page out of the index (an aborted fill: nobody writes it)."""
+        if self.pending is not None:
+            self.settle()
+        self.index.unregister(group, page)
 
-        Right after ``hold`` (a rolled-back allocate) this is exact.  A lookup's pins are
-        undone later, after other requests may have held and dropped the same pages, so
-        a page whose last reference goes gets the key of its latest release, else the key
-        it had when pinned; a page still referenced keeps that key for its last holder.
-        """
-        batches: dict[tuple[int, int], tuple[list[int], list[int]]] = {}  # (group, t) -> pages, -prefix lengths
-        released = self._released
-        now_key = (self.now, 0)
-        for group, page, key in reversed(list(log)):
-            ref = self.ref[group]
-            if type(page) is list:  # a run from hold_run: (group, pages, keys)
-                self._unhold_run(group, page, key, batches, now_key)
-                continue
-            ref[page] -= 1
-            if ref[page] > 0:
-                if key is not None:
-                    released.put_default(group, page, key)  # a recorded key is newer
-                continue
-            key = released.pop(group, page) or key or now_key
-            ids, negs = batches.setdefault((group, key[0]), ([], []))  # key is (t, -prefix_len)
-            ids.append(page)
-            negs.append(key[1])
-        for (group, t), (ids, negs) in batches.items():
-            self.evictor.add_run(group, ids, negs, t)
-
-    def _unhold_run(self, group: int, pages: list[int], keys: list, batches: dict, now_key: tuple[int, int]) -> None:
-        """The per-page rule of ``_unhold`` for one ``hold_run`` entry, last page first."""
-        if type(keys) is tuple:  # a long run's keys (``hold_run``)
-            self._unhold_long(group, pages, keys, batches, now_key)
-            return
-        ref, released = self.ref[group], self._released
-        last_t, batch_ids, batch_negs = None, None, None
-        for i in range(len(pages) - 1, -1, -1):
-            page, key = pages[i], keys[i]
-            r = ref[page] = ref[page] - 1
-            if r > 0:
-                if key is not None:
-                    released.put_default(group, page, key)
-                continue
-            if released:
-                key = released.pop(group, page) or key
-            key = key or now_key
-            t = key[0]
-            if t != last_t:
-                batch_ids, batch_negs = batches.setdefault((group, t), ([], []))
-                last_t = t
-            batch_ids.append(page)
-            batch_negs.append(key[1])
-
-    def _unhold_long(self, group: int, pages: list[int], keys: list, batches: dict, now_key: tuple[int, int]) -> None:
-        """``_unhold_run`` of a long run with numpy (the same keys, batches in the same order)."""
-        ids = np.asarray(pages[::-1], dtype=np.int64)
-        has = np.asarray(keys[0][::-1], dtype=bool)
-        kt = np.where(has, np.asarray(keys[1][::-1], dtype=np.int64), now_key[0])
-        kn = np.where(has, np.asarray(keys[2][::-1], dtype=np.int64), now_key[1])
-        refs = view(self.ref[group])
-        r = refs[ids] - 1
-        refs[ids] = r
-        alive, rel = r > 0, self._released
-        on, rt, rn = view(rel.on[group]), view(rel.t[group]), view(rel.n[group])
-        keep = alive & has
-        if keep.any():  # ``put_default``: a recorded key is newer
-            fresh = keep & (on[ids] == 0)
-            sel = ids[fresh]
-            on[sel] = 1
-            rt[sel], rn[sel] = kt[fresh], kn[fresh]
-            rel.count += len(sel)
-        dead = ~alive
-        ids, kt, kn = ids[dead], kt[dead], kn[dead]
-        if rel.count and len(ids):
-            recorded = on[ids] == 1
-            if recorded.any():
-                sel = ids[recorded]
-                kt[recorded], kn[recorded] = rt[sel], rn[sel]
-                on[sel] = 0
-                rel.count -= len(sel)
-        if not len(ids):
-            return
-        times, first = np.unique(kt, return_index=True)
-        for t in times[np.argsort(first)].tolist():  # batches in order of first appearance
-            mine = kt == t
-            batch_ids, batch_negs = batches.setdefault((group, t), ([], []))
-            batch_ids.extend(ids[mine].tolist())
-            batch_negs.extend(kn[mine].tolist())

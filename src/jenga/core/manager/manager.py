@@ -9,6 +9,13 @@ the prefix index at once, so a request admitted later in the same step shares th
 runs the step -> ``append_tokens`` (the remaining full pages join the index; pages that left the
 window or chunk go to the evictor) -> ``free``.  A step dropped before its commit unregisters
 what it would have filled (:mod:`jenga.core.manager.aborted_fill`).
+
+The manager is a façade: it owns its parts and calls them.  The allocator (``alloc``) and its
+free pool; the prefix cache: the index, one policy per group, the evictor; the ledger of who holds
+which page (:mod:`jenga.core.manager.ledger`, the ``PageOps`` the policies call); admission, what an
+allocation may take and whether it fits (:mod:`jenga.core.manager.admission`); the prompt hasher
+and the junction finder; byte accounting for ``stats``.  It builds and wires them here, and keeps
+the per-request records (``view`` is their public, read-only face).
 """
 
 from __future__ import annotations
@@ -18,31 +25,21 @@ from collections.abc import Sequence
 from jenga.core.alloc.allocator import LargePageAllocator
 from jenga.core.evict.lru import PrefixEvictor
 from jenga.core.evict.reuse import ReuseEvictor
-from jenga.core.flat_arrays import zeros
-from jenga.core.manager.aborted_fill import FillAbort
+from jenga.core.manager import cache_control
+from jenga.core.manager.aborted_fill import abort_fill, aborted_fill
 from jenga.core.manager.accounting import ByteAccounting
-from jenga.core.manager.admission import AllocationQuota
-from jenga.core.manager.cache_control import CacheControl
-from jenga.core.manager.chunk_split import ChunkSplit
-from jenga.core.manager.deferred_hold import DeferredHold
+from jenga.core.manager.admission import Admission
 from jenga.core.manager.integrity import check_manager
-from jenga.core.manager.ledger import PageLedger
-from jenga.core.manager.prompt_hashes import PromptHashes
-from jenga.core.manager.released_keys import ReleasedKeys
-from jenga.core.manager.shared_recompute import SharedRecompute
+from jenga.core.manager.ledger import Grant, PageLedger
+from jenga.core.manager.prompt_hashes import PromptHasher
+from jenga.core.manager.shared_recompute import Junction
 from jenga.core.manager.stats import CacheStats, collect_stats
 from jenga.core.pagesize import manager_page_plan, with_base_page
-from jenga.core.policy.registry import (
-    OUT_OF_RANGE_AGE,
-    ImagePolicy,
-    Policy,
-    SlidingPolicy,
-    policy_for,
-)
-from jenga.core.prefix.hash_memo import HashMemo
+from jenga.core.policy.registry import OUT_OF_RANGE_AGE, Policy, policy_for
+from jenga.core.prefix.events import EventLog, KVEvent
 from jenga.core.prefix.hashing import ImageRef, root_hash
 from jenga.core.prefix.index import PrefixIndex
-from jenga.core.request import GroupState, Request
+from jenga.core.request import GroupState, Request, RequestView
 from jenga.core.specs import LayerGroup, ModelSpec
 from jenga.core.tables import PageTables
 from jenga.core.validation import TOKEN_ID_LIMIT, checked_images, checked_int, checked_salt, token_array
@@ -61,8 +58,7 @@ EVICTORS = {"lru": PrefixEvictor, "reuse": ReuseEvictor}
 REPEAT_MEMO_SIZE = 256  # freed ids remembered as having run (a re-add is a repeat lookup)
 
 
-class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, CacheControl, ByteAccounting,
-                     FillAbort, ChunkSplit, SharedRecompute):
+class KVCacheManager:
     """Jenga's KV-cache manager for one (possibly composite) model.
 
     ``memory_bytes`` is the KV budget; it is cut into ``floor(memory / S) - 1`` large pages of
@@ -78,12 +74,8 @@ class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, Ca
     """
 
     name = "jenga"
-    #: pages per token group and running request an admission leaves evictable beside the
-    #: protected ones (see ``_quota_of``)
-    admission_margin = 1
-    #: share of the pool beyond which protected pages no longer hold admissions back
-    protected_share = 0.5
     default_eviction = "reuse"
+    admission_class = Admission  # baselines bring their own quota rule
 
     def __init__(self, model: ModelSpec, memory_bytes: int | str, *, tokens_per_page: int = 16,
                  enable_prefix_caching: bool = True, device: str = "cpu", max_lcm_ratio: float = 8.0,
@@ -97,7 +89,6 @@ class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, Ca
         if eviction not in EVICTORS:
             raise InvalidArgumentError(f"unknown eviction policy {eviction!r}; choose one of {sorted(EVICTORS)}")
         self.window_slack = window_slack
-        self.out_of_range_age = out_of_window_age
         self.source_model = model
         self.page_plan = None
         model = self._prepare_model(model, tokens_per_page, max_lcm_ratio if fit_pages else None)
@@ -112,36 +103,74 @@ class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, Ca
                 f"{memory_bytes} bytes hold no large page of {self.large_page_bytes} bytes plus one slack "
                 f"page; give at least {2 * self.large_page_bytes} bytes")
         self.memory_bytes = memory_bytes
-        self.alloc = LargePageAllocator([g.page_bytes for g in model.groups], num_large)
-        self.index = PrefixIndex(len(model.groups))
-        self.evictor = EVICTORS[eviction](self.alloc, self.index)
+        # the parts, wired here: allocator, index, evictor (the allocator evicts through it), ledger
+        alloc = LargePageAllocator([g.page_bytes for g in model.groups], num_large)
+        index = PrefixIndex(len(model.groups))
+        sizes = [num_large * k for k in alloc.k]
+        index.track_pages(sizes)  # registered flags for bulk frees
+        if EVICTORS[eviction].counts_uses:
+            index.track_uses(sizes)
+        evictor = EVICTORS[eviction](alloc, index)
+        alloc.evictor = evictor
+        self._alloc, self._index, self._evictor = alloc, index, evictor
+        self.ledger = PageLedger(alloc, index, evictor, caching=enable_prefix_caching,
+                                 out_of_range_age=out_of_window_age)
         self.policies: list[Policy] = [self._policy(i, g) for i, g in enumerate(model.groups)]
         for pol in self.policies:
-            if isinstance(pol, SlidingPolicy):
-                w = pol.group.spec.window
-                pol.slack = w // 2 if window_slack is None else window_slack
-        self.ref = [zeros(num_large * k) for k in self.alloc.k]  # per group and page: references
-        self._released = ReleasedKeys([num_large * k for k in self.alloc.k])  # keys for undone pins
+            pol.set_window_slack(window_slack)
+        self.admission = self.admission_class(self.policies, alloc, index, evictor, self.ledger, self.block)
+        self.hasher = PromptHasher(self.policies, self.block)  # bounds how far a lookup hashes
+        self.junction = Junction(self.policies, self.block, self.caching, self.hasher.bound, self._fixed_point)
+        self.accounting = ByteAccounting(self.policies, self.ledger, model)
         self.requests: dict[object, Request] = {}
         self._allocated = 0  # live requests past their first allocate
         self._max_tokens = model.max_model_len + 1
-        self._hash_memo = HashMemo()  # freed requests' block hashes, for a re-add
         self._ran: dict[object, bool] = {}  # freed request ids that had run (their re-add is a repeat)
-        self._state_group = [not g.spec.per_token for g in model.groups]
         # images are text spans (must lie inside the prompt) when some group embeds them in-sequence
         self._in_sequence_images = any(g.kind == "vision" for g in self.source_model.groups)
-        self._init_junction()  # the junction's policies; who shares past a state hit (jenga.core.manager.shared_recompute)
-        self._full_bound = self._bound_policy()  # bounds how far a lookup hashes (jenga.core.manager.prompt_hashes)
-        self._shared = list(self._state_group)  # per allocate: fill shared large pages first
-        self.now = 0
         self.prefix_hit_tokens = 0
         self.prefix_query_tokens = 0
         self.first_hit_tokens = 0  # the same, first lookups only (not re-adds after a preemption)
         self.first_query_tokens = 0
-        self._tag: object = None
-        self._quota: list[int] = []
-        self._log: list[tuple[int, int, tuple[int, int] | None]] | None = None
         self._layout = None
+
+    # ----------------------------------------------------------- the parts
+    @property
+    def alloc(self) -> LargePageAllocator:
+        """The allocator (a lookup's pending hit is held first, as for ``index``, ``evictor``, ``ref``)."""
+        self.ledger.settle()
+        return self._alloc
+
+    @property
+    def index(self) -> PrefixIndex:
+        self.ledger.settle()
+        return self._index
+
+    @property
+    def evictor(self) -> PrefixEvictor:
+        self.ledger.settle()
+        return self._evictor
+
+    @property
+    def ref(self) -> list:
+        """Per group and page: references (the ledger's)."""
+        self.ledger.settle()
+        return self.ledger.ref
+
+    @property
+    def now(self) -> int:
+        """The clock: one tick per ``allocate``."""
+        return self.ledger.now
+
+    @property
+    def num_allocated(self) -> int:
+        """Live requests past their first ``allocate``."""
+        return self._allocated
+
+    def view(self, request_id: object) -> RequestView | None:
+        """A read-only view of a live request (``None`` if it is not live)."""
+        req = self.requests.get(request_id)
+        return None if req is None else RequestView(req)
 
     def _prepare_model(self, model: ModelSpec, tokens_per_page: int, max_ratio: float | None) -> ModelSpec:
         """The groups this manager really allocates (baselines transform the model here)."""
@@ -184,7 +213,7 @@ class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, Ca
         root = root_hash(checked_salt(cache_salt)) if self.caching else b""
         repeat = self._ran.pop(request_id, False)
         if self.caching:
-            hashes = self._hash_memo.recall(request_id, tokens, root, self.block, tuple(refs))  # the rest: lazily
+            hashes = self.hasher.memo.recall(request_id, tokens, root, self.block, tuple(refs))  # the rest: lazily
         req = Request(request_id, tokens, len(tokens), tuple(refs), hashes,
                       [GroupState() for _ in self.model.groups])
         req.salt_root, req.repeat = root, repeat
@@ -207,20 +236,21 @@ class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, Ca
         top = min(len(req.tokens) - 1, len(req.tokens) // self.block * self.block)
         if max_tokens is not None:
             top = max(0, min(top, max_tokens))
-        top = self._hash_for_lookup(req, top)
-        cand = self._fixed_point(req, top, self.policies, self._full_bound)
-        self._find_junction(req, top, cand)
+        top = self.hasher.for_lookup(req, top, self.ledger)
+        cand = self._fixed_point(req, top, self.policies, self.hasher.bound)
+        self.junction.find(req, top, cand)
         req.hit = req.num_computed = cand
-        self._record_hit(req)  # held once anything else happens (jenga.core.manager.deferred_hold)
+        self.ledger.record_hit(req, self.policies, self.junction.hit_of)  # held once anything else happens
         return cand
 
     def _fixed_point(self, req: Request, cand: int, policies: list[Policy], bound: Policy | None = None) -> int:
         """The longest prefix no longer than ``cand`` that every one of ``policies`` accepts;
-        ``bound``: a FullPolicy with all its pages below ``cand`` cached (``_hash_for_lookup``)."""
+        ``bound``: a FullPolicy with all its pages below ``cand`` cached (``PromptHasher.for_lookup``)."""
+        ledger = self.ledger
         while True:
             start = cand
             for pol in policies:
-                cand = cand // pol.tpp * pol.tpp if pol is bound else pol.longest_prefix(req, cand, self)
+                cand = cand // pol.tpp * pol.tpp if pol is bound else pol.longest_prefix(req, cand, ledger)
             if cand == start:
                 return cand
 
@@ -245,12 +275,13 @@ class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, Ca
                                        f"lookahead {num_lookahead}, placeholders {num_placeholders})")
         start = req.num_computed + req.num_scheduled
         end = start + num_new_tokens + num_lookahead
-        self.now += 1
+        ledger = self.ledger
+        ledger.now = now = ledger.now + 1
         if end < req.limit and req.tables is not None and num_lookahead == req.num_lookahead:
             if start + num_new_tokens > len(req.tokens) + num_placeholders:
                 self._too_far(req, start, num_new_tokens)
             req.num_scheduled += num_new_tokens
-            req.last_access = self.now
+            req.last_access = now
             t = req.tables
             t.num_computed, t.num_new = req.num_computed, req.num_scheduled
             return t
@@ -267,25 +298,30 @@ class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, Ca
                                    "or count the unknown ones as placeholders)")
 
     def _allocate_slow(self, req: Request, n: int, lookahead: int, end: int) -> PageTables | None:
+        ledger, admission = self.ledger, self.admission
         old_lookahead, req.num_lookahead = req.num_lookahead, lookahead
-        if self._pending is req and self._hit_cannot_fit(req, end):
+        if ledger.pending is req and admission.hit_cannot_fit(req, end, self._allocated):
             req.num_lookahead = old_lookahead
             return None
-        need, log = self._plan(req, end)
-        quota = self._quota_of(req, need, end)
+        pairs = req.pairs or list(zip(self.policies, req.groups, strict=True))
+        need, log = admission.plan(req, end, pairs)
+        quota = admission.quota_of(req, need, end, self._allocated)
         if quota is None:
-            self._rollback(req, log)
+            admission.rollback(req, log)
             req.num_lookahead = old_lookahead
             return None
-        self._tag, self._quota = req.request_id, quota
-        self._shared = self._prefer_shared(req)
+        shared = admission.prefer_shared(req)
         if self.caching:  # the step's full blocks of known tokens join the index at allocate
-            self._hash_upto(req, min(end - lookahead, len(req.tokens)) // self.block)
-        for pol, gs in req.pairs or zip(self.policies, req.groups, strict=True):
-            pol.grow(req, gs, end, self)
-        self._tag = None
-        if self.index.events is not None:
-            self.index.events.flush(req)  # pages registered at allocate
+            self.hasher.hash_upto(req, min(end - lookahead, len(req.tokens)) // self.block)
+        ledger.grant(Grant(req.request_id, quota, shared))
+        try:
+            for pol, gs in pairs:
+                pol.grow(req, gs, end, ledger)
+        finally:
+            ledger.grant(None)
+        events = self.index.events
+        if events is not None:
+            events.flush(req)  # pages registered at allocate
         if not req.counted:
             req.counted = True
             self.prefix_query_tokens += req.prompt_len
@@ -295,14 +331,14 @@ class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, Ca
                 self.first_hit_tokens += req.hit
         req.pins = []
         req.num_scheduled += n
-        req.last_access = self.now
+        req.last_access = ledger.now
         if req.tables is None:
             self._allocated += 1
             req.tables = PageTables(req.request_id, 0, 0, 0, [gs.table for gs in req.groups])
             req.pairs = self._active(req)
         t = req.tables
         t.num_computed, t.num_new, t.num_lookahead = req.num_computed, req.num_scheduled, lookahead
-        req.limit = min(pol.limit(req, gs, self) for pol, gs in req.pairs)
+        req.limit = min(pol.limit(req, gs, ledger) for pol, gs in req.pairs)
         return t
 
     def append_tokens(self, request_id: object, token_ids: Sequence[int], *, num_rejected: int = 0) -> None:
@@ -325,22 +361,25 @@ class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, Ca
         if len(tokens) + len(token_ids) > self._max_tokens:
             raise SequenceTooLongError(f"request {request_id!r}: appending {len(token_ids)} tokens passes "
                                        f"the model's max length {self.model.max_model_len}")
-        aborted = self._aborted_fill(req, req.num_computed + req.num_scheduled - num_rejected) if num_rejected else None
+        ledger = self.ledger
+        aborted = aborted_fill(req, req.num_computed + req.num_scheduled - num_rejected, ledger) if num_rejected \
+            else None
         tokens.extend(token_ids)
         if aborted:
-            self._abort_fill(req, aborted, req.num_computed + req.num_scheduled - num_rejected)
+            abort_fill(req, aborted, req.num_computed + req.num_scheduled - num_rejected, ledger)
         computed = req.num_computed = req.num_computed + req.num_scheduled - num_rejected
         req.num_scheduled = 0
         if self.caching and computed >= (len(req.hashes) + 1) * self.block:
-            self._hash_upto(req, computed // self.block)  # the computed blocks join the index now
+            self.hasher.hash_upto(req, computed // self.block)  # the computed blocks join the index now
         if computed >= req.next_event:
             next_event = NEVER
             for pol, gs in req.pairs or zip(self.policies, req.groups, strict=True):
-                pol.commit(req, gs, self)
-                next_event = min(next_event, pol.next_event(req, gs, self))
+                pol.commit(req, gs, ledger)
+                next_event = min(next_event, pol.next_event(req, gs, ledger))
             req.next_event = next_event
-            if self.index.events is not None:
-                self.index.events.flush(req)
+            events = self.index.events
+            if events is not None:
+                events.flush(req)
         t = req.tables
         if t is not None:
             t.num_computed, t.num_new = computed, 0
@@ -349,34 +388,122 @@ class KVCacheManager(DeferredHold, PromptHashes, AllocationQuota, PageLedger, Ca
         """(policy, state) pairs with work after the first allocate: image groups only with images."""
         if req.images:
             return list(zip(self.policies, req.groups, strict=True))
-        return [(p, g) for p, g in zip(self.policies, req.groups, strict=True) if not isinstance(p, ImagePolicy)]
+        return [(p, g) for p, g in zip(self.policies, req.groups, strict=True) if not p.per_image]
 
     def free(self, request_id: object) -> None:
         """Drop the request; its registered pages stay cached (evictable), the rest are free."""
         req = self._req(request_id)
-        aborted = self._aborted_fill(req, req.num_computed) if req.num_scheduled else None
+        ledger = self.ledger
+        aborted = aborted_fill(req, req.num_computed, ledger) if req.num_scheduled else None
         if aborted:
-            self._abort_fill(req, aborted, req.num_computed)
-        if self._pending is req:
-            self._forget_pending(req)
+            abort_fill(req, aborted, req.num_computed, ledger)
+        if ledger.pending is req:
+            ledger.forget_pending(req)
         elif req.pins:
-            self._undo_holds(req.pins)
+            ledger.undo_holds(req.pins)
             req.pins = []
         else:
             for pol, gs in zip(self.policies, req.groups, strict=True):
-                pol.free(req, gs, self)
+                pol.free(req, gs, ledger)
         del self.requests[request_id]
         if req.tables is not None:
             self._allocated -= 1
         if self.caching:
-            self._hash_memo.remember(request_id, req.tokens, req.hashes, req.salt_root, req.images)
+            self.hasher.memo.remember(request_id, req.tokens, req.hashes, req.salt_root, req.images)
         if req.counted or req.repeat:
             ran = self._ran
             ran[request_id] = True
             if len(ran) > REPEAT_MEMO_SIZE:
                 del ran[next(iter(ran))]  # the oldest
 
+    def _release_hit(self, req: Request) -> None:
+        """Let go of the hit the last lookup found (pending or held)."""
+        ledger = self.ledger
+        if ledger.pending is req:
+            ledger.forget_pending(req)
+        elif req.pins:
+            ledger.undo_holds(req.pins)
+        req.pins = []
+        req.groups = [GroupState() for _ in self.model.groups]
+        req.hit = req.num_computed = 0
+
+    # ------------------------------------------------- scheduler queries (jenga.core.manager.cache_control)
+    def shrink_hit(self, request_id: object, num_tokens: int) -> int:
+        """Keep at most ``num_tokens`` of the hit the last ``lookup`` found.
+
+        The kept hit is the longest length ``<= num_tokens`` every group accepts (the
+        same as ``lookup(request_id, max_tokens=num_tokens)``); pages past it are let go
+        with the keys they had.  Returns the new hit.  Raises before the first
+        ``allocate`` only; a ``num_tokens`` above the hit keeps the hit.
+        """
+        if num_tokens < 0:
+            raise InvalidArgumentError(f"request {request_id!r}: shrink_hit to {num_tokens} tokens")
+        req = self._req(request_id)
+        if num_tokens >= req.hit:
+            return req.hit
+        return self.lookup(request_id, max_tokens=num_tokens)
+
+    def can_allocate(self, request_id: object, num_new_tokens: int, *, num_lookahead: int = 0) -> bool:
+        """Would ``allocate(request_id, num_new_tokens, num_lookahead=...)`` succeed now?
+
+        Exact (the same count against free + evictable memory ``allocate`` makes) and
+        without any effect; token ids need not be known, so an admission check asks
+        ``can_allocate(rid, prompt_len + max_new_tokens - hit)`` for a whole sequence
+        (sliding and chunked groups then count every page, as one allocate of that length
+        would hold them).  Raises like ``allocate`` on a bad count or a length past the
+        model's maximum.
+        """
+        return cache_control.can_allocate(self, self._req(request_id), num_new_tokens, num_lookahead)
+
+    def chunk_tokens(self, request_id: object, num_new_tokens: int) -> int:
+        """The largest ``n' <= num_new_tokens`` every group accepts as the end of the
+        request's next step (from its first unallocated token); ``num_new_tokens`` itself
+        when no group asks to end earlier.  Changes nothing in the manager."""
+        return cache_control.chunk_tokens(self.policies, self._req(request_id), num_new_tokens, self.caching)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached page (they become free) and empty the prefix index.
+
+        Like vLLM's, it refuses while any request holds pages (their pages are shared
+        through the index): returns False and changes nothing then, else True.  With KV
+        events on, it records one ``AllBlocksCleared``.
+        """
+        return cache_control.reset_prefix_cache(self.alloc, self.index, self.evictor)
+
+    def enable_kv_events(self) -> None:
+        """Record KV events from now on (see ``jenga.core.prefix.events``); ``take_events`` returns them."""
+        if self.index.events is None:
+            self.index.events = EventLog()
+
+    def take_events(self) -> list[KVEvent]:
+        """The KV events since the last call, oldest first ([] when not enabled)."""
+        return cache_control.take_events(self.index, self.model, self.block)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of the large pages the budget holds."""
+        return self.alloc.num_large * self.alloc.large_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of pages live requests hold (their hits included); 0 once all are freed."""
+        alloc = self.alloc
+        return sum(n * b for n, b in zip(alloc.used_small, alloc.page_bytes, strict=True))
+
+    @property
+    def usage(self) -> float:
+        """``used_bytes / total_bytes`` (vLLM's KV-cache usage: cached pages count as free)."""
+        return self.used_bytes / self.total_bytes
+
     # ----------------------------------------------------------- reporting
+    def request_accounting(self, req: Request) -> tuple[int, int, int, int]:
+        """(held, needed, stale, padding) bytes of one live request (see ``jenga.core.manager.stats``)."""
+        return self.accounting.request(req)
+
+    def sharing_accounting(self) -> tuple[int, int]:
+        """(bytes counted twice by per-request sums, bytes of duplicate prefix copies)."""
+        return self.accounting.sharing(self.requests.values())
+
     def stats(self) -> CacheStats:
         return collect_stats(self)
 

@@ -7,25 +7,32 @@ hashes block by block (in doubling chunks) only up to the first page a full-atte
 not cached (no hit can pass a page every full-attention hit needs); the rest are hashed as the
 tokens are computed (``append_tokens``), which is when their pages join the prefix index.  The
 hashes are the same as hashing the whole prompt at once; fewer of them exist earlier.
+
+``PromptHasher`` owns the hash memo and knows the bounding full-attention policy; the manager
+hands it the request (where a caller supplies block hashes of its own for a live sequence, they
+would be taken here instead of computed).
 """
 
 from __future__ import annotations
 
-from jenga.core.policy.registry import FullPolicy
+from jenga.core.policy.base import PageOps, Policy
+from jenga.core.prefix.hash_memo import HashMemo
 from jenga.core.prefix.hashing import extend_block_hashes
 from jenga.core.request import Request
 
 FIRST_CHUNK = 32  # pages hashed before the first look at the index
 
 
-class PromptHashes:
-    """Mixin of :class:`jenga.core.manager.manager.KVCacheManager` (module doc)."""
+class PromptHasher:
+    """A request's block hashes, made when needed (module doc).  ``memo``: freed requests' hashes
+    (a re-add); ``bound``: a policy whose hit needs every page below it (full attention), if any."""
 
-    def _bound_policy(self) -> FullPolicy | None:
-        """A full-attention group: a hit needs every page of it below the hit length."""
-        return next((p for p in self.policies if type(p) is FullPolicy), None)
+    def __init__(self, policies: list[Policy], block: int):
+        self.block = block
+        self.memo = HashMemo()
+        self.bound = next((p for p in policies if p.bounds_hit), None)
 
-    def _hash_upto(self, req: Request, blocks: int) -> None:
+    def hash_upto(self, req: Request, blocks: int) -> None:
         """Hash the request's first ``blocks`` blocks (those not hashed yet)."""
         hashes = req.hashes
         if blocks <= len(hashes):
@@ -33,7 +40,7 @@ class PromptHashes:
         if req.images:
             extend_block_hashes(hashes, req.tokens, self.block, req.salt_root, req.images, stop=blocks)
             return
-        memo = self._hash_memo
+        memo = self.memo
         if not hashes:  # the first block names the donor, a recent prompt starting alike (jenga.core.prefix.hash_memo)
             extend_block_hashes(hashes, req.tokens, self.block, req.salt_root, stop=1)
             if not hashes:
@@ -44,25 +51,25 @@ class PromptHashes:
             memo.lend(req.lender, req.tokens, hashes, self.block, blocks)
         extend_block_hashes(hashes, req.tokens, self.block, req.salt_root, stop=blocks)
 
-    def _hash_for_lookup(self, req: Request, top: int) -> int:
+    def for_lookup(self, req: Request, top: int, ops: PageOps) -> int:
         """Hash what a hit of at most ``top`` tokens can reach; returns a bound on the hit that
         leaves the longest common hit unchanged (the start of the first page the full-attention
         group misses, else ``top``)."""
         block = self.block
-        bound = self._full_bound
+        bound = self.bound
         if bound is None:
-            self._hash_upto(req, top // block)
+            self.hash_upto(req, top // block)
             return top
         tpp = bound.tpp
         m = tpp // block
-        table = self.index.table[bound.gi]
+        table = ops.index_table(bound.gi)
         hashes = req.hashes
         npages = top // tpp
         i, chunk = 0, FIRST_CHUNK  # pages [0, i) are cached
         while i < npages:
             have = min(npages, len(hashes) // m)
             if have <= i:
-                self._hash_upto(req, min(npages, i + chunk) * m)
+                self.hash_upto(req, min(npages, i + chunk) * m)
                 chunk *= 2
                 continue
             found = list(map(table.__contains__, hashes[i * m + m - 1:have * m:m]))

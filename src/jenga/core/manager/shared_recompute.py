@@ -15,48 +15,51 @@ Whether the engine allows it is per state kind, by class: ``Policy.recompute_und
 (jenga's ``MambaPolicy``: its engine skips those writes, ``engine/model_runner.py``; vLLM's
 ``CopyForwardMambaPolicy`` and the ``uniform`` baseline: no, vLLM's model runner writes every
 computed token).  Every group that is not full attention must allow it (a sliding group would
-need the same engine contract; it keeps today's rule).  A mixin of
-:class:`~jenga.core.manager.manager.KVCacheManager`.
+need the same engine contract; it keeps today's rule).  ``Junction`` is the manager's part for it.
 """
 
 from __future__ import annotations
 
-from jenga.core.policy.image import ImagePolicy
-from jenga.core.policy.registry import FullPolicy, MambaPolicy, Policy, SlidingPolicy
+from collections.abc import Callable
+
+from jenga.core.policy.base import Policy
 from jenga.core.request import Request
 
 
-class SharedRecompute:
-    """Sets ``_junction_policies`` and ``_ahead`` (group indices holding ``[0, junction)``)."""
+class Junction:
+    """``policies``: the full-attention policies, when a state or sliding group needs the junction
+    (where the cached full-attention prefix ends) for its checkpoints or window retention, else
+    ``None``; ``ahead``: the groups holding ``[0, junction)`` past a state hit.  ``fixed_point``
+    is the manager's longest-common-prefix iteration; ``bound`` the prompt hasher's bound policy."""
 
-    def _init_junction(self) -> None:
-        # full-attention policies, when a state or sliding group needs the junction (where the
-        # cached full-attention prefix ends) for its checkpoints or window retention
-        full = [p for p in self.policies if type(p) is FullPolicy]
-        partial = any(isinstance(p, (SlidingPolicy, MambaPolicy)) for p in self.policies)
-        self._junction_policies = full if full and partial else None
-        others = [p for p in self.policies if type(p) is not FullPolicy and not isinstance(p, ImagePolicy)]
-        share = self._junction_policies is not None and all(p.recompute_under_shared for p in others)
-        self._ahead = frozenset(p.gi for p in full) if share and self.caching else frozenset()
+    def __init__(self, policies: list[Policy], block: int, caching: bool, bound: Policy | None,
+                 fixed_point: Callable[[Request, int, list[Policy]], int]):
+        self.block, self.bound, self.fixed_point = block, bound, fixed_point
+        full = [p for p in policies if p.bounds_hit]
+        partial = any(p.needs_junction for p in policies)
+        self.policies = full if full and partial else None
+        others = [p for p in policies if not p.bounds_hit and not p.per_image]
+        share = self.policies is not None and all(p.recompute_under_shared for p in others)
+        self.ahead = frozenset(p.gi for p in full) if share and caching else frozenset()
 
-    def _find_junction(self, req: Request, top: int, cand: int) -> None:
+    def find(self, req: Request, top: int, cand: int) -> None:
         """``req.junction``: where the full-attention groups' cached prefix ends, if past the hit.
 
-        ``top`` is what ``_hash_for_lookup`` returned (``jenga.core.manager.prompt_hashes``): it already found
+        ``top`` is what ``PromptHasher.for_lookup`` returned (``jenga.core.manager.prompt_hashes``): it already found
         where the bounding full-attention group's cached pages end (the first missing page's
         start, else ``top``), so with that group the only junction policy the junction is ``top``
         rounded down to its pages, without looking the prompt's page keys up again."""
-        policies = self._junction_policies
+        policies = self.policies
         if policies is not None:
-            if len(policies) == 1 and policies[0] is self._full_bound:
+            if len(policies) == 1 and policies[0] is self.bound:
                 tpp = policies[0].tpp
                 junction = top // tpp * tpp
             else:
-                junction = self._fixed_point(req, top, policies)
+                junction = self.fixed_point(req, top, policies)
             req.junction = junction // self.block * self.block if junction > cand else 0
 
-    def _hit_of(self, pol: Policy, req: Request) -> int:
+    def hit_of(self, pol: Policy, req: Request) -> int:
         """The tokens group ``pol`` holds cached pages for after a lookup (its ``hit`` length)."""
-        if pol.gi in self._ahead and req.junction > req.hit:
+        if pol.gi in self.ahead and req.junction > req.hit:
             return req.junction
         return req.hit

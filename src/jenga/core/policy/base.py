@@ -112,11 +112,31 @@ class Policy(ABC):
     #: holding that prefix while the tokens between are recomputed (their engine writes no K/V
     #: below ``TokenTable.write_from``; :mod:`jenga.core.manager.shared_recompute`)
     recompute_under_shared = False
+    #: a hit needs every page of the group below it (full attention): it bounds how far a lookup
+    #: hashes (:mod:`jenga.core.manager.prompt_hashes`) and where the junction lies
+    bounds_hit = False
+    #: the group resumes from less than the whole prefix (a window, a state checkpoint): it needs the
+    #: junction, where the cached full-attention prefix ends (:mod:`jenga.core.manager.shared_recompute`)
+    needs_junction = False
+    #: the group holds pages per image, not per token (only requests with images use it)
+    per_image = False
 
     def __init__(self, gi: int, group: LayerGroup, block: int):
         self.gi, self.group, self.block = gi, group, block
         self.tpp = group.tokens_per_page
         self.token_bytes = group.useful_page_bytes // group.tokens_per_page
+
+    def set_window_slack(self, slack: int | None) -> None:
+        """Tokens below a prompt's end whose window a sliding group keeps (``None``: its default)."""
+
+    def duplicate_pages(self, req: Request, gs: GroupState, ops: PageOps) -> int:
+        """Held pages of ``req`` whose content another held page has (duplicate prefix copies)."""
+        return 0
+
+    def first_needed(self, pos: int) -> int | None:
+        """Token kinds: the lowest token position a token at ``pos`` reads (a window's or chunk's
+        start).  Other kinds (state, image): ``None``."""
+        return None
 
     @abstractmethod
     def longest_prefix(self, req: Request, cand: int, ops: PageOps) -> int:
@@ -140,7 +160,7 @@ class Policy(ABC):
 
     def step_end(self, req: Request, stop: int) -> int:
         """Where a step from ``req.start`` the scheduler proposes to end at ``stop`` should
-        end instead (``req.start < result <= stop``; asked through ``jenga.core.manager.chunk_split``).
+        end instead (``req.start < result <= stop``; asked through ``jenga.core.manager.cache_control``).
         Most kinds: ``stop``."""
         return stop
 

@@ -37,6 +37,8 @@ class MambaPolicy(Policy):
       are the branch points), a short prompt of which nothing was cached every one (where
       a later request leaves it is not known yet)."""
 
+    needs_junction = True
+
     #: jenga's engine writes no K/V below ``TokenTable.write_from`` (``jenga.core.manager.shared_recompute``)
     recompute_under_shared = True
 

@@ -10,6 +10,8 @@ from jenga.core.tables import TokenTable
 class FullPolicy(Policy):
     """Every token stays; a hit needs every page before it."""
 
+    bounds_hit = True
+
     def first_needed(self, pos: int) -> int:
         """Lowest token position a token at ``pos`` reads."""
         return 0
@@ -154,6 +156,11 @@ class SlidingPolicy(FullPolicy):
     #: manager): another question on the same article, whose prompt ends a little earlier,
     #: still finds the whole window it needs
     slack = 0
+    bounds_hit = False
+    needs_junction = True
+
+    def set_window_slack(self, slack: int | None) -> None:
+        self.slack = self.group.spec.window // 2 if slack is None else slack
 
     def release_point(self, released: int) -> int:
         # rounded up to a page end, so releases ride on the registration commit
@@ -212,6 +219,8 @@ class SlidingPolicy(FullPolicy):
 
 class ChunkedPolicy(FullPolicy):
     """Tokens read only their own chunk: earlier chunks are released as soon as done."""
+
+    bounds_hit = False
 
     def first_needed(self, pos: int) -> int:
         return pos - pos % self.group.spec.chunk
