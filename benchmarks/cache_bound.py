@@ -194,7 +194,7 @@ def main(argv=None) -> int:
 
     from vs_vllm_manager import budget_of, scaled
 
-    from jenga.specs import ModelSpec
+    from jenga.core.specs import ModelSpec
     p = argparse.ArgumentParser(description=main.__doc__)
     p.add_argument("rows", help="comma-separated model:trace, e.g. gemma-3-12b:articles64")
     for row in p.parse_args(argv).rows.split(","):

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from jenga.baselines import make_manager
-from jenga.specs import ModelSpec
+from jenga.core.specs import ModelSpec
 
 FAMILIES = ("gemma-3-12b", "ministral-8b", "llama-4-scout", "jamba-1.5-mini", "llama-3.1-8b")
 

@@ -13,28 +13,51 @@ to it, ``mamba_cache_mode="align"`` (vLLM's default with prefix caching).
 from __future__ import annotations
 
 import math
+import zlib
 from types import SimpleNamespace
+
+
+def tables_bytes(rid, n, t) -> bytes:
+    """One allocate's call and result as bytes, for ``--checksum``: the page ids of every group's table
+    (token pages with their ``None`` holes, image pages and fills, state work / read / checkpoint pages)."""
+    if t is None:
+        return repr((rid, n, None)).encode()
+    parts = [rid, n, t.num_computed, t.num_new, t.num_lookahead]
+    for g in t.groups:
+        if hasattr(g, "page_ids"):
+            parts.append((g.group, g.tokens_per_page, g.write_from, g.page_ids))
+        elif hasattr(g, "pages"):
+            parts.append((g.group, sorted(g.pages.items()), sorted(g.to_fill)))
+        else:
+            parts.append((g.group, g.work_page, g.read_page, sorted(g.checkpoints.items())))
+    return repr(parts).encode()
 
 
 class JengaSide:
     name = "jenga"
 
-    def __init__(self, model, memory: int, caching: bool = True):
-        from jenga.manager import KVCacheManager
+    def __init__(self, model, memory: int, caching: bool = True, checksum: bool = False):
+        from jenga import KVCacheManager
         self.mgr = KVCacheManager(model, memory, tokens_per_page=16, enable_prefix_caching=caching)
+        self.crc = 0 if checksum else None  # CRC-32 over every allocate's returned page tables
+        self.allocs = 0
 
     def add(self, rid, tokens) -> int:
         self.mgr.add_request(rid, tokens)
         return self.mgr.lookup(rid)
 
-    def clip(self, rid, n, hit=0) -> int:  # jenga's scheduler rule (jenga.chunk_split), as vLLM's side
+    def clip(self, rid, n, hit=0) -> int:  # jenga's scheduler rule (jenga.core.manager.cache_control), as vLLM's side
         return self.mgr.chunk_tokens(rid, n)
 
     def step(self) -> None:
         pass
 
     def allocate(self, rid, n, first=False) -> bool:
-        return self.mgr.allocate(rid, n) is not None
+        t = self.mgr.allocate(rid, n)
+        if self.crc is not None:
+            self.crc = zlib.crc32(tables_bytes(rid, n, t), self.crc)
+            self.allocs += 1
+        return t is not None
 
     def commit(self, rid, n, tok) -> None:
         self.mgr.append_tokens(rid, [] if tok is None else [tok])
@@ -50,12 +73,12 @@ class JengaSide:
         return st.used_bytes, st.used_bytes + st.stranded_bytes
 
     def pool_bytes(self) -> int:
-        return self.mgr.alloc.num_large * self.mgr.large_page_bytes
+        return self.mgr.total_bytes
 
     def describe(self) -> str:
         m = self.mgr
         return (f"{len(m.model.groups)} groups, pages {[g.page_bytes for g in m.model.groups]} B, "
-                f"large page {m.large_page_bytes} B x {m.alloc.num_large}")
+                f"large page {m.large_page_bytes} B x {m.total_bytes // m.large_page_bytes}")
 
 
 class VllmSide:

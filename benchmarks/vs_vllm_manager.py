@@ -213,8 +213,8 @@ def scaled(trace: str, scale: float):
     return TRACES[trace](**kw)
 
 
-def run_row(row: str, a) -> dict:
-    from jenga.specs import ModelSpec
+def run_row(row: str, a, checksum: bool = False) -> dict:
+    from jenga.core.specs import ModelSpec
     name, trace = row.split(":")
     model = ModelSpec.from_hf_config(name, vision=False)
     memory, where = budget_of(name, a.memory_gib)
@@ -228,7 +228,7 @@ def run_row(row: str, a) -> dict:
         bound = bridged_hit_bound(reqs, model, memory)
         out["bound"] = bound if bound is not None and bound < trie.best_hit - 5e-4 else None
     caching = not a.no_prefix_caching
-    makers = [lambda: JengaSide(model, memory, caching)]
+    makers = [lambda: JengaSide(model, memory, caching, checksum=checksum)]
     if not a.no_vllm:
         makers.append(lambda: VllmSide(model, memory, a.budget, None if a.retention == "dense" else int(a.retention),
                                        caching=caching))
@@ -240,6 +240,8 @@ def run_row(row: str, a) -> dict:
             with frozen_heap(), GCWatch() as w:
                 m = simulate(side, model, reqs, a.budget, a.max_running, st)
             m["gc_ms"] = 1e3 * w.longest
+            if checksum and side.name == "jenga":
+                m["crc"] = f"{side.crc:08x}/{side.allocs}"
             runs.setdefault(side.name, []).append(m)
             if a.verbose:
                 print(f"  {row} {side.name}: {side.describe()} {m['us_step']:.0f} us/step", file=sys.stderr)
@@ -294,7 +296,7 @@ def micro(name: str, a) -> list[str]:
     """add (hash + lookup) of a 128k-token prompt and free of a 100k-token request, ms, both sides:
     the median of ``a.repeat`` samples (each on a fresh manager, the sides alternating), and the
     largest sample after it when there are several."""
-    from jenga.specs import ModelSpec
+    from jenga.core.specs import ModelSpec
     model = ModelSpec.from_hf_config(name, vision=False)
     memory, _ = budget_of(name, a.memory_gib)
     makers = [lambda: JengaSide(model, memory)] + ([] if a.no_vllm else [lambda: VllmSide(model, memory, a.budget)])
@@ -362,6 +364,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=1, help="runs per side and row, the sides alternating: median "
                    "us/step, median jenga/vLLM ratio of the pairs (and their range); --micro: samples per side "
                    "and model (median, max)")
+    p.add_argument("--checksum", action="store_true", help="print per row a CRC-32 of every jenga allocate's page "
+                   "tables and one of the outcome columns (refactorings must leave both unchanged; times are off)")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     if not a.no_vllm:
@@ -377,9 +381,13 @@ def main(argv=None) -> int:
     if a.markdown:  # row by row, as each finishes
         print("| " + " | ".join(HEADER) + " |\n|" + "---|" * len(HEADER), flush=True)
     for row in rows:
-        res = run_row(row, a)
+        res = run_row(row, a, checksum=a.checksum)
         table.append(fmt(res))
         print(f"{row}: {res['n']} requests, KV {res['memory'] / 2**30:.1f} GiB ({res['where']})", file=sys.stderr)
+        if a.checksum:
+            j = res["jenga"]
+            outcome = zlib.crc32(repr([j[k] for k in OUTCOME]).encode())
+            print(f"checksum {row} scale {a.scale}: tables {j['crc']} outcome {outcome:08x}", flush=True)
         if a.markdown:
             print("| " + " | ".join(table[-1]) + " |", flush=True)
     if not a.markdown:

@@ -84,7 +84,7 @@ def counting_needed(acc: Counter):
 
 
 def run(row: str, a) -> list[str]:
-    from jenga.specs import ModelSpec
+    from jenga.core.specs import ModelSpec
     name, trace = row.split(":")
     model = ModelSpec.from_hf_config(name, vision=False)
     memory, _ = bench.budget_of(name, None)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import copy
 import os
 
-from jenga.manager import KVCacheManager
-from jenga.pagesize import with_base_page
-from jenga.specs import (
+from jenga.core.manager.manager import KVCacheManager
+from jenga.core.pagesize import with_base_page
+from jenga.core.specs import (
     ChunkedLocalSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
@@ -182,7 +182,7 @@ def random_lookups(mgr: KVCacheManager, rng, check, n: int = 150) -> int:
         top = min(len(prompt) - 1, len(prompt) // 2 * 2)
         top = top if cap is None else max(0, min(top, cap))
         hit = mgr.lookup(rid, max_tokens=cap)
-        counted += bool(check(req, prompt, cap, hit, mgr._hash_for_lookup(req, top)))
+        counted += bool(check(req, prompt, cap, hit, mgr.hasher.for_lookup(req, top, mgr.ledger)))
         if mgr.allocate(rid, len(prompt) - hit) is None:
             mgr.free(rid)
             continue

@@ -17,12 +17,12 @@ from hypothesis import strategies as st
 
 from jenga.baselines import make_manager
 from jenga.capacity import max_context_tokens
-from jenga.engine.sampling_params import SamplingParams
-from jenga.engine.scheduler import Scheduler
-from jenga.engine.sequence import Sequence
+from jenga.core.specs import ModelSpec
 from jenga.engine.tiny import tiny_hf_config
 from jenga.errors import InsufficientMemoryError
-from jenga.specs import ModelSpec
+from jenga.sched.sampling_params import SamplingParams
+from jenga.sched.scheduler import Scheduler
+from jenga.sched.sequence import Sequence
 
 MANAGERS = ["jenga", "paged", "static", "uniform"]
 MODELS = ["tiny-gemma3", "tiny-llama4", "tiny-jamba"]  # sliding + full, chunked + full, Mamba + full

@@ -14,7 +14,7 @@ from conftest import (
     two_full_model,
 )
 
-from jenga.allocator import CACHED, FREE, USED, LargePageAllocator
+from jenga.core.alloc.allocator import CACHED, FREE, USED, LargePageAllocator
 
 SELF, CROSS = 0, 1  # group indices of toy_model()
 

@@ -11,10 +11,10 @@ import pytest
 from conftest import full, group, mamba, model, serve, snapshot, vision
 
 from jenga.baselines import MANAGER_NAMES, make_manager
+from jenga.core.prefix.hashing import ImageRef
+from jenga.core.specs import ModelSpec
+from jenga.core.validation import checked_token_ids
 from jenga.errors import InvalidArgumentError, JengaError, MissingConfigError
-from jenga.prefix.hashing import ImageRef
-from jenga.specs import ModelSpec
-from jenga.validation import checked_token_ids
 
 
 def _spec():
@@ -73,7 +73,7 @@ def test_every_bad_manager_input_changes_nothing(name):
 def test_token_array_is_a_flat_uint32_copy_and_finds_bools_among_zeros_and_ones():
     from array import array
 
-    from jenga.validation import token_array
+    from jenga.core.validation import token_array
     ids = [0, 1, 5, (1 << 32) - 1, 1]
     for given in (ids, tuple(ids), np.array(ids, dtype=np.uint64), np.array(ids, dtype=np.int64)):
         out = token_array(given, "x")

@@ -5,7 +5,7 @@ import random
 from jenga.baselines import make_manager
 from jenga.baselines.paged import paged_model
 from jenga.baselines.uniform import uniform_model
-from jenga.specs import ModelSpec
+from jenga.core.specs import ModelSpec
 
 
 def test_paged_one_page_size_and_jamba_max_page():

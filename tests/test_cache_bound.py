@@ -14,7 +14,7 @@ from cache_bound import belady_serial_hit, bridged_hit_bound, bytes_per_block  #
 from conftest import full, group, model, sliding  # noqa: E402
 from manager_traces import BlockTrie, TraceRequest  # noqa: E402
 
-from jenga.specs import ModelSpec  # noqa: E402
+from jenga.core.specs import ModelSpec  # noqa: E402
 
 
 def _cyclic(rounds: int = 2) -> list[TraceRequest]:

@@ -8,8 +8,8 @@ from conftest import full, group, make_manager, mamba, model, page_ids, serve, s
 
 from jenga.baselines import MANAGER_NAMES
 from jenga.baselines import make_manager as make_named
+from jenga.core.prefix.events import AllBlocksCleared, BlockRemoved, BlockStored
 from jenga.errors import InvalidArgumentError, SequenceTooLongError
-from jenga.events import AllBlocksCleared, BlockRemoved, BlockStored
 
 
 def one_full(max_len: int = 64):
@@ -156,7 +156,7 @@ def test_kv_events_follow_the_prefix_index():
     assert mgr.take_events() == []
     mgr.enable_kv_events()
     serve(mgr, "a", [10, 11, 12, 13, 14], [15])
-    h = mgr._hash_memo._memo["a"][1]  # the block hashes of "a"
+    h = mgr.hasher.memo._memo["a"][1]  # the block hashes of "a"
     assert mgr.take_events() == [BlockStored(0, [h[0]], None, [10, 11], 2),
                                  BlockStored(0, [h[1]], h[0], [12, 13], 2)]
     assert mgr.take_events() == []

@@ -4,7 +4,7 @@ import pytest
 
 from jenga.baselines import make_manager
 from jenga.capacity import max_concurrent_requests, max_context_tokens, pages_for_context
-from jenga.specs import FullAttentionSpec, LayerGroup, ModelSpec, SlidingWindowSpec
+from jenga.core.specs import FullAttentionSpec, LayerGroup, ModelSpec, SlidingWindowSpec
 
 FULL = FullAttentionSpec("m", "bf16", 1, 8)  # 32 B per token per layer
 SWA = SlidingWindowSpec("m", "bf16", 1, 8, window=64)

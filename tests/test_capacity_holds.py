@@ -15,13 +15,13 @@ import pytest
 import jenga
 from jenga.baselines import make_manager
 from jenga.capacity import max_context_tokens, pages_for_context, peak_pages
-from jenga.engine.sampling_params import SamplingParams
-from jenga.engine.scheduler import Scheduler
-from jenga.engine.sequence import Sequence
+from jenga.core.specs import ModelSpec
 from jenga.engine.tiny import TINY_MODELS, tiny_hf_config
+from jenga.sched.sampling_params import SamplingParams
+from jenga.sched.scheduler import Scheduler
+from jenga.sched.sequence import Sequence
 from jenga.server.app import create_app
 from jenga.server.launch import BackgroundServer
-from jenga.specs import ModelSpec
 
 OUT = 2  # output tokens: the promise covers prompt + output
 

@@ -1,4 +1,4 @@
-"""The chunk split (``KVCacheManager.chunk_tokens``, ``jenga.chunk_split``): a step crossing a
+"""The chunk split (``KVCacheManager.chunk_tokens``, ``jenga.core.manager.cache_control``): a step crossing a
 state group's prompt-end checkpoint ends on it, so the step's work page becomes that
 checkpoint (one state page live, not two); exact on a tiny hybrid with 4-token pages."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from conftest import full, group, make_manager, mamba, model
 
-from jenga.engine.sampling_params import SamplingParams
-from jenga.engine.scheduler import Scheduler
-from jenga.engine.sequence import Sequence
 from jenga.errors import InvalidArgumentError, UnknownRequestError
+from jenga.sched.sampling_params import SamplingParams
+from jenga.sched.scheduler import Scheduler
+from jenga.sched.sequence import Sequence
 
 PROMPT = list(range(100, 119))  # 19 tokens: the prompt-end checkpoint is at 16 (4-token pages)
 

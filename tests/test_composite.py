@@ -1,7 +1,7 @@
 """A draft and a target model share one manager and one buffer (speculative decoding)."""
 
-from jenga.manager import KVCacheManager
-from jenga.specs import ModelSpec
+from jenga.core.manager.manager import KVCacheManager
+from jenga.core.specs import ModelSpec
 
 
 def test_draft_and_target_share_one_pool():

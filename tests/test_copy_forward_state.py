@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from conftest import cached_keys, full, group, make_manager, model
 
-from jenga.prefix.policies import CopyForwardMambaPolicy, MambaPolicy
-from jenga.specs import CopyForwardMambaSpec, MambaSpec
+from jenga.core.policy.registry import CopyForwardMambaPolicy, MambaPolicy
+from jenga.core.specs import CopyForwardMambaSpec, MambaSpec
 
 
 def manager(cls):

@@ -7,26 +7,26 @@ import random
 
 from conftest import full, group, make_manager, model, sliding
 
-from jenga.manager import KVCacheManager
+from jenga.core.manager.manager import KVCacheManager
 
 
 def _checked(mgr: KVCacheManager, seen: list) -> None:
-    """Wrap ``_hit_cannot_fit``: whenever it refuses, a copy that holds the hit and plans
+    """Wrap ``Admission.hit_cannot_fit``: whenever it refuses, a copy that holds the hit and plans
     the same allocation exactly must find no quota either."""
-    inner = mgr._hit_cannot_fit
+    inner = mgr.admission.hit_cannot_fit
 
-    def hit_cannot_fit(req, end):
-        refused = inner(req, end)
+    def hit_cannot_fit(req, end, allocated):
+        refused = inner(req, end, allocated)
         if refused:
             twin = copy.deepcopy(mgr)
             treq = twin.requests[req.request_id]
-            twin._hold_pending()
-            need, _log = twin._plan(treq, end)
-            assert twin._quota_of(treq, need, end) is None, "pre-check refused an allocation that fits"
+            twin.ledger.settle()
+            need, _log = twin.admission.plan(treq, end, list(zip(twin.policies, treq.groups, strict=True)))
+            assert twin.admission.quota_of(treq, need, end, allocated) is None, "pre-check refused an allocation that fits"
             seen.append(req.request_id)
         return refused
 
-    mgr._hit_cannot_fit = hit_cannot_fit
+    mgr.admission.hit_cannot_fit = hit_cannot_fit
 
 
 def test_precheck_refuses_only_what_the_exact_check_refuses():
@@ -57,7 +57,7 @@ def test_precheck_counts_the_cached_pages_of_a_long_hit_run_exactly():
     """A hit run longer than ``BULK`` pages is counted in one numpy gather: its cached (zero
     reference) pages, not the ones a live request still holds.  Where the free pages alone
     hold the new pages, the precheck answers before counting anything."""
-    from jenga.flat_arrays import BULK
+    from jenga.core.flat_arrays import BULK
 
     spec = model(group("full", full(), 1))
     mgr = make_manager(spec, 400, tokens_per_page=2)
@@ -74,13 +74,13 @@ def test_precheck_counts_the_cached_pages_of_a_long_hit_run_exactly():
     req = mgr.requests["c"]
     (group_, pages), = req.reserve
     assert len(pages) > BULK and hit == 2 * len(pages)
-    alloc, ref = mgr._alloc, mgr._ref[group_]
+    alloc, ref = mgr.ledger.alloc, mgr.ledger.ref[group_]
     free = alloc.num_free_large + alloc.free_small[group_]  # one page per large page here
     unheld = sum(ref[p] == 0 for p in pages)
-    assert 0 < unheld < len(pages) and len(mgr._evictor.keys[group_]) == unheld  # the hit's cached pages
-    assert not mgr._hit_cannot_fit(req, hit + 2 * free)  # free pages alone hold it: nothing counted
+    assert 0 < unheld < len(pages) and len(mgr.ledger.evictor.keys[group_]) == unheld  # the hit's cached pages
+    assert not mgr.admission.hit_cannot_fit(req, hit + 2 * free, mgr.num_allocated)  # free pages alone hold it: nothing counted
     assert req.reserve_cached is None
     # one page more: only the cached pages outside the hit could give it, and there are none
-    assert mgr._hit_cannot_fit(req, hit + 2 * free + 2)
+    assert mgr.admission.hit_cannot_fit(req, hit + 2 * free + 2, mgr.num_allocated)
     assert req.reserve_cached == unheld * alloc.page_bytes[group_]
     mgr.check_integrity()

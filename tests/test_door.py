@@ -118,7 +118,7 @@ def test_readme_page_tables_comment_holds():
     mgr = jenga.KVCacheManager(jenga.ModelSpec.from_hf_config("gemma-3-27b"), 64 << 30)
     mgr.add_request("r1", list(range(5000)))
     tables = mgr.allocate("r1", 5000 - mgr.lookup("r1"))
-    from jenga.tables import PageTables, TokenTable
+    from jenga.core.tables import PageTables, TokenTable
 
     token = [g for g in tables.groups if isinstance(g, TokenTable)]  # the README's `tables.groups[g].page_ids`
     assert isinstance(tables, PageTables) and len(token) == 2 and all(len(g.page_ids) > 0 for g in token)

@@ -95,7 +95,7 @@ def test_steps_ending_on_checkpoints_hand_the_work_page_on(name):
 @pytest.mark.parametrize("name", HYBRIDS)
 def test_prefill_step_ends_on_the_prompt_end_checkpoint(name):
     """A 41-token prompt under a 64-token budget runs [0, 32) then [32, 41) (the scheduler's
-    chunk split, ``jenga.chunk_split``): the first step's work page becomes the prompt-end
+    chunk split, ``jenga.core.manager.cache_control``): the first step's work page becomes the prompt-end
     checkpoint 32, which a later prompt resumes from.  Tokens and logits equal HF's."""
     shared, b = prompts([41, 7], seed=6)
     llm = jenga.LLM(name, kv_memory="8MiB", max_num_batched_tokens=64, state_checkpoint_interval=32)
@@ -111,7 +111,7 @@ def test_recompute_under_shared_attention_pages_matches_hf(name):
     """The second request of an 85-token shared prefix: its state resumes at the checkpoint 64
     (none at the junction 80 yet), so tokens [64, 80) are recomputed for the state layers while
     the attention layers share the first request's cached pages up to 80 and write no K/V there
-    (slot -1; ``jenga.shared_recompute``).  The third resumes at 80.  Tokens and logits equal HF's."""
+    (slot -1; ``jenga.core.manager.shared_recompute``).  The third resumes at 80.  Tokens and logits equal HF's."""
     shared, a, b, c = prompts([85, 25, 13, 9], seed=7)
     llm = jenga.LLM(name, kv_memory="8MiB", max_num_batched_tokens=64, state_checkpoint_interval=32)
     writes, backend = [], llm.runner.backend

@@ -11,9 +11,9 @@ import pytest
 import torch
 from test_engine_models import make_pair
 
+from jenga.core.manager.manager import KVCacheManager
+from jenga.core.specs import LayerGroup, ModelSpec
 from jenga.engine.attention import ForwardContext, build_attention_metadata
-from jenga.manager import KVCacheManager
-from jenga.specs import LayerGroup, ModelSpec
 
 
 def model_spec(model, name: str = "m") -> ModelSpec:

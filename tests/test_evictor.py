@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from conftest import cached_keys, cross, full, group, make_manager, model, page_ids, run, sliding, toy_model
 
-from jenga.prefix.hashing import ImageRef
+from jenga.core.prefix.hashing import ImageRef
 
 FULL, SWA = 0, 1
 A, B, C, D, E, F, G, H = range(1, 9)  # the paper's letters as token ids (1 token per page)

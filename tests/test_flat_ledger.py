@@ -8,7 +8,7 @@ import copy
 import pytest
 from conftest import full, group, make_manager, model, run, snapshot
 
-import jenga.ledger
+import jenga.core.manager.ledger
 
 
 def scenario(mgr):
@@ -40,5 +40,5 @@ def test_long_unhold_and_drop_equal_the_per_page_rule(monkeypatch, pages):
     fast = make_manager(spec, 400)
     slow = copy.deepcopy(fast)
     want_fast = scenario(fast)
-    monkeypatch.setattr(jenga.ledger, "BULK", 10**9)
+    monkeypatch.setattr(jenga.core.manager.ledger, "BULK", 10**9)
     assert scenario(slow) == want_fast

@@ -13,17 +13,17 @@ import numpy as np
 import pytest
 from conftest import full, group, make_manager, model, serve, sliding, snapshot
 
-import jenga.allocator
-import jenga.ledger
-import jenga.prefix.evictor
-import jenga.prefix.fresh_run
-import jenga.prefix.reuse_evictor
-import jenga.prefix.run_heap
-from jenga.flat_arrays import int64s, largest_keys
-from jenga.prefix.evictor import PrefixEvictor
-from jenga.prefix.fresh_run import FreshRun
-from jenga.prefix.reuse_evictor import ReuseEvictor
-from jenga.prefix.run_heap import RunHeap
+import jenga.core.alloc.allocator
+import jenga.core.evict.fresh_run
+import jenga.core.evict.lru
+import jenga.core.evict.reuse
+import jenga.core.evict.run_heap
+import jenga.core.manager.ledger
+from jenga.core.evict.fresh_run import FreshRun
+from jenga.core.evict.lru import PrefixEvictor
+from jenga.core.evict.reuse import ReuseEvictor
+from jenga.core.evict.run_heap import RunHeap
+from jenga.core.flat_arrays import int64s, largest_keys
 
 P = list(range(1, 41))  # a shared prefix of 40 tokens
 
@@ -91,7 +91,7 @@ def test_numpy_free_paths_equal_the_per_element_paths(monkeypatch, eviction, sli
     unregistered tails, large pages entering E, re-timed windows); with ``BULK`` huge none."""
     fresh = make_manager(swa_model(sliding_layers), 200, window_slack=4, out_of_window_age=1000, eviction=eviction)
     twin = copy.deepcopy(fresh)
-    modules = (jenga.ledger, jenga.allocator, jenga.prefix.evictor, jenga.prefix.reuse_evictor)
+    modules = (jenga.core.manager.ledger, jenga.core.alloc.allocator, jenga.core.evict.lru, jenga.core.evict.reuse)
     for mod in modules:
         monkeypatch.setattr(mod, "BULK", 4)
     want = trace(fresh)
@@ -119,7 +119,7 @@ def test_long_drop_with_gaps_equals_the_per_element_path(monkeypatch, caching):
         serve(mgr, "b", P + [200], [1, 2], free=False)
         gs = mgr.requests["b"].groups[0]
         for i in (3, 17, 18, len(gs.pages) - 1):  # dropped one by one before the free
-            mgr.drop(0, gs.pages[i], mgr.now, (i + 1) * mgr.policies[0].tpp)
+            mgr.ledger.drop(0, gs.pages[i], mgr.now, (i + 1) * mgr.policies[0].tpp)
             gs.pages[i] = None
         mgr.free("b")
         mgr.free("a")
@@ -128,9 +128,9 @@ def test_long_drop_with_gaps_equals_the_per_element_path(monkeypatch, caching):
 
     fresh = make_manager(swa_model(2), 200, caching=caching, eviction="reuse")
     twin = copy.deepcopy(fresh)
-    monkeypatch.setattr(jenga.ledger, "BULK", 4)
+    monkeypatch.setattr(jenga.core.manager.ledger, "BULK", 4)
     want = scenario(fresh)
-    monkeypatch.setattr(jenga.ledger, "BULK", 10**9)
+    monkeypatch.setattr(jenga.core.manager.ledger, "BULK", 10**9)
     assert scenario(twin) == want
 
 
@@ -145,15 +145,15 @@ def test_retime_keys_skips_missing_and_held_pages_on_both_paths(monkeypatch, evi
         keys = sorted(table, key=table.get)[:30]
         keys[2:2] = [b"gone" * 8, b"also gone" * 4]
         ends = [16 * (i + 1) for i in range(len(keys))]
-        mgr.retime_keys(1, keys, ends, mgr.now + 5)
+        mgr.ledger.retime_keys(1, keys, ends, mgr.now + 5)
         mgr.check_integrity()
         return trace_order(mgr)
 
     fresh = make_manager(swa_model(2), 200, window_slack=4, out_of_window_age=1000, eviction=eviction)
     twin = copy.deepcopy(fresh)
-    monkeypatch.setattr(jenga.ledger, "BULK", 4)
+    monkeypatch.setattr(jenga.core.manager.ledger, "BULK", 4)
     want = scenario(fresh)
-    monkeypatch.setattr(jenga.ledger, "BULK", 10**9)
+    monkeypatch.setattr(jenga.core.manager.ledger, "BULK", 10**9)
     assert scenario(twin) == want
 
 
@@ -169,15 +169,15 @@ def test_int64s_equals_numpy_conversion_and_refuses_a_none(xs):
 def test_long_drop_of_an_unreferenced_page_fails_before_any_change(monkeypatch):
     """The bulk drop checks references only when some page stays held: a page already at zero
     references makes that check fail, with no state changed."""
-    monkeypatch.setattr(jenga.ledger, "BULK", 4)
+    monkeypatch.setattr(jenga.core.manager.ledger, "BULK", 4)
     mgr = make_manager(swa_model(2), 200, eviction="reuse")
     serve(mgr, "a", P + [100, 101], [1, 2, 3], free=False)
     pages = list(mgr.requests["a"].groups[0].pages)
     gone = pages[:6]
-    mgr.drop_run(0, list(gone), 0, len(gone), mgr.now, mgr.policies[0].tpp)
+    mgr.ledger.drop_run(0, list(gone), 0, len(gone), mgr.now, mgr.policies[0].tpp)
     before = snapshot(mgr)
     with pytest.raises(AssertionError, match="unreferenced"):
-        mgr.drop_run(0, list(pages), 0, len(pages), mgr.now, mgr.policies[0].tpp)
+        mgr.ledger.drop_run(0, list(pages), 0, len(pages), mgr.now, mgr.policies[0].tpp)
     assert snapshot(mgr) == before
 
 
@@ -221,13 +221,13 @@ def test_fresh_run_pushes_equal_the_per_element_paths(monkeypatch, eviction, sli
     ``FreshRun`` and ``push_sorted``; the same state and eviction order as with neither."""
     fresh = make_manager(swa_model(sliding_layers), 200, window_slack=4, out_of_window_age=1000, eviction=eviction)
     twin = copy.deepcopy(fresh)
-    modules = (jenga.ledger, jenga.allocator, jenga.prefix.evictor, jenga.prefix.reuse_evictor)
+    modules = (jenga.core.manager.ledger, jenga.core.alloc.allocator, jenga.core.evict.lru, jenga.core.evict.reuse)
     for mod in modules:
         monkeypatch.setattr(mod, "BULK", 4)
     pushed = []
     orig = RunHeap.push_sorted
     monkeypatch.setattr(RunHeap, "push_sorted", lambda self, *a: (pushed.append(len(a[2])), orig(self, *a))[1])
-    for mod in (jenga.prefix.run_heap, jenga.prefix.fresh_run, jenga.prefix.evictor, jenga.prefix.reuse_evictor):
+    for mod in (jenga.core.evict.run_heap, jenga.core.evict.fresh_run, jenga.core.evict.lru, jenga.core.evict.reuse):
         monkeypatch.setattr(mod, "SMALL", 2)
     want = trace(fresh)
     assert pushed

@@ -11,9 +11,9 @@ from array import array
 import pytest
 from conftest import full, group, make_manager, model, serve
 
-from jenga.prefix.hash_chain import HashChain
-from jenga.prefix.hash_memo import HashMemo
-from jenga.prefix.hashing import extend_block_hashes, root_hash
+from jenga.core.prefix.hash_chain import HashChain
+from jenga.core.prefix.hash_memo import HashMemo
+from jenga.core.prefix.hashing import extend_block_hashes, root_hash
 
 
 def _chain(tokens, block, salt=None, stop=None):
@@ -111,7 +111,7 @@ def test_freed_prompt_lends_from_its_frozen_hashes():
     article = list(range(1000, 1000 + 16 * 40 + 5))
     serve(mgr, "a", article, [7])  # computed and freed
     want = _chain(article + [7], 16)
-    donor = mgr._hash_memo.donor(want[0])
+    donor = mgr.hasher.memo.donor(want[0])
     assert type(donor[1]) is HashChain and donor[1] == want
     assert not gc.is_tracked(donor[1]._arr)  # no collection walks its hashes
     mgr.add_request("b", article[:16 * 30] + [4, 5, 6] * 9)

@@ -10,9 +10,8 @@ import math
 
 import torch
 
-from jenga.engine.attention import build_attention_metadata, paged_attention, write_kv
-from jenga.manager import KVCacheManager
-from jenga.specs import (
+from jenga.core.manager.manager import KVCacheManager
+from jenga.core.specs import (
     ChunkedLocalSpec,
     FullAttentionSpec,
     LayerGroup,
@@ -20,6 +19,7 @@ from jenga.specs import (
     ModelSpec,
     SlidingWindowSpec,
 )
+from jenga.engine.attention import build_attention_metadata, paged_attention, write_kv
 
 B = 4
 MODEL = ModelSpec("layout", (

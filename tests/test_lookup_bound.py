@@ -27,7 +27,7 @@ def three_kinds():
 @pytest.mark.parametrize("spec", [hybrid, windowed, three_kinds])
 def test_the_lookup_hit_is_the_general_fixed_point(spec):
     mgr = make_manager(spec(), 40, tokens_per_page=2)
-    assert mgr._full_bound is not None
+    assert mgr.hasher.bound is not None
 
     def check(req, prompt, cap, hit, bound):
         assert hit == mgr._fixed_point(req, bound, mgr.policies), (req.request_id, prompt, cap)

@@ -22,6 +22,9 @@ from conftest import (
     vision,
 )
 
+from jenga.core.manager.manager import KVCacheManager
+from jenga.core.prefix.hashing import ImageRef
+from jenga.core.tables import ImageTable, StateTable, TokenTable
 from jenga.errors import (
     DuplicateRequestError,
     InsufficientMemoryError,
@@ -30,9 +33,6 @@ from jenga.errors import (
     SequenceTooLongError,
     UnknownRequestError,
 )
-from jenga.manager import KVCacheManager
-from jenga.prefix.hashing import ImageRef
-from jenga.tables import ImageTable, StateTable, TokenTable
 
 
 def full_swa(window: int, max_len: int = 4096):
@@ -577,8 +577,8 @@ def test_window_slack_keeps_a_second_question_hitting():
     """A question ending a little earlier than the first one on the same article still finds
     its whole window: the band below the first request's prompt-end window is released at full
     priority, not aged (window_slack)."""
-    from jenga.manager import KVCacheManager
-    from jenga.specs import FullAttentionSpec, LayerGroup, ModelSpec, SlidingWindowSpec
+    from jenga.core.manager.manager import KVCacheManager
+    from jenga.core.specs import FullAttentionSpec, LayerGroup, ModelSpec, SlidingWindowSpec
 
     spec = ModelSpec("qa", (LayerGroup("full", FullAttentionSpec("m", "bf16", 1, 8), (0,)),
                             LayerGroup("sliding", SlidingWindowSpec("m", "bf16", 1, 8, window=64), (1, 2))),
@@ -605,20 +605,20 @@ def test_window_slack_keeps_a_second_question_hitting():
 
 
 def test_readded_request_reuses_block_hashes_only_when_unchanged():
-    from jenga.manager import KVCacheManager
-    from jenga.prefix.hashing import extend_block_hashes, root_hash
-    from jenga.specs import FullAttentionSpec, LayerGroup, ModelSpec
+    from jenga.core.manager.manager import KVCacheManager
+    from jenga.core.prefix.hashing import extend_block_hashes, root_hash
+    from jenga.core.specs import FullAttentionSpec, LayerGroup, ModelSpec
 
     spec = ModelSpec("m", (LayerGroup("full", FullAttentionSpec("m", "bf16", 1, 8), (0,)),), max_model_len=4096)
     mgr = KVCacheManager(spec, 1 << 20, tokens_per_page=16, fit_pages=False)
 
     def add(tokens, salt=None):
         """add_request; the hashes it reused from the memo, then all of them (hashing is lazy:
-        lookup and append_tokens hash what they reach, jenga.prompt_hashes)."""
+        lookup and append_tokens hash what they reach, jenga.core.manager.prompt_hashes)."""
         mgr.add_request("r", tokens, cache_salt=salt)
         req = mgr.requests["r"]
         reused = list(req.hashes)
-        mgr._hash_upto(req, len(tokens) // 16)
+        mgr.hasher.hash_upto(req, len(tokens) // 16)
         return reused, list(req.hashes)
 
     prompt = list(range(100))

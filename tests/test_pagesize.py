@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jenga.pagesize import PADDABLE_KINDS, WIDE_PAD_FRAC, PagePlan, PageSizeError, fit_page_sizes
-from jenga.specs import FullAttentionSpec, LayerGroup, MambaSpec, ModelSpec, SlidingWindowSpec
+from jenga.core.pagesize import PADDABLE_KINDS, WIDE_PAD_FRAC, PagePlan, PageSizeError, fit_page_sizes
+from jenga.core.specs import FullAttentionSpec, LayerGroup, MambaSpec, ModelSpec, SlidingWindowSpec
 from jenga.structure import CATALOG_NAMES, model_spec_from_hf_config
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -171,7 +171,7 @@ def test_plan_invariants(attn, states, base, frac, max_ratio):
 def test_every_catalog_model_works_at_every_page_size(tokens_per_page):
     """What a user may pick: each catalog model gets a manager, within the 8x bound, by the widened search
     where the default levers fail (Jamba-1.5-Mini at 64 and 128, Qwen3-Next at 128)."""
-    from jenga.manager import KVCacheManager
+    from jenga.core.manager.manager import KVCacheManager
 
     for name in CATALOG_NAMES:
         model = model_spec_from_hf_config(name, tokens_per_page=tokens_per_page)

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from jenga.prefix.index import PrefixIndex
+from jenga.core.prefix.index import PrefixIndex
 
 
 def _state(ix: PrefixIndex):

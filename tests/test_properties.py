@@ -28,10 +28,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from jenga.errors import InvalidArgumentError
-from jenga.integrity import held_pages
-from jenga.prefix.policies import ChunkedPolicy, FullPolicy, ImagePolicy, MambaPolicy, SlidingPolicy
-from jenga.specs import (
+from jenga.core.manager.integrity import held_pages
+from jenga.core.policy.registry import ChunkedPolicy, FullPolicy, ImagePolicy, MambaPolicy, SlidingPolicy
+from jenga.core.specs import (
     AttentionSpec,
     ChunkedLocalSpec,
     MambaSpec,
@@ -39,7 +38,8 @@ from jenga.specs import (
     SlidingWindowSpec,
     VisionEmbeddingSpec,
 )
-from jenga.tables import ImageTable, StateTable, TokenTable
+from jenga.core.tables import ImageTable, StateTable, TokenTable
+from jenga.errors import InvalidArgumentError
 
 TPP = 2  # tokens per page (and hash block) in every property test
 MAX_LEN = 48
@@ -318,7 +318,7 @@ class ManagerMachine(RuleBasedStateMachine):
         mode = data.draw(st.sampled_from(["all", "chunk", "one", "split"]))
         n = {"all": known - start, "split": known - start, "one": 1}.get(mode) \
             or data.draw(st.integers(1, known - start))
-        if mode == "split":  # the scheduler's chunk split (jenga.chunk_split): no effect, ends on the prompt end
+        if mode == "split":  # the scheduler's chunk split (jenga.core.manager.cache_control): no effect, ends on the prompt end
             before, split = snapshot(self.mgr), self.mgr.chunk_tokens(r, n)
             assert snapshot(self.mgr) == before, "chunk_tokens changed the manager"
             end = req.prompt_len // TPP * TPP

@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from jenga.allocator import CACHED, LargePageAllocator
+from jenga.core.alloc.allocator import CACHED, LargePageAllocator
 
 
 def snapshot(a: LargePageAllocator) -> tuple:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from conftest import cached_keys, full, group, make_manager, model, serve, sliding
 
-from jenga.prefix.reuse_evictor import PROTECTED
+from jenga.core.evict.reuse import PROTECTED
 
 
 def cyclic_hits(eviction: str) -> list[int]:
@@ -74,7 +74,7 @@ def test_admission_does_not_evict_reused_pages_while_others_run():
 
 def test_without_headroom_admission_may_take_every_one_off_page():
     mgr = protected_setup()
-    mgr.admission_margin = 0
+    mgr.admission.margin = 0
     mgr.add_request("z", [30, 31, 32])
     assert mgr.lookup("z") == 0
     assert not mgr.can_allocate("z", 3)  # only by evicting page 0 or 1 of the reused prefix
@@ -128,7 +128,7 @@ def test_a_lookup_let_go_before_its_allocate_is_not_a_use():
 
 def test_protected_pages_over_their_share_of_the_pool_no_longer_hold_admission_back():
     mgr = protected_setup()  # pages 0, 1 protected: a quarter of the 8-page pool
-    mgr.protected_share = 0.2
+    mgr.admission.protected_share = 0.2
     mgr.add_request("z", [30, 31, 32])
     assert mgr.lookup("z") == 0
     assert mgr.can_allocate("z", 3)
@@ -154,7 +154,7 @@ def test_admission_leaves_room_for_its_next_chunk_when_its_prompt_was_seen_and_o
     mgr.add_request("z", [11, 12, 13, 14, 16, 17, 18])
     assert mgr.lookup("z") == 4
     assert not mgr.can_allocate("z", 2)
-    assert mgr._next_chunk(mgr.requests["z"], 6) == [1, 0]  # chunk [4, 6)
+    assert mgr.admission.next_chunk(mgr.requests["z"], 6) == [1, 0]  # chunk [4, 6)
     assert mgr.allocate("z", 2) is None
     mgr.check_integrity()
     assert mgr.allocate("z", 1) is not None  # [4, 5), then [5, 6): both fit beside the protected pages
@@ -166,5 +166,5 @@ def test_without_a_window_shorter_than_the_prompt_no_next_chunk_is_reserved():
     mgr = protected_setup()  # full attention only
     mgr.add_request("z", [1, 2, 9, 9, 9])
     assert mgr.lookup("z") == 2  # seen, but every layer reads the whole prompt
-    assert not mgr._windowed(mgr.requests["z"])
+    assert not mgr.admission.windowed(mgr.requests["z"])
     assert mgr.can_allocate("z", 1)

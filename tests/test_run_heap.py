@@ -12,8 +12,8 @@ from conftest import full, group, make_manager, model, run, sliding, snapshot
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jenga.prefix import run_heap
-from jenga.prefix.run_heap import RunHeap
+from jenga.core.evict import run_heap
+from jenga.core.evict.run_heap import RunHeap
 
 OPS = st.lists(st.one_of(
     st.tuples(st.just("push"), st.lists(st.tuples(st.integers(0, 3), st.integers(-4, 0), st.integers(0, 15)),

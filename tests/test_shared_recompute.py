@@ -1,4 +1,4 @@
-"""Recompute under shared pages (``jenga.shared_recompute``): a request whose state hit lies
+"""Recompute under shared pages (``jenga.core.manager.shared_recompute``): a request whose state hit lies
 below the cached attention prefix (the junction) holds the cached attention pages up to the
 junction and writes K/V only from there (``TokenTable.write_from``); exact page ids on a tiny
 hybrid (2-token pages, state checkpoints every 4 tokens), against vLLM's protocol
@@ -9,7 +9,7 @@ from __future__ import annotations
 from conftest import cached_keys, full, group, make_manager, mamba, model, random_lookups
 
 from jenga.baselines import make_manager as make_baseline
-from jenga.specs import CopyForwardMambaSpec
+from jenga.core.specs import CopyForwardMambaSpec
 
 P = list(range(10))  # the shared prefix: 5 attention pages; state checkpoints at 4 and 8 only
 
@@ -67,7 +67,7 @@ def test_vllm_protocol_keeps_fresh_pages_for_the_recomputed_tokens():
 def test_uniform_baseline_keeps_fresh_pages():
     spec = hybrid()
     mgr = make_baseline("uniform", spec, 1 << 20, tokens_per_page=2)
-    assert not mgr._ahead
+    assert not mgr.junction.ahead
 
 
 def test_no_hit_at_all_shares_the_whole_cached_attention_prefix():
@@ -209,7 +209,7 @@ def test_the_junction_from_the_lookup_bound_is_the_full_attention_fixed_point():
     mgr = make_manager(hybrid(), 40, tokens_per_page=2)
 
     def check(req, prompt, cap, hit, bound):
-        want = mgr._fixed_point(req, bound, mgr._junction_policies)
+        want = mgr._fixed_point(req, bound, mgr.junction.policies)
         assert req.junction == (want // 2 * 2 if want > hit else 0), (req.request_id, prompt, cap)
         return req.junction > 0
 

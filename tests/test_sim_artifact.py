@@ -8,17 +8,17 @@ import random
 import numpy as np
 import pytest
 
-from jenga.engine.sampling_params import SamplingParams
-from jenga.engine.scheduler import Scheduler
-from jenga.engine.sequence import Sequence
-from jenga.engine.v0_scheduler import V0Scheduler, v0_token_budget
+from jenga.core.manager.manager import KVCacheManager
+from jenga.core.specs import ModelSpec
 from jenga.errors import InvalidArgumentError
-from jenga.manager import KVCacheManager
+from jenga.sched.sampling_params import SamplingParams
+from jenga.sched.scheduler import Scheduler
+from jenga.sched.sequence import Sequence
+from jenga.sched.v0_scheduler import V0Scheduler, v0_token_budget
 from jenga.sim.artifact_workloads import ARXIV_GROUP_SIZES, MMLU_SUBJECTS
 from jenga.sim.setup import build_setup
 from jenga.sim.simulator import SimConfig, Simulator
 from jenga.sim.workloads import get_workload
-from jenga.specs import ModelSpec
 
 GiB = 1 << 30
 

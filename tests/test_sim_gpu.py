@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 
+from jenga.core.specs import ModelSpec
 from jenga.sim.gpu import (
     DEFAULT_ACTIVATION_RESERVE_BYTES,
     GPUS,
@@ -18,7 +19,6 @@ from jenga.sim.gpu import (
     memory_budget,
 )
 from jenga.sim.model_cost import ModelCost
-from jenga.specs import ModelSpec
 from jenga.structure import CATALOG_NAMES
 
 LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, vocab_size=128256,

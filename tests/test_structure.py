@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from jenga.specs import (
+from jenga.core.specs import (
     ChunkedLocalSpec,
     CrossAttentionSpec,
     FullAttentionSpec,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from jenga.specs import (
+from jenga.core.specs import (
     CrossAttentionSpec,
     FullAttentionSpec,
     MambaSpec,

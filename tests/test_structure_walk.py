@@ -14,9 +14,9 @@ import warnings
 
 import pytest
 
+from jenga.core.pagesize import manager_page_plan
+from jenga.core.specs import ModelSpec
 from jenga.errors import JengaError
-from jenga.pagesize import manager_page_plan
-from jenga.specs import ModelSpec
 from jenga.structure import model_spec_from_hf_config
 
 CHUNKS = 4

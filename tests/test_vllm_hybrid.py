@@ -34,7 +34,7 @@ from vllm_support import (
     workloads,
 )
 
-from jenga.specs import CopyForwardMambaSpec, MambaSpec
+from jenga.core.specs import CopyForwardMambaSpec, MambaSpec
 
 # family -> (engine kwargs, stock-only kwargs, tight budget in vLLM blocks, vLLM block, state layers)
 FAMILIES = {

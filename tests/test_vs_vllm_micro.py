@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from manager_sides import JengaSide  # noqa: E402
 from vs_vllm_manager import _micro_once, budget_of, micro  # noqa: E402
 
-from jenga.specs import ModelSpec  # noqa: E402
+from jenga.core.specs import ModelSpec  # noqa: E402
 
 MODEL = "llama-3.1-8b"
 

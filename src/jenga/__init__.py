@@ -9,11 +9,11 @@ from __future__ import annotations
 __all__ = ["LLM", "KVCacheManager", "ModelSpec", "RequestOutput", "SamplingParams", "make_manager"]
 
 _LAZY = {
-    "KVCacheManager": ("jenga.manager", "KVCacheManager"),
-    "ModelSpec": ("jenga.specs", "ModelSpec"),
+    "KVCacheManager": ("jenga.core.manager.manager", "KVCacheManager"),
+    "ModelSpec": ("jenga.core.specs", "ModelSpec"),
     "make_manager": ("jenga.baselines", "make_manager"),
     "LLM": ("jenga.engine.llm", "LLM"),
-    "SamplingParams": ("jenga.engine.sampling_params", "SamplingParams"),
+    "SamplingParams": ("jenga.sched.sampling_params", "SamplingParams"),
     "RequestOutput": ("jenga.engine.outputs", "RequestOutput"),
 }
 

@@ -76,7 +76,7 @@ def run_engine(name: str, args, work: Workload, progress=None, *, track_kv_stats
     sampling).  ``track_kv_stats=False`` skips the per-step ``manager.stats()`` sample (peak
     and waste figures are then 0)."""
     from jenga.engine.llm import LLM
-    from jenga.engine.sampling_params import SamplingParams
+    from jenga.sched.sampling_params import SamplingParams
 
     llm = LLM(args.model, manager=name, kv_memory=args.kv_memory, random_weights=True, seed=args.seed,
               device=args.device, dtype=args.dtype,
@@ -117,7 +117,7 @@ def run_engine(name: str, args, work: Workload, progress=None, *, track_kv_stats
         "waste_frac_mean": m.waste_frac_mean,
         "model_s": m.model_s,
         "overhead_s": m.overhead_s,
-        "kv_pool_bytes": llm.manager.alloc.num_large * llm.manager.large_page_bytes,
+        "kv_pool_bytes": llm.manager.total_bytes,
         "kv_spec_bytes": workload_kv_bytes(llm.spec, work),
     }
 
@@ -125,9 +125,9 @@ def run_engine(name: str, args, work: Workload, progress=None, *, track_kv_stats
 def check_args(args) -> None:
     """Counts and sizes of a bench run, checked before anything is built (``InvalidArgumentError``)."""
     from jenga.baselines import MANAGER_NAMES
+    from jenga.core.validation import checked_int
     from jenga.errors import InvalidArgumentError
     from jenga.units import parse_bytes
-    from jenga.validation import checked_int
 
     for field in ("requests", "prompt_min", "prompt_max", "output_len", "max_num_batched_tokens", "threads"):
         checked_int(getattr(args, field), "--" + field.replace("_", "-"))

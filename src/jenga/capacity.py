@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from math import lcm
 
-from jenga.prefix.policies import FullPolicy, MambaPolicy, cdiv
+from jenga.core.policy.registry import FullPolicy, MambaPolicy, cdiv
 
 
 def pages_for_context(mgr, length: int) -> list[int]:

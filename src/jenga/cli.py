@@ -33,7 +33,7 @@ def plan_and_model(args) -> tuple[dict, object]:
     """``jenga plan``'s figures and the model spec they are of."""
     from jenga.baselines import make_manager
     from jenga.capacity import max_concurrent_requests, max_context_tokens
-    from jenga.specs import ModelSpec
+    from jenga.core.specs import ModelSpec
 
     check_plan_args(args)
     model = ModelSpec.from_hf_config(args.model, dtype=args.dtype, tokens_per_page=args.tokens_per_page,
@@ -73,9 +73,9 @@ def plan_and_model(args) -> tuple[dict, object]:
 def check_plan_args(args) -> None:
     """Sizes, counts and manager names of ``jenga plan``, checked before the model is read."""
     from jenga.baselines import MANAGER_NAMES
+    from jenga.core.validation import checked_int
     from jenga.errors import InvalidArgumentError
     from jenga.units import parse_bytes
-    from jenga.validation import checked_int
 
     for field in ("tp", "tokens_per_page", "short_tokens"):
         checked_int(getattr(args, field), "--" + field.replace("_", "-"))

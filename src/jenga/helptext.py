@@ -36,7 +36,7 @@ def _managers() -> str:
 
 
 def _dtypes() -> str:
-    from jenga.specs import DTYPE_BYTES
+    from jenga.core.specs import DTYPE_BYTES
     return ", ".join(DTYPE_BYTES)
 
 

@@ -2,26 +2,27 @@
 
 from __future__ import annotations
 
-from jenga.errors import InvalidArgumentError
-from jenga.manager import KVCacheManager
-from jenga.specs import ModelSpec
+import importlib
 
-MANAGER_NAMES = ("jenga", "paged", "static", "uniform")
+from jenga.core.manager.manager import KVCacheManager
+from jenga.core.specs import ModelSpec
+from jenga.errors import InvalidArgumentError
+
+#: manager name -> (module, class); the baselines are imported when asked for
+MANAGERS = {
+    "jenga": ("jenga.core.manager.manager", "KVCacheManager"),
+    "paged": ("jenga.baselines.paged", "PagedManager"),
+    "static": ("jenga.baselines.static", "StaticManager"),
+    "uniform": ("jenga.baselines.uniform", "UniformManager"),
+}
+MANAGER_NAMES = tuple(MANAGERS)
 
 
 def make_manager(name: str, model: ModelSpec, memory_bytes: int, **kwargs) -> KVCacheManager:
     """A manager by name: ``jenga`` | ``paged`` (vLLM v0 max page) | ``static`` (fixed
     per-group shares) | ``uniform`` (vLLM v1 hybrid allocator).  Keyword arguments are
     those of ``KVCacheManager``."""
-    if name == "jenga":
-        return KVCacheManager(model, memory_bytes, **kwargs)
-    if name == "paged":
-        from jenga.baselines.paged import PagedManager
-        return PagedManager(model, memory_bytes, **kwargs)
-    if name == "static":
-        from jenga.baselines.static import StaticManager
-        return StaticManager(model, memory_bytes, **kwargs)
-    if name == "uniform":
-        from jenga.baselines.uniform import UniformManager
-        return UniformManager(model, memory_bytes, **kwargs)
-    raise InvalidArgumentError(f"unknown manager {name!r}; choose one of {', '.join(MANAGER_NAMES)}")
+    if name not in MANAGERS:
+        raise InvalidArgumentError(f"unknown manager {name!r}; choose one of {', '.join(MANAGER_NAMES)}")
+    module, cls = MANAGERS[name]
+    return getattr(importlib.import_module(module), cls)(model, memory_bytes, **kwargs)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from jenga.manager import KVCacheManager
-from jenga.pagesize import with_base_page
-from jenga.prefix.policies import FullPolicy, Policy, policy_for
-from jenga.request import GroupState, Request
-from jenga.specs import CrossAttentionSpec, MambaSpec, ModelSpec, VisionEmbeddingSpec
+from jenga.core.manager.manager import KVCacheManager
+from jenga.core.pagesize import with_base_page
+from jenga.core.policy.registry import FullPolicy, Policy, policy_for
+from jenga.core.request import GroupState, Request
+from jenga.core.specs import CrossAttentionSpec, MambaSpec, ModelSpec, VisionEmbeddingSpec
 
 
 class TrueNeedsMixin(KVCacheManager):

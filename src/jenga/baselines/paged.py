@@ -15,7 +15,7 @@ out-of-window tokens held by sliding layers show up as waste.
 from __future__ import annotations
 
 from jenga.baselines.common import TrueNeedsMixin
-from jenga.specs import (
+from jenga.core.specs import (
     AttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,

@@ -7,27 +7,20 @@ No memory moves between groups while serving.
 
 from __future__ import annotations
 
-from jenga.allocator import Supply
-from jenga.manager import KVCacheManager
-from jenga.prefix.policies import cdiv
+from jenga.core.alloc.allocator import Supply
+from jenga.core.manager.admission import Admission
+from jenga.core.manager.manager import KVCacheManager
+from jenga.core.policy.registry import cdiv
 
 WEIGHT = {"full": 1.0, "cross": 1.0, "sliding": 0.5, "chunked": 0.5, "mamba": 0.5, "vision": 0.5}
 
 
-class StaticManager(KVCacheManager):
-    """Static partition: per-group caps on large pages, decided at start-up."""
+class StaticAdmission(Admission):
+    """Jenga's admission with per-group caps on large pages (``caps``, set by the manager)."""
 
-    name = "static"
-    default_eviction = "lru"
+    caps: list[int]
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        w = [g.page_bytes * WEIGHT.get(g.kind, 1.0) for g in self.model.groups]
-        n = self.alloc.num_large
-        self.caps = [max(1, int(n * x / sum(w))) for x in w]
-        self.alloc.caps = self.caps
-
-    def _quota_for(self, need: list[int], sup: Supply | None = None) -> list[int] | None:
+    def quota_for(self, need: list[int], sup: Supply | None = None) -> list[int] | None:
         """As jenga's, but a group takes new large pages only up to its share; its own fully
         evictable large pages can always be recycled."""
         alloc = self.alloc
@@ -42,3 +35,19 @@ class StaticManager(KVCacheManager):
         if sum(most) <= sup.whole_large:
             return most
         return least
+
+
+class StaticManager(KVCacheManager):
+    """Static partition: per-group caps on large pages, decided at start-up."""
+
+    name = "static"
+    default_eviction = "lru"
+    admission_class = StaticAdmission
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        w = [g.page_bytes * WEIGHT.get(g.kind, 1.0) for g in self.model.groups]
+        n = self.alloc.num_large
+        self.caps = [max(1, int(n * x / sum(w))) for x in w]
+        self.alloc.caps = self.caps
+        self.admission.caps = self.caps

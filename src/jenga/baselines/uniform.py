@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import math
 
-from jenga.allocator import Supply
 from jenga.baselines.common import TrueNeedsMixin
-from jenga.prefix.policies import (
+from jenga.core.alloc.page_states import Supply
+from jenga.core.manager.admission import Admission
+from jenga.core.policy.registry import (
     ChunkedPolicy,
     FullPolicy,
     ImagePolicy,
@@ -37,8 +38,8 @@ from jenga.prefix.policies import (
     SlidingPolicy,
     cdiv,
 )
-from jenga.request import GroupState, Request
-from jenga.specs import (
+from jenga.core.request import GroupState, Request
+from jenga.core.specs import (
     AttentionSpec,
     ChunkedLocalSpec,
     CrossAttentionSpec,
@@ -221,10 +222,29 @@ class UncachedImagePolicy(ImagePolicy):
         gs.to_fill.clear()
 
 
+def _releasing(policies: list[Policy], req: Request) -> list[tuple[_ReleaseAtNextAllocate, GroupState]]:
+    """The groups whose out-of-window pages wait for the request's next allocate."""
+    return [(pol, gs) for pol, gs in zip(policies, req.groups, strict=True)
+            if isinstance(pol, _ReleaseAtNextAllocate)]
+
+
+class UniformAdmission(Admission):
+    """v1's fit check: the pages this allocate's ``remove_skipped_blocks`` frees count as
+    whole large pages (one page = one large page here), before any of them is freed."""
+
+    def quota_of(self, req: Request, need: list[int], end: int, allocated: int) -> list[int] | None:
+        credit = sum(pol.freed_by_release(req, gs, self.ledger) for pol, gs in _releasing(self.policies, req))
+        if not credit or not any(need):
+            return super().quota_of(req, need, end, allocated)
+        sup = self.alloc.supply()
+        return self.quota_for(need, Supply(sup.free_small, sup.cached_small, sup.whole_large + credit))
+
+
 class UniformManager(TrueNeedsMixin):
     """vLLM v1's hybrid allocator behind the ``KVCacheManager`` API."""
 
     name = "uniform"
+    admission_class = UniformAdmission
 
     def _prepare_model(self, model: ModelSpec, tokens_per_page: int, max_ratio: float | None) -> ModelSpec:
         self._remember_true_model(model, tokens_per_page)
@@ -233,38 +253,28 @@ class UniformManager(TrueNeedsMixin):
             if any(g.spec.per_token for g in um.groups) else tokens_per_page
         return um
 
-    def _releasing(self, req: Request) -> list[tuple[_ReleaseAtNextAllocate, GroupState]]:
-        return [(pol, gs) for pol, gs in zip(self.policies, req.groups, strict=True)
-                if isinstance(pol, _ReleaseAtNextAllocate)]
-
-    def _quota_of(self, req: Request, need: list[int], end: int) -> list[int] | None:
-        """As the base class, with the pages this allocate's ``remove_skipped_blocks`` frees
-        counted as whole large pages (one page = one large page here)."""
-        credit = sum(pol.freed_by_release(req, gs, self) for pol, gs in self._releasing(req))
-        if not credit or not any(need):
-            return super()._quota_of(req, need, end)
-        sup = self.alloc.supply()
-        return self._quota_for(need, Supply(sup.free_small, sup.cached_small, sup.whole_large + credit))
-
     def _allocate_slow(self, req: Request, n: int, lookahead: int, end: int):
         """Free the skipped blocks only once the allocation is sure to succeed (count first)."""
-        releasing = [(pol, gs) for pol, gs in self._releasing(req) if pol.skipped(req, gs)]
+        releasing = [(pol, gs) for pol, gs in _releasing(self.policies, req) if pol.skipped(req, gs)]
         if releasing:
             if not self.can_allocate(req.request_id, n, num_lookahead=lookahead):
                 return None
             for pol, gs in releasing:
-                pol.release_skipped(req, gs, self)
+                pol.release_skipped(req, gs, self.ledger)
         return super()._allocate_slow(req, n, lookahead, end)
 
     def _policy(self, gi: int, group: LayerGroup) -> Policy:
-        spec = group.spec
-        if isinstance(spec, SlidingWindowSpec):
-            return UniformSlidingPolicy(gi, group, self.block)
-        if isinstance(spec, ChunkedLocalSpec):
-            return UniformChunkedPolicy(gi, group, self.block)
-        if isinstance(spec, MambaSpec):
-            return UniformMambaPolicy(gi, group, self.block, self._align)
-        if isinstance(spec, CrossAttentionSpec):
-            return UncachedImagePolicy(gi, group, self.block)
-        assert isinstance(spec, FullAttentionSpec), f"uniform: no rule for {type(spec).__name__}"
-        return FullPolicy(gi, group, self.block)
+        for cls in type(group.spec).__mro__:  # exact type first, then its bases (as ``policy_for``)
+            if cls in UNIFORM_POLICIES:
+                return UNIFORM_POLICIES[cls](gi, group, self.block, self._align)
+        raise AssertionError(f"uniform: no rule for {type(group.spec).__name__}")
+
+
+#: spec type -> the uniform manager's policy (``align``: the Mamba checkpoint alignment)
+UNIFORM_POLICIES = {
+    SlidingWindowSpec: lambda gi, group, block, align: UniformSlidingPolicy(gi, group, block),
+    ChunkedLocalSpec: lambda gi, group, block, align: UniformChunkedPolicy(gi, group, block),
+    MambaSpec: UniformMambaPolicy,
+    CrossAttentionSpec: lambda gi, group, block, align: UncachedImagePolicy(gi, group, block),
+    FullAttentionSpec: lambda gi, group, block, align: FullPolicy(gi, group, block),
+}

@@ -2,10 +2,10 @@
 
 Llama-3.2-Vision's cross-attention layers attend text tokens to the projected vision states of
 the request's images.  Those K/V live in the manager's ``cross`` group (one
-:class:`~jenga.specs.CrossAttentionSpec` group over every cross-attention layer; a page holds
+:class:`~jenga.core.specs.CrossAttentionSpec` group over every cross-attention layer; a page holds
 ``B`` image tokens of every layer).  :meth:`CrossAttentionKV.step` runs per engine step:
 
-* the request's :class:`~jenga.tables.ImageTable` lists every image's pages (the manager takes
+* the request's :class:`~jenga.core.tables.ImageTable` lists every image's pages (the manager takes
   them all at the request's first allocation) and which are fresh (``to_fill``).  Fresh images
   are encoded (one batched vision-model call per step; an image shown by several requests of the
   step is encoded once), projected into each layer's K/V (``model.cross_kv``) and written: image

@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jenga.engine.sampling_params import SamplingParams
 from jenga.errors import InvalidArgumentError
+from jenga.sched.sampling_params import SamplingParams
 
 FILE = "generation_config.json"
 HF_SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 50}

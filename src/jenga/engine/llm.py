@@ -5,7 +5,7 @@ or a built-in tiny name (``tiny-gemma3``, ``tiny-llama`` ... see :mod:`jenga.eng
 which always has random weights and an offline-trained byte-level tokenizer.  A directory
 with ``random_weights=True`` keeps its architecture and tokenizer but skips the checkpoint.
 
-The engine loop per step: :class:`~jenga.engine.scheduler.Scheduler` plans (continuous
+The engine loop per step: :class:`~jenga.sched.scheduler.Scheduler` plans (continuous
 batching, chunked prefill, prefix reuse, preemption by recompute) -> :class:`ModelRunner`
 writes K/V into the manager's buffer and returns logits -> :func:`sample` -> the scheduler
 commits tokens to the manager and finishes requests.  The KV-cache manager is chosen by name
@@ -13,7 +13,7 @@ commits tokens to the manager and finishes requests.  The KV-cache manager is ch
 
 Online use (the server's loop thread; an ``LLM`` is not thread-safe, one thread drives it):
 ``add_request(prompt, params, request_id=..., cache_salt=...)`` returns the request's live
-:class:`~jenga.engine.sequence.Sequence` (its ``output_token_ids`` grow step by step),
+:class:`~jenga.sched.sequence.Sequence` (its ``output_token_ids`` grow step by step),
 ``step()`` runs one step, ``abort(request_id)`` ends a request now and frees its pages.
 
 Failures: a step that raises (a failing forward, a ``KeyboardInterrupt``, a request that can
@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from jenga.core.validation import checked_token_ids
 from jenga.engine.cross_attention import CrossAttentionKV
 from jenga.engine.devices import checked_device
 from jenga.engine.generation_config import GenerationDefaults, load_generation_defaults
@@ -44,15 +45,14 @@ from jenga.engine.outputs import RequestOutput
 from jenga.engine.processor_prompts import ProcessorPrompts
 from jenga.engine.request_limits import RequestLimits
 from jenga.engine.sampler import make_generator, sample
-from jenga.engine.sampling_params import SamplingParams
-from jenga.engine.scheduler import Scheduler
-from jenga.engine.sequence import Sequence as Seq
 from jenga.engine.tiny import engine_name_hint, init_random_weights, is_tiny, tiny_hf_config
 from jenga.engine.tokenizer import TextTokenizer, load_tokenizer, tiny_tokenizer
 from jenga.engine.vision_cache import VisionEmbeddings
 from jenga.errors import DuplicateRequestError, InvalidArgumentError
+from jenga.sched.sampling_params import SamplingParams
+from jenga.sched.scheduler import Scheduler
+from jenga.sched.sequence import Sequence as Seq
 from jenga.units import parse_bytes
-from jenga.validation import checked_token_ids
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -89,8 +89,8 @@ def _resolve_model(model: str | Path, random_weights: bool, seed: int, dtype: to
 
 def _resolve_draft(model, llm, random_weights: bool, seed: int, tokens_per_page: int, k: int):
     """The draft model and its cache spec (named ``draft``) for speculative decoding."""
+    from jenga.core.specs import ModelSpec
     from jenga.engine.speculative import DRAFT_NAME
-    from jenga.specs import ModelSpec
 
     if not isinstance(k, int) or k < 1:
         raise InvalidArgumentError(f"num_speculative_tokens must be a positive int, got {k!r}")
@@ -133,7 +133,7 @@ class LLM:
                  speculative_model: str | Path | None = None, num_speculative_tokens: int = 3,
                  speculative_seed: int | None = None):
         from jenga.baselines import make_manager
-        from jenga.specs import ModelSpec
+        from jenga.core.specs import ModelSpec
 
         if dtype not in TORCH_DTYPES:
             raise InvalidArgumentError(f"dtype must be one of {', '.join(TORCH_DTYPES)}, got {dtype!r}")
@@ -394,7 +394,7 @@ class LLM:
 
     def reset_metrics(self) -> None:
         """Zero :attr:`metrics` and the scheduler's counters (e.g. after a warm-up)."""
-        from jenga.engine.scheduler import SchedulerStats
+        from jenga.sched.scheduler import SchedulerStats
 
         self.metrics = EngineMetrics()
         self.scheduler.stats = SchedulerStats()

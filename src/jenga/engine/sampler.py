@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from jenga.engine.sampling_params import SamplingParams
+from jenga.sched.sampling_params import SamplingParams
 
 
 def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -> torch.Generator | None:

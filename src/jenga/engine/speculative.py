@@ -32,8 +32,8 @@ from torch import Tensor
 from jenga.engine.model_runner import ModelRunner
 from jenga.engine.rejection_sampler import draw, verify, verify_greedy
 from jenga.engine.sampler import probabilities
-from jenga.engine.scheduler import ScheduledRequest, Scheduler, StepPlan
-from jenga.engine.sequence import Sequence
+from jenga.sched.scheduler import ScheduledRequest, Scheduler, StepPlan
+from jenga.sched.sequence import Sequence
 
 DRAFT_NAME = "draft"  # the draft's model name inside the combined spec (group names "draft/...")
 
@@ -75,7 +75,7 @@ class SpecScheduler(Scheduler):
         super().add(seq)
         self.by_id[seq.request_id] = seq
 
-    def _commit(self, seq: Sequence, toks) -> bool:
+    def commit(self, seq: Sequence, toks) -> bool:
         emitted, reason = [], None
         for tok in toks:
             seq.append(tok)

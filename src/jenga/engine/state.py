@@ -2,7 +2,7 @@
 
 Contract
 --------
-For every state group the manager's :class:`~jenga.tables.StateTable` of a request says where its
+For every state group the manager's :class:`~jenga.core.tables.StateTable` of a request says where its
 state lives: ``work_page`` (the running state, updated in place), ``read_page`` (a cached
 checkpoint to copy into the work page before the step: a prefix hit) and ``checkpoints[t]``
 (pages that must receive the state after the first ``t`` tokens).  Any set of checkpoint
@@ -136,7 +136,7 @@ class StateBindings:
     """Which layers of model ``own`` keep state in which group of ``manager``, and their state views."""
 
     def __init__(self, model, manager, n_layers: int, own: str | None = None):
-        from jenga.specs import MambaSpec
+        from jenga.core.specs import MambaSpec
 
         shapes = model.layer_states() if hasattr(model, "layer_states") else [None] * n_layers
         layout = manager.layout

@@ -3,12 +3,12 @@
 Per engine step, :meth:`VisionEmbeddings.step_embeds` looks at every scheduled request with
 images:
 
-* with the cache (the default), the request's :class:`~jenga.tables.ImageTable` of the vision
+* with the cache (the default), the request's :class:`~jenga.core.tables.ImageTable` of the vision
   group says which images hold pages (``pages[j]``) and which of those are fresh
   (``to_fill``).  Fresh images are encoded (one batched call of the model's
   ``encode_images``; an image shown by several requests of the step is encoded once) and
   their ``mm_tokens_per_image`` rows are written into the pages (row ``r`` -> page
-  ``r // B``, slot ``r % B`` of :meth:`~jenga.layout.KVLayout.embed_view`).  The rows of the
+  ``r // B``, slot ``r % B`` of :meth:`~jenga.core.layout.KVLayout.embed_view`).  The rows of the
   step's image tokens are then read back from the pages, so a chunk that continues an image,
   or a second request showing it while its pages are cached, runs no encoder.  The manager
   registers the pages under the image's key when the step commits and evicts images whole.

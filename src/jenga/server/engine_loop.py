@@ -25,9 +25,9 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from jenga.engine.sampling_params import SamplingParams
-from jenga.engine.sequence import Status
 from jenga.errors import JengaError
+from jenga.sched.sampling_params import SamplingParams
+from jenga.sched.sequence import Status
 from jenga.server.logprobs import entries
 from jenga.server.metrics import ServerMetrics
 

@@ -18,8 +18,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from jenga.engine.sampling_params import SamplingParams
 from jenga.errors import InvalidArgumentError
+from jenga.sched.sampling_params import SamplingParams
 from jenga.server.errors import APIError
 
 OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0}

@@ -1,6 +1,6 @@
 """The engine's continuous-batching scheduler, adapted to the simulator.
 
-The simulator reuses :class:`jenga.engine.scheduler.Scheduler` (FCFS admission with
+The simulator reuses :class:`jenga.sched.scheduler.Scheduler` (FCFS admission with
 ``lookup`` then ``allocate``, chunked prefill under a token budget, preemption by recompute
 of the newest running request) so the simulator and the engine share one scheduling policy.
 :class:`SimScheduler` only adds what a trace needs and the engine does not:
@@ -15,7 +15,7 @@ of the newest running request) so the simulator and the engine share one schedul
   admission the head is retried only once a request finished or was preempted, or every
   ``RETRY_EVERY`` steps (memory can also grow as windows slide).
 * **scheduler kind** — :data:`SCHEDULERS` maps a name to the class: ``chunked`` (the engine's
-  v1-like mixed chunked prefill; vLLM v1) or ``v0`` (:class:`jenga.engine.v0_scheduler.V0Scheduler`:
+  v1-like mixed chunked prefill; vLLM v1) or ``v0`` (:class:`jenga.sched.v0_scheduler.V0Scheduler`:
   whole-prompt admission and prefill-only steps; vLLM v0 with chunked prefill off).
 * **rejection** — a request that cannot fit even with nothing else running (its first chunk
   does not fit an empty cache, or it had to preempt itself) is removed with a reason instead
@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
-from jenga.engine.scheduler import Scheduler, StepPlan
-from jenga.engine.sequence import Sequence, Status
-from jenga.engine.v0_scheduler import V0Scheduler
 from jenga.errors import InsufficientMemoryError, InvalidArgumentError
+from jenga.sched.scheduler import Scheduler, StepPlan
+from jenga.sched.sequence import Sequence, Status
+from jenga.sched.v0_scheduler import V0Scheduler
 
 
 class ManagerView:
@@ -157,9 +157,9 @@ class SimScheduler(Scheduler):
                                      f"else running ({self._memory_note()})")
             return plan
 
-    def _leave(self, seq: Sequence) -> None:
+    def leave(self, seq: Sequence) -> None:
         self._head_failed = True
-        super()._leave(seq)
+        super().leave(seq)
 
     def update(self, plan: StepPlan, sampled: Seq[Seq[int] | None]) -> list[Sequence]:
         """Commit the step: ``sampled[i]`` is the list of tokens accepted for
@@ -170,7 +170,7 @@ class SimScheduler(Scheduler):
             raise InvalidArgumentError(f"{len(sampled)} samples for {len(plan.scheduled)} scheduled requests")
         return super().update(plan, sampled)
 
-    def _commit(self, seq: Sequence, toks: Seq[int] | None) -> bool:
+    def commit(self, seq: Sequence, toks: Seq[int] | None) -> bool:
         if not toks:
             raise InvalidArgumentError(f"request {seq.request_id!r} needs sampled tokens this step")
         room = min(seq.params.max_tokens - len(seq.output_token_ids), self.max_model_len - seq.num_tokens)
@@ -180,7 +180,7 @@ class SimScheduler(Scheduler):
         self.view.append_tokens(seq.request_id, toks)
         if len(seq.output_token_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
             self._epoch += 1
-            self._finish(seq, "length", None)
+            self.finish(seq, "length")
             self._forget(seq.request_id)
             return True
         self.view.decoding.add(seq.request_id)

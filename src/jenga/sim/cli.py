@@ -94,7 +94,7 @@ def run_simulate(args) -> int:
         return 2
     budget = args.budget
     if args.scheduler == "v0":
-        from jenga.engine.v0_scheduler import v0_token_budget
+        from jenga.sched.v0_scheduler import v0_token_budget
 
         budget = max(budget, v0_token_budget(setup.target.max_model_len))
     cfg = SimConfig(max_num_batched_tokens=budget, max_num_seqs=args.max_num_seqs, seed=args.seed,

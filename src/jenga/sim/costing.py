@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jenga.specs import (
+from jenga.core.specs import (
     ChunkedLocalSpec,
     CrossAttentionSpec,
     MambaSpec,

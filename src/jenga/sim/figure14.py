@@ -5,7 +5,7 @@ its ``logs/figure14.csv``.  Every run sends all requests at t = 0 with ``--seed 
 --ignore-eos`` at ``gpu_memory_utilization`` 0.9.  Two baselines:
 
 * ``v0`` — the vLLM ~0.6.3 fork with chunked prefill off (Llama 3.2 Vision, Ministral, Jamba):
-  :class:`jenga.engine.v0_scheduler.V0Scheduler`, token budget ``max(max_model_len, 2048)``;
+  :class:`jenga.sched.v0_scheduler.V0Scheduler`, token budget ``max(max_model_len, 2048)``;
   its memory is the ``paged`` manager (every layer keeps every token at one page size), except
   Jamba, whose "vLLM" cell is the fork's static partition (``static``).  Jenga runs in the same
   fork, so it gets the same scheduler.
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from jenga.engine.v0_scheduler import v0_token_budget
+from jenga.sched.v0_scheduler import v0_token_budget
 from jenga.sim.activation import profile_reserve_bytes
 from jenga.sim.calibration import FITTED, Calibration
 from jenga.sim.gpu import DEFAULT_ACTIVATION_RESERVE_BYTES

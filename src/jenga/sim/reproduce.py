@@ -15,16 +15,16 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from jenga.sim.figure14 import LLAMA4_RESERVE, SEED
-from jenga.sim.setup import build_setup
-from jenga.sim.simulator import SimConfig, Simulator
-from jenga.sim.workloads import get_workload
-from jenga.specs import (
+from jenga.core.specs import (
     AttentionSpec,
     CrossAttentionSpec,
     ModelSpec,
     SlidingWindowSpec,
 )
+from jenga.sim.figure14 import LLAMA4_RESERVE, SEED
+from jenga.sim.setup import build_setup
+from jenga.sim.simulator import SimConfig, Simulator
+from jenga.sim.workloads import get_workload
 
 
 @dataclass(slots=True)
@@ -212,7 +212,7 @@ def prefix_hits(quick: bool) -> list[Row]:
                                   "shuffled, 0.25 req/s)",
                 "1.60x", f"{ratio:.2f}x",
                 f"hit rate {hj:.3f} vs {hp:.3f}; the artifact publishes no figure-17 commands (ours: its "
-                "arxiv documents, seed 55555 shuffle); no common-prefix ('important') SWA pool in jenga.prefix, so "
+                "arxiv documents, seed 55555 shuffle); no common-prefix ('important') SWA pool in jenga.core.evict, so "
                 "plain LRU drops an old article's full-layer pages before newer out-of-window SWA pages",
                 value=ratio)]
 
@@ -222,7 +222,7 @@ def spec_decoding(quick: bool) -> list[Row]:
     Llama-3.2-1B-shaped draft, 3 speculative tokens at a fixed 0.7 acceptance, chunked prefill
     off, 32 arXiv prompts of one question each (subset ``ministralrep1``, no length cap), 150
     output tokens, no prefix caching; ``vllm-max`` = the large model's page for both (paged)."""
-    from jenga.engine.v0_scheduler import v0_token_budget
+    from jenga.sched.v0_scheduler import v0_token_budget
     from jenga.sim.activation import profile_reserve_bytes
 
     n = 4 if quick else 32

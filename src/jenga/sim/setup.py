@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jenga.core.specs import ModelSpec
 from jenga.sim.costing import StepCoster
 from jenga.sim.gpu import CostModel, get_gpu, memory_budget
 from jenga.sim.model_cost import ModelCost
-from jenga.specs import ModelSpec
 
 
 @dataclass

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jenga.engine.sampling_params import SamplingParams
-from jenga.engine.sequence import Sequence
 from jenga.errors import InvalidArgumentError
+from jenga.sched.sampling_params import SamplingParams
+from jenga.sched.sequence import Sequence
 from jenga.sim.batching import SCHEDULERS, ManagerView
 from jenga.sim.gpu import TERMS
 from jenga.sim.setup import Setup, build_setup

@@ -1,4 +1,4 @@
-"""Hugging Face ``config.json`` -> :class:`~jenga.specs.ModelSpec` (layer groups).
+"""Hugging Face ``config.json`` -> :class:`~jenga.core.specs.ModelSpec` (layer groups).
 
 Contract of :func:`model_spec_from_hf_config`:
 
@@ -34,8 +34,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from jenga.core.specs import ModelSpec, dtype_bytes
 from jenga.errors import InvalidArgumentError
-from jenga.specs import ModelSpec, dtype_bytes
 from jenga.structure.facts import ModelFacts
 from jenga.structure.groups import Options, entries, group_entries
 from jenga.structure.source import (

@@ -1,6 +1,6 @@
 """What a model caches, layer by layer, before any dtype, page size or tensor-parallel choice.
 
-:class:`ModelFacts` is the torch-free middle of the HF config -> :class:`~jenga.specs.ModelSpec` path:
+:class:`ModelFacts` is the torch-free middle of the HF config -> :class:`~jenga.core.specs.ModelSpec` path:
 ``layer_kinds`` / ``attention`` / ``probe`` produce it from transformers, the catalog stores it
 (``catalog/structure.json``) so catalog names need no transformers import, and ``groups`` turns it
 into layer groups for a dtype, ``tp`` and page size.  Sizes here are whole-model (not per rank).

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jenga.specs import (
+from jenga.core.specs import (
     CacheSpec,
     ChunkedLocalSpec,
     CrossAttentionSpec,

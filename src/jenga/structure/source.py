@@ -20,8 +20,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from jenga.core.validation import check_config_sizes
 from jenga.errors import ConfigError, JengaError, MissingConfigError
-from jenga.validation import check_config_sizes
 
 __all__ = ["CATALOG_NAMES", "Source", "UnsupportedModelError", "catalog_dir", "list_catalog", "parse_config",
            "read_source"]

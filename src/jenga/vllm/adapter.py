@@ -19,9 +19,9 @@ from types import SimpleNamespace
 from vllm.distributed import kv_events as ve
 from vllm.v1.metrics.stats import PrefixCacheStats
 
-from jenga.events import AllBlocksCleared, BlockRemoved, BlockStored
-from jenga.manager import KVCacheManager
-from jenga.tables import StateTable, TokenTable
+from jenga.core.manager.manager import KVCacheManager
+from jenga.core.prefix.events import AllBlocksCleared, BlockRemoved, BlockStored
+from jenga.core.tables import StateTable, TokenTable
 from jenga.vllm import compat
 from jenga.vllm.plan import VllmPlan
 
@@ -105,7 +105,7 @@ class JengaKVCacheAdapter:
         return row
 
     def _blocks(self, request_id: str, *, only_new: bool) -> Blocks:
-        req = self.manager.requests.get(request_id)
+        req = self.manager.view(request_id)
         if req is None:
             return self.empty_kv_cache_blocks
         tables = self._tables(req)
@@ -138,8 +138,7 @@ class JengaKVCacheAdapter:
         if req.tables is not None:
             return req.tables.groups
         # after a lookup, before the first allocate: the hit's pages
-        return [TokenTable(i, g.tokens_per_page, gs.pages)
-                for i, (g, gs) in enumerate(zip(self.manager.model.groups, req.groups, strict=True))]
+        return [TokenTable(i, g.tokens_per_page, req.page_ids(i)) for i, g in enumerate(self.manager.model.groups)]
 
     # ------------------------------------------------------------ sync
     @staticmethod
@@ -152,19 +151,19 @@ class JengaKVCacheAdapter:
 
     def _ensure(self, request):
         mgr = self.manager
-        req = mgr.requests.get(request.request_id)
+        req = mgr.view(request.request_id)
         if req is None:
             mgr.add_request(request.request_id, request.all_token_ids, cache_salt=self._salt(request))
-            req = mgr.requests[request.request_id]
+            req = mgr.view(request.request_id)
         return req
 
     def _sync(self, request) -> None:
         """Tell jenga what vLLM learnt since the last call about ``request``."""
-        req = self.manager.requests.get(request.request_id)
+        req = self.manager.view(request.request_id)
         if req is None or req.tables is None:
             return
         known = request.num_tokens
-        new_ids = request.all_token_ids[len(req.tokens):known] if known > len(req.tokens) else []
+        new_ids = request.all_token_ids[req.num_tokens:known] if known > req.num_tokens else []
         rejected = req.num_computed + req.num_scheduled - request.num_computed_tokens
         assert rejected >= 0, (f"jenga.vllm: vLLM computed {request.num_computed_tokens} tokens of "
                                f"{request.request_id}, jenga allocated {req.num_computed + req.num_scheduled}")
@@ -211,7 +210,7 @@ class JengaKVCacheAdapter:
             f"jenga.vllm: {rid} starts at {start} in jenga, "
             f"{request.num_computed_tokens + num_new_computed_tokens} in vLLM")
         lookahead = max(0, min(num_lookahead_tokens, self.max_model_len - start - num_new_tokens))
-        unknown = max(0, start + num_new_tokens - len(req.tokens))
+        unknown = max(0, start + num_new_tokens - req.num_tokens)
         if mgr.allocate(rid, num_new_tokens, num_lookahead=lookahead, num_placeholders=unknown) is None:
             return None
         self._check_step_ends(req, start)
@@ -222,7 +221,7 @@ class JengaKVCacheAdapter:
 
     def free(self, request) -> None:
         rid = request.request_id
-        if rid in self.manager.requests:
+        if self.manager.view(rid) is not None:
             self._sync(request)
             self.manager.free(rid)
             self.num_preempted_or_freed += 1
@@ -239,7 +238,7 @@ class JengaKVCacheAdapter:
         return self.get_blocks(request_id).get_block_ids()
 
     def estimate_cached_tokens(self, request) -> int:
-        req = self.manager.requests.get(request.request_id)
+        req = self.manager.view(request.request_id)
         return req.hit if req is not None else 0
 
     def take_new_block_ids(self) -> list[int]:

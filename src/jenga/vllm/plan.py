@@ -28,9 +28,9 @@ from functools import reduce
 
 from vllm.v1 import kv_cache_interface as kvi
 
+from jenga.core.pagesize import manager_page_plan, with_base_page
+from jenga.core.specs import ModelSpec
 from jenga.errors import InvalidArgumentError
-from jenga.pagesize import manager_page_plan, with_base_page
-from jenga.specs import ModelSpec
 from jenga.vllm.specs import UnsupportedInVllm, model_of_groups
 
 LAYOUT_ENV = "JENGA_VLLM_LAYOUT"

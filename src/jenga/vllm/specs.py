@@ -1,6 +1,6 @@
 """vLLM's per-layer KV-cache specs in jenga's vocabulary (and back).
 
-``jenga_spec`` maps one ``vllm.v1.kv_cache_interface`` spec to a ``jenga.specs`` spec;
+``jenga_spec`` maps one ``vllm.v1.kv_cache_interface`` spec to a ``jenga.core.specs`` spec;
 a kind jenga cannot run inside vLLM raises :class:`UnsupportedInVllm` naming it, at
 engine start.  ``model_of_groups`` builds the jenga ``ModelSpec`` for a list of
 ``(layer names, vLLM spec)`` groups.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from vllm.v1 import kv_cache_interface as kvi
 
-from jenga import specs as js
+from jenga.core import specs as js
 from jenga.errors import JengaError
 
 TORCH_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "fp8",

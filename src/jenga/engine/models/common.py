@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from jenga.core.specs import CacheSpec, ChunkedLocalSpec, FullAttentionSpec, SlidingWindowSpec
 from jenga.engine.attention import ForwardContext
 from jenga.errors import UnsupportedFeatureError
-from jenga.specs import CacheSpec, ChunkedLocalSpec, FullAttentionSpec, SlidingWindowSpec
 
 
 def cfg(config, name: str, default=None):
@@ -247,5 +247,5 @@ class PagedCausalLM(nn.Module):
         return [layer.self_attn.info for layer in self.model.layers]
 
     def layer_cache_specs(self, model: str = "", dtype: str = "bf16") -> list[CacheSpec]:
-        """Per decoder layer: the jenga :class:`~jenga.specs.CacheSpec`."""
+        """Per decoder layer: the jenga :class:`~jenga.core.specs.CacheSpec`."""
         return [a.spec(model, dtype) for a in self.layer_attention()]

@@ -1,0 +1,1 @@
+"""The LCM allocator: large pages carved into small pages, the free pool, run-level page moves."""

@@ -1,0 +1,396 @@
+"""Two-level allocator: LCM large pages carved into per-group small pages.
+
+Knows pages and owners only: nothing about tokens, hashes or layers.
+
+Large page ``L`` belongs to at most one group at a time; while it does, it is cut into
+``k_g = S / P_g`` small pages.  Small page ``s`` of group ``g`` is slot ``s % k_g`` of
+large page ``s // k_g``.  Each small page is FREE, USED (held by at least one live
+request) or CACHED (evictable; the evictor owns its key).  A large page whose small
+pages are all FREE goes straight back to the shared pool, so memory moves between
+groups while serving.
+
+Large pages with no USED page but at least one CACHED page are *fully evictable* (the
+set ``E``).  Their free slots are hidden from steps 1 and 4 so that the feasibility
+check can count each of them as one whole large page (see ``supply``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from functools import reduce
+
+import numpy as np
+
+from jenga.core.alloc.allocator_check import check_allocator
+from jenga.core.alloc.evictable_set import EvictableSet
+from jenga.core.alloc.free_pool import FreePool
+from jenga.core.alloc.page_states import CACHED, FREE, USED, EvictionSource, Supply
+from jenga.core.alloc.run_moves import RunMoves
+from jenga.core.flat_arrays import BULK, zeros
+
+CARVE_LOOP = 16  # up to this many large pages carved at once: a slice assignment each
+
+__all__ = ["CACHED", "FREE", "USED", "EvictionSource", "LargePageAllocator", "Supply"]
+
+class LargePageAllocator(EvictableSet, RunMoves):
+    """The large-page pool and per-group small-page carving, with request tags."""
+
+    def __init__(self, page_bytes: list[int], num_large: int):
+        assert page_bytes and all(p > 0 for p in page_bytes), f"bad page sizes {page_bytes}"
+        self.large_bytes = reduce(math.lcm, page_bytes)
+        self.page_bytes = list(page_bytes)
+        self.k = [self.large_bytes // p for p in page_bytes]
+        self.num_large = num_large
+        n = num_large
+        self.group_of: list[int] = [-1] * n
+        self.tag_of: list[object] = [None] * n
+        # per large page: used / cached small pages, E flag; per group: each small page's state
+        # (flat arrays, with numpy views of the same memory for bulk changes)
+        self.n_used = zeros(n)
+        self.n_cached = zeros(n)
+        self.in_e = bytearray(n)
+        self.num_e = 0
+        self._free_large = FreePool(n)  # lowest id first
+        self.state = [bytearray(n * k) for k in self.k]
+        # visible free slots (large pages outside E), per group
+        self._slots: list[dict[int, list[int]]] = [{} for _ in page_bytes]
+        self._tag_larges: list[dict[object, set[int]]] = [{} for _ in page_bytes]
+        self._partial: list[list[int]] = [[] for _ in page_bytes]  # lazy heaps of large ids
+        self._hidden: dict[int, list[int]] = {}  # free slots of large pages in E
+        self.free_small = [0] * len(page_bytes)  # visible free slots
+        self.cached_small = [0] * len(page_bytes)  # cached pages outside E
+        self.hidden_free = [0] * len(page_bytes)  # free slots inside E
+        self.used_small = [0] * len(page_bytes)  # USED pages per group
+        self.evictor: EvictionSource | None = None
+        self.caps: list[int] | None = None  # per-group large-page caps (static partition baseline)
+        self.owned = [0] * len(page_bytes)  # large pages each group owns now
+        self.e_count = [0] * len(page_bytes)  # fully evictable large pages per group
+        self.num_carved = 0  # large pages ever carved (the manager's per-request quota counts these)
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def num_free_large(self) -> int:
+        return len(self._free_large)
+
+    def supply(self) -> Supply:
+        return Supply(tuple(self.free_small), tuple(self.cached_small), len(self._free_large) + self.num_e)
+
+    def large_of(self, group: int, page: int) -> int:
+        return page // self.k[group]
+
+    # ------------------------------------------------------------- allocation
+    def allocate(self, group: int, tag: object, may_take_large: bool, prefer_shared: bool = False) -> int:
+        """Take one small page of ``group`` for request ``tag`` in the paper's order.
+
+        1. a free page in a large page tagged ``tag``; 2. a new large page; 3. evict the
+        fully evictable large page with the smallest key; 4. a free page in any large
+        page; 5. evict one small page.  Steps 2-3 only when ``may_take_large`` (the
+        per-request quota).  ``prefer_shared`` tries step 4 before step 2 (for a request's
+        lone state page, where a fresh large page would stay mostly empty).  The caller has
+        checked ``supply()``; running out is a bug.
+        """
+        tagged = self._tag_larges[group].get(tag)
+        if tagged:
+            return self._take(group, min(tagged))
+        if prefer_shared:
+            large = self._pop_partial(group)
+            if large is not None:
+                return self._take(group, large)
+        if may_take_large:
+            capped = self.caps is not None and self.owned[group] >= self.caps[group]
+            if self._free_large and not capped:
+                return self._take(group, self._carve(group, tag))
+            # at its cap a group may only recycle its own fully evictable large pages
+            if self.evictor is not None and self.evictor.evict_large(group if capped else None) is not None:
+                return self._take(group, self._carve(group, tag))
+        large = self._pop_partial(group)
+        if large is not None:
+            return self._take(group, large)
+        if self.evictor is not None:
+            page = self.evictor.evict_small(group)
+            if page is not None:
+                large = page // self.k[group]
+                if self.group_of[large] == group:
+                    return self._take(group, large)
+                return self._take(group, self._carve(group, tag))  # the large page emptied
+        if self._free_large and (self.caps is None or self.owned[group] < self.caps[group]):
+            # quota spent but a whole page is left: still correct
+            return self._take(group, self._carve(group, tag))
+        raise AssertionError(f"allocator out of pages for group {group}: supply {self.supply()}")
+
+    def allocate_many(self, group: int, tag: object, n: int, quota: int, prefer_shared: bool = False
+                      ) -> tuple[list[int], int]:
+        """``allocate`` ``n`` times; returns the pages and how many large pages were carved.
+
+        Steps 2-3 stop once ``quota`` large pages were carved.  Slots of the request's own
+        large pages are taken in bulk.  Once at most a quarter of a large page's worth of
+        pages is left to take, free slots of other large pages come before a fresh one
+        (step 4 before 2): a fresh large page would strand most of its slots (a decode
+        step's one page in a 133-slot large page).
+        """
+        out: list[int] = []
+        carved = 0
+        tagged_of = self._tag_larges[group]
+        k = self.k[group]
+        quarter = k // 4
+        while len(out) < n:
+            tagged = tagged_of.get(tag)
+            if tagged:
+                self._take_many(group, min(tagged), n - len(out), out)
+                continue
+            whole = min((n - len(out)) // k, quota - carved)
+            if whole > 0 and not prefer_shared and self.caps is None:
+                # what steps 2 (or 3) + 1 do, k pages at a time: fresh large pages, else the
+                # fully evictable ones in eviction order, each carved as it is freed
+                if self._free_large:
+                    whole = min(whole, len(self._free_large))
+                    self._carve_whole(group, tag, self._free_large.take(whole), out)
+                    carved += whole
+                    continue
+                if self.evictor is not None:
+                    freed = self.evictor.evict_large_many(whole)
+                    if freed:
+                        assert sorted(freed) == sorted(self._free_large), "evicted pages are not all the free ones"
+                        self._free_large.clear()
+                        self._carve_whole(group, tag, freed, out)
+                        carved += len(freed)
+                        continue
+            before = self.num_carved
+            out.append(self.allocate(group, tag, carved < quota, prefer_shared or n - len(out) <= quarter))
+            carved += self.num_carved - before
+        return out, carved
+
+    def _take_many(self, group: int, large: int, m: int, out: list[int]) -> None:
+        """Take up to ``m`` free slots of ``large`` (lowest first) into ``out``."""
+        slots = self._slots[group][large]
+        if m >= len(slots):
+            taken = sorted(slots)
+            slots.clear()
+        else:
+            taken = [heapq.heappop(slots) for _ in range(m)]
+        if not slots:
+            self._hide_slots(group, large)
+        base = large * self.k[group]
+        state = self.state[group]
+        c = len(taken)
+        if c > 8 and taken[-1] - taken[0] == c - 1:  # ascending, distinct: consecutive slots
+            lo = base + taken[0]  # (a freshly carved large page's): one slice each way
+            assert state.count(FREE, lo, lo + c) == c, f"pages {group}:{lo}..{lo + c - 1} taken while not free"
+            state[lo:lo + c] = bytes([USED]) * c
+            out.extend(range(lo, lo + c))
+        else:
+            for slot in taken:
+                page = base + slot
+                assert state[page] == FREE, f"page {group}:{page} taken while {state[page]}"
+                state[page] = USED
+                out.append(page)
+        self.free_small[group] -= c
+        self.n_used[large] += c
+        self.used_small[group] += c
+
+    def _carve_whole(self, group: int, tag: object, larges: list[int], out: list[int]) -> None:
+        """Carve ``larges`` (just taken from the pool) for ``group`` and take all their pages."""
+        k, state, m = self.k[group], self.state[group], len(larges)
+        group_of, tag_of, n_used = self.group_of, self.tag_of, self.n_used
+        if m > 1 and larges[-1] - larges[0] == m - 1 and larges == list(range(larges[0], larges[-1] + 1)):
+            self._carve_range(group, tag, larges[0], m, out)  # ascending, consecutive: one slice each
+            return
+        if m > CARVE_LOOP and m * k > BULK:
+            for large in larges:
+                assert group_of[large] == -1, f"large page {large} popped while owned"
+                group_of[large] = group
+                tag_of[large] = tag
+            self._carve_flat(group, np.asarray(larges, dtype=np.int64))
+        elif k == 1:  # one page each: its state byte
+            for large in larges:
+                assert group_of[large] == -1, f"large page {large} popped while owned"
+                assert state[large] == FREE, f"large page {large} carved with pages in use"
+                group_of[large] = group
+                tag_of[large] = tag
+                n_used[large] = 1
+                state[large] = USED
+        else:  # one slice per large page: cheaper than numpy's index arrays for a few of them
+            used = bytes([USED]) * k
+            for large in larges:
+                assert group_of[large] == -1, f"large page {large} popped while owned"
+                group_of[large] = group
+                tag_of[large] = tag
+                n_used[large] = k
+                base = large * k
+                assert state.count(FREE, base, base + k) == k, f"large page {large} carved with pages in use"
+                state[base:base + k] = used
+        if k == 1:
+            out.extend(larges)
+        else:
+            for large in larges:
+                out.extend(range(large * k, large * k + k))
+        self.num_carved += m
+        self.owned[group] += m
+        self.used_small[group] += m * k
+
+    def _carve(self, group: int, tag: object) -> int:
+        large = self._free_large.pop()
+        self.num_carved += 1
+        assert self.group_of[large] == -1, f"large page {large} popped while owned"
+        k = self.k[group]
+        self.group_of[large] = group
+        self.owned[group] += 1
+        self.tag_of[large] = tag
+        self._slots[group][large] = list(range(k))
+        self._tag_larges[group].setdefault(tag, set()).add(large)
+        heapq.heappush(self._partial[group], large)
+        self.free_small[group] += k
+        return large
+
+    def _pop_partial(self, group: int) -> int | None:
+        heap, slots = self._partial[group], self._slots[group]
+        while heap:
+            large = heap[0]
+            if large in slots:
+                return large
+            heapq.heappop(heap)
+        return None
+
+    def _take(self, group: int, large: int) -> int:
+        slots = self._slots[group][large]
+        slot = heapq.heappop(slots)
+        if not slots:
+            self._hide_slots(group, large)
+        self.free_small[group] -= 1
+        page = large * self.k[group] + slot
+        assert self.state[group][page] == FREE, f"page {group}:{page} taken while {self.state[group][page]}"
+        self.state[group][page] = USED
+        self.n_used[large] += 1
+        self.used_small[group] += 1
+        return page
+
+    def _hide_slots(self, group: int, large: int) -> list[int]:
+        """Remove ``large`` from the visible free-slot structures (keeps the slot list)."""
+        slots = self._slots[group].pop(large)
+        tag = self.tag_of[large]
+        tagged = self._tag_larges[group].get(tag)
+        if tagged is not None:
+            tagged.discard(large)
+            if not tagged:
+                del self._tag_larges[group][tag]
+        return slots
+
+    def _show_slots(self, group: int, large: int, slots: list[int]) -> None:
+        self._slots[group][large] = slots
+        self._tag_larges[group].setdefault(self.tag_of[large], set()).add(large)
+        heapq.heappush(self._partial[group], large)
+
+    # -------------------------------------------------------- state changes
+    def release(self, group: int, page: int) -> None:
+        """USED -> FREE.  The large page returns to the pool once all its pages are free."""
+        assert self.state[group][page] == USED, f"release of {group}:{page} in state {self.state[group][page]}"
+        large = page // self.k[group]
+        self.state[group][page] = FREE
+        self.n_used[large] -= 1
+        self.used_small[group] -= 1
+        self._add_free_slot(group, large, page % self.k[group])
+        self._settle(large)
+
+    def to_cached(self, group: int, page: int) -> None:
+        """USED -> CACHED (the evictor has recorded its key)."""
+        self.to_cached_many(group, (page,))
+
+    def to_cached_many(self, group: int, pages, larges=None, counts=None) -> None:
+        """USED -> CACHED for each page (one pass; large pages settled once at the end).
+        ``larges``, ``counts``: the pages' distinct large pages ascending and how many pages each
+        has (a caller that has them; else counted here)."""
+        k = self.k[group]
+        if len(pages) > BULK:
+            self._to_cached_bulk(group, np.asarray(pages, dtype=np.int64), larges, counts)
+            return
+        state, n_used, n_cached = self.state[group], self.n_used, self.n_cached
+        if k == 1:  # each page its own large page: it enters E at once (``_enter_e_many``, inline)
+            in_e = self.in_e
+            for page in pages:
+                assert state[page] == USED and not in_e[page], f"cache of {group}:{page} in state {state[page]}"
+                state[page] = CACHED
+                n_used[page] = 0
+                n_cached[page] = 1
+                in_e[page] = 1
+            self.used_small[group] -= len(pages)  # cached_small: + len(pages) cached, - as many in E
+            self.num_e += len(pages)
+            self.e_count[group] += len(pages)
+            if self.evictor is not None:
+                self.evictor.on_larges_evictable(group, pages)
+            return
+        emptied = []
+        for page in pages:
+            assert state[page] == USED, f"cache of {group}:{page} in state {state[page]}"
+            state[page] = CACHED
+            large = page // k
+            n_used[large] -= 1
+            n_cached[large] += 1
+            if n_used[large] == 0:
+                emptied.append(large)
+        self.used_small[group] -= len(pages)
+        self.cached_small[group] += len(pages)
+        if emptied:
+            self._enter_e_many(group, emptied)  # they hold cached pages: fully evictable now
+
+    def touch_cached(self, group: int, page: int) -> None:
+        """CACHED -> USED (a prefix hit).  The caller removed it from the evictor."""
+        assert self.state[group][page] == CACHED, f"touch of {group}:{page} in state {self.state[group][page]}"
+        large = page // self.k[group]
+        self._leave_e(large)
+        self.state[group][page] = USED
+        self.n_cached[large] -= 1
+        self.n_used[large] += 1
+        self.used_small[group] += 1
+        self.cached_small[group] -= 1
+
+    def touch_cached_many(self, group: int, pages: list[int]) -> None:
+        """``touch_cached`` for each of ``pages`` (distinct)."""
+        if len(pages) > BULK:
+            self._touch_cached_bulk(group, np.asarray(pages, dtype=np.int64))
+            return
+        state, k, n_used, n_cached, in_e = self.state[group], self.k[group], self.n_used, self.n_cached, self.in_e
+        leaving = []
+        for page in pages:
+            assert state[page] == CACHED, f"touch of {group}:{page} in state {state[page]}"
+            large = page // k
+            if in_e[large]:
+                in_e[large] = 0
+                leaving.append(large)
+        if leaving:
+            self._left_e(group, leaving)
+        for page in pages:
+            state[page] = USED
+            large = page // k
+            n_cached[large] -= 1
+            n_used[large] += 1
+        self.used_small[group] += len(pages)
+        self.cached_small[group] -= len(pages)
+
+    def evict_cached(self, group: int, page: int) -> None:
+        """CACHED -> FREE (called by the evictor, which has dropped the page's hash)."""
+        assert self.state[group][page] == CACHED, f"evict of {group}:{page} in state {self.state[group][page]}"
+        large = page // self.k[group]
+        self._leave_e(large)
+        self.state[group][page] = FREE
+        self.n_cached[large] -= 1
+        self.cached_small[group] -= 1
+        self._add_free_slot(group, large, page % self.k[group])
+        self._settle(large)
+
+    def evict_whole(self, large: int) -> None:
+        """Every CACHED page of fully evictable ``large`` -> FREE at once; the large page
+        returns to the pool (the evictor has dropped their keys and index entries)."""
+        self.evict_whole_each(self.group_of[large], [large])
+
+    def _add_free_slot(self, group: int, large: int, slot: int) -> None:
+        slots = self._slots[group].get(large)
+        if slots is None:
+            self._show_slots(group, large, [slot])
+        else:
+            heapq.heappush(slots, slot)
+        self.free_small[group] += 1
+
+    def check_integrity(self) -> dict[str, int]:
+        """Recount every page from ``state``; assert all counters agree.  Returns totals."""
+        return check_allocator(self, self._free_large, self._slots, self._hidden)

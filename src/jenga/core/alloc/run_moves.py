@@ -1,0 +1,218 @@
+"""The allocator's page moves for a run of pages at once, with numpy over its flat arrays:
+USED -> CACHED (a free), CACHED -> USED (a hit), USED -> FREE (a free without caching, or of
+unregistered pages), whole one-page large pages evicted or carved.
+Each does what the per-page loop in :class:`jenga.core.alloc.allocator.LargePageAllocator` does, in one
+pass; used for runs longer than ``jenga.core.flat_arrays.BULK``.  Also without numpy: a carve of
+consecutive fresh large pages (slices) and the eviction of a few whole large pages of one group
+(one loop).  A mixin of that class."""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+
+import numpy as np
+
+from jenga.core.alloc.page_states import CACHED, FREE, USED
+from jenga.core.flat_arrays import BULK, as_ids, unique_counts, view
+
+
+class RunMoves:
+    """Bulk page moves (module doc)."""
+
+    def _to_cached_bulk(self, group: int, pages: np.ndarray, larges: np.ndarray | None = None,
+                        counts: np.ndarray | None = None) -> None:
+        """``to_cached_many`` with numpy over distinct ``pages`` (``larges``, ``counts``: their
+        large pages ascending and pages per large page, when the caller has them)."""
+        state, k = view(self.state[group]), self.k[group]
+        assert (state[pages] == USED).all(), f"cache of group {group} pages not all USED"
+        state[pages] = CACHED
+        if k == 1:  # each page its own large page: one used page becomes one cached page
+            larges = pages
+            view(self.n_used)[larges] = 0
+            view(self.n_cached)[larges] = 1
+        else:
+            if larges is None:
+                larges, counts = unique_counts(pages // k)
+            view(self.n_used)[larges] -= counts
+            view(self.n_cached)[larges] += counts
+        self.used_small[group] -= len(pages)
+        self.cached_small[group] += len(pages)
+        emptied = larges if k == 1 else larges[view(self.n_used)[larges] == 0]
+        if len(emptied):
+            self._enter_e_many(group, emptied)
+
+    def release_many(self, group: int, pages) -> None:
+        """``release`` for each of the distinct USED ``pages`` of ``group`` (a list or an int
+        array): the same state, each large page settled once after all its pages (before that its
+        settle changes nothing: it still has a USED page, so it is not in E), large pages that
+        end all free back to the pool together."""
+        k = self.k[group]
+        if k == 1:  # each page fills its large page: back to the pool
+            self._release_whole(group, pages.tolist() if type(pages) is np.ndarray else pages)
+            return
+        if len(pages) <= BULK:
+            release = self.release
+            for page in (pages.tolist() if type(pages) is np.ndarray else pages):
+                release(group, page)
+            return
+        ids = as_ids(pages)
+        state = view(self.state[group])
+        assert (state[ids] == USED).all(), f"release of group {group} pages not all USED"
+        state[ids] = FREE
+        self.used_small[group] -= len(ids)
+        ids = ids[np.argsort(ids // k, kind="stable")]
+        larges, counts = unique_counts(ids // k)
+        n_used = view(self.n_used)
+        n_used[larges] -= counts
+        slots_of, ends = self._slots[group], np.cumsum(counts).tolist()
+        empty = ((n_used[larges] == 0) & (view(self.n_cached)[larges] == 0)).tolist()
+        freed = (ids % k).tolist()
+        lo, back = 0, []
+        for large, hi, whole in zip(larges.tolist(), ends, empty, strict=True):
+            new = freed[lo:hi]
+            lo = hi
+            if whole:  # every slot free: what showing its new slots and settling it leaves
+                slots = slots_of.get(large)
+                if slots is not None:
+                    self._hide_slots(group, large)
+                    self.free_small[group] -= len(slots)
+                self.group_of[large] = -1
+                self.tag_of[large] = None
+                back.append(large)
+                continue
+            self.free_small[group] += len(new)
+            slots = slots_of.get(large)
+            if slots is None:
+                heapq.heapify(new)
+                self._show_slots(group, large, new)
+            else:
+                slots.extend(new)
+                heapq.heapify(slots)
+            self._settle(large)
+        if back:
+            self.owned[group] -= len(back)
+            self._free_large.push_many(back)
+
+    def _release_whole(self, group: int, pages: list[int]) -> None:
+        """``release_many`` for a one-page-per-large-page group: each large page held only by its
+        page goes straight back to the pool (no slot to show and hide again); a long run's state
+        and counts with numpy."""
+        group_of, tag_of = self.group_of, self.tag_of
+        if len(pages) > BULK:
+            ids = as_ids(pages)
+            state, n_used = view(self.state[group]), view(self.n_used)
+            assert (state[ids] == USED).all() and (n_used[ids] == 1).all() and not view(self.n_cached)[ids].any(), \
+                f"release of group {group} pages not all USED, each its large page's only one"
+            state[ids] = FREE
+            n_used[ids] = 0
+        else:
+            state, n_used, n_cached = self.state[group], self.n_used, self.n_cached
+            for page in pages:
+                assert state[page] == USED and n_used[page] == 1 and not n_cached[page], \
+                    f"release of {group}:{page} in state {state[page]}"
+                state[page] = FREE
+                n_used[page] = 0
+        for page in pages:
+            group_of[page] = -1
+            tag_of[page] = None
+        self.used_small[group] -= len(pages)
+        self.owned[group] -= len(pages)
+        self._free_large.push_many(pages)
+
+    def _touch_cached_bulk(self, group: int, pages: np.ndarray) -> None:
+        """``touch_cached_many`` with numpy."""
+        state, k = view(self.state[group]), self.k[group]
+        assert (state[pages] == CACHED).all(), f"touch of group {group} pages not all CACHED"
+        larges, counts = (pages, 1) if k == 1 else unique_counts(pages // k)
+        in_e = view(self.in_e)
+        leaving = larges[in_e[larges] == 1]
+        if len(leaving):
+            in_e[leaving] = 0
+            self._left_e(group, leaving.tolist())
+        state[pages] = USED
+        view(self.n_cached)[larges] -= counts
+        view(self.n_used)[larges] += counts
+        self.used_small[group] += len(pages)
+        self.cached_small[group] -= len(pages)
+
+    def evict_whole_many(self, group: int, larges: np.ndarray) -> None:
+        """``evict_whole`` for distinct ``larges`` of ``group``."""
+        assert (view(self.in_e)[larges] == 1).all() and not view(self.n_used)[larges].any(), "not fully evictable"
+        m, k = len(larges), self.k[group]
+        ids = larges.tolist()
+        view(self.in_e)[larges] = 0
+        self.num_e -= m
+        self.e_count[group] -= m
+        if k == 1:  # a cached page fills its large page: no hidden free slot
+            view(self.state[group])[larges] = 0  # FREE
+        else:
+            hidden = self._hidden
+            for large in ids:
+                hidden.pop(large, None)
+            self.hidden_free[group] -= k * m - int(view(self.n_cached)[larges].sum())
+            view(self.state[group])[(larges[:, None] * k + np.arange(k)).ravel()] = 0  # FREE
+        view(self.n_cached)[larges] = 0
+        self.owned[group] -= m
+        group_of, tag_of = self.group_of, self.tag_of
+        for large in ids:
+            group_of[large] = -1
+            tag_of[large] = None
+        self._free_large.push_many(ids)
+
+    def _carve_flat(self, group: int, larges: np.ndarray) -> None:
+        """The page state of large pages ``larges`` just carved for ``group``: all pages USED."""
+        state, k = view(self.state[group]), self.k[group]
+        pages = larges if k == 1 else (larges[:, None] * k + np.arange(k)).ravel()
+        assert not state[pages].any(), "large pages carved with pages in use"
+        state[pages] = USED
+        view(self.n_used)[larges] = k
+
+    def _carve_range(self, group: int, tag: object, lo: int, m: int, out: list[int]) -> None:
+        """``_carve_whole`` of the consecutive large pages ``[lo, lo + m)`` (fresh ids from the
+        pool): one slice assignment per array, their pages appended to ``out`` in order."""
+        k, state, group_of, hi = self.k[group], self.state[group], self.group_of, lo + m
+        assert group_of[lo:hi].count(-1) == m, f"large pages {lo}..{hi - 1} popped while owned"
+        group_of[lo:hi] = [group] * m
+        self.tag_of[lo:hi] = [tag] * m
+        self.n_used[lo:hi] = array("q", [k]) * m
+        assert state.count(FREE, lo * k, hi * k) == m * k, f"large pages {lo}..{hi - 1} carved with pages in use"
+        state[lo * k:hi * k] = bytes([USED]) * (m * k)
+        out.extend(range(lo * k, hi * k))
+        self.num_carved += m
+        self.owned[group] += m
+        self.used_small[group] += m * k
+
+    def evict_whole_each(self, group: int, larges: list[int]) -> None:
+        """``evict_whole`` for each of the distinct ``larges`` (all of ``group``), in one loop;
+        they go back to the pool in one ``push_many``."""
+        k, state, in_e, n_used, n_cached = self.k[group], self.state[group], self.in_e, self.n_used, self.n_cached
+        group_of, tag_of = self.group_of, self.tag_of
+        m = len(larges)
+        if k == 1:  # a cached page fills its large page: no hidden free slot
+            for large in larges:
+                assert in_e[large] and n_used[large] == 0 and group_of[large] == group, \
+                    f"large {large} is not fully evictable"
+                in_e[large] = 0
+                state[large] = FREE
+                n_cached[large] = 0
+                group_of[large] = -1
+                tag_of[large] = None
+        else:
+            hidden, free = self._hidden, bytes(k)
+            hidden_free = 0
+            for large in larges:
+                assert in_e[large] and n_used[large] == 0 and group_of[large] == group, \
+                    f"large {large} is not fully evictable"
+                in_e[large] = 0
+                hidden.pop(large, None)
+                hidden_free += k - n_cached[large]
+                state[large * k:(large + 1) * k] = free  # all FREE
+                n_cached[large] = 0
+                group_of[large] = -1
+                tag_of[large] = None
+            self.hidden_free[group] -= hidden_free
+        self._free_large.push_many(larges)
+        self.num_e -= m
+        self.e_count[group] -= m
+        self.owned[group] -= m

@@ -1,0 +1,1 @@
+"""Eviction orders (lru, reuse) over cached pages, and whole-large-page eviction."""

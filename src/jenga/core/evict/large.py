@@ -1,0 +1,128 @@
+"""Evicting many whole large pages at once (an allocation that needs ``m`` fresh large pages)
+in exactly the order of ``m`` calls of ``PrefixEvictor.evict_large``.
+
+Where a group's head is a run of pages released together (``RunHeap``), a stretch of it that
+comes before everything else is evicted in bulk, merged across groups with numpy; otherwise
+(a single element at the head, e.g. a page released alone, or a short stretch of a run) the
+smallest head is popped one at a time, looking again only at the group that changed, and each
+group's pops are evicted together at the end.  A mixin of
+:class:`jenga.core.evict.lru.PrefixEvictor`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jenga.core.alloc.page_states import CACHED
+from jenga.core.flat_arrays import view
+
+BULK_RUN = 16  # a run's pages go to bulk eviction when at least this many come next in the order
+
+
+class LargeEviction:
+    """``evict_large_many`` (module doc)."""
+
+    def evict_large_many(self, m: int) -> list[int]:
+        """``evict_large()`` up to ``m`` times; the freed large pages in eviction order.
+
+        One element at a time: the smallest of the groups' heads is popped and only its group
+        is looked at again.  Where the head is a run's element and a stretch of at least
+        ``BULK_RUN`` of it comes before everything else, the stretches of every group's head
+        run below the next entry of any group's heap are merged with numpy instead (a run
+        whose stretch was too short is looked at again after ``BULK_RUN`` more pops).  A popped
+        large page is evicted later, with its group's other picks in one call
+        (``_evict_larges``): popping a valid element leaves every other element's
+        validity as it was (each large page has one current version, and groups own distinct
+        large pages), so the picks are the same.  With KV events (``index.events``) nothing is
+        merged and a group's picks are evicted when the next pick is another group's, so the
+        events keep the eviction order."""
+        out: list[int] = []
+        heaps = self._large_heaps
+        events = self.index.events is not None
+        picks: list[list[int]] = [[] for _ in heaps]  # per group: popped, not evicted yet
+        tops = [(e, g) for g in range(len(heaps)) if heaps[g] and (e := heaps[g].top()) is not None]
+        skip, wait = None, 0  # (group, run) whose stretch was too short for a merge; pops until a new look
+        last = -1
+        while len(out) < m and tops:
+            if len(tops) == 2:  # (two groups: one comparison)
+                j = 0 if tops[0] < tops[1] else 1
+            else:
+                j = 0 if len(tops) == 1 else min(range(len(tops)), key=tops.__getitem__)
+            g = tops[j][1]
+            heap = heaps[g]
+            r = heap.heap[0][3]
+            if r >= 0 and not events and m - len(out) >= BULK_RUN and (g, r) != skip:
+                live = [h for _, h in tops]
+                nexts = [min(e[:3] for e in heaps[h].heap[1:3]) for h in live if len(heaps[h]) > 1]
+                cutoff = min(nexts) if nexts else None
+                if any(heaps[h].run_ahead(BULK_RUN, cutoff) for h in live):
+                    self._evict_picks(picks)
+                    out.extend(self._evict_merged(m - len(out), live, [heaps[h].segment(cutoff) for h in live]))
+                    tops = [(e, h) for h in range(len(heaps)) if heaps[h] and (e := heaps[h].top()) is not None]
+                    continue
+                skip, wait = (g, r), BULK_RUN
+            if events and g != last:
+                self._evict_picks(picks)
+                last = g
+            large = heap.pop()[2]
+            wait -= 1
+            if not wait:
+                skip = None
+            out.append(large)
+            picks[g].append(large)
+            top = heap.top()
+            if top is None:
+                del tops[j]
+            else:
+                tops[j] = (top, g)
+        self._evict_picks(picks)
+        return out
+
+    def _evict_picks(self, picks: list[list[int]]) -> None:
+        """Evict each group's popped large pages (``picks[g]``, in pick order) and clear them."""
+        for g, larges in enumerate(picks):
+            if larges:
+                self._evict_larges(g, larges)
+                picks[g] = []
+
+    def _evict_larges(self, g: int, larges: list[int]) -> None:
+        """Every cached page of each of the fully evictable ``larges`` (of group ``g``, popped
+        from its order) leaves, dropped in one call; they are free."""
+        alloc = self.alloc
+        k = alloc.k[g]
+        if k == 1:
+            pages = larges
+        else:
+            st = alloc.state[g]
+            pages = [p for large in larges for p in range(large * k, (large + 1) * k) if st[p] == CACHED]
+        self._drop_pages(g, pages)
+        alloc.evict_whole_each(g, larges)
+
+    def _evict_merged(self, m: int, live: list[int], segs: list[tuple[np.ndarray, ...]]) -> list[int]:
+        """Evict the first ``m`` valid elements of the merged ``segs`` (group ``live[j]``'s head
+        run stretch is ``segs[j]``); the large page ids in eviction order."""
+        ts, ns, ids = (np.concatenate([seg[x] for seg in segs]) for x in range(3))
+        valid = np.concatenate([self._large_check_many(seg[2], seg[0], seg[1], seg[3]) for seg in segs])
+        owner = np.repeat(np.arange(len(live)), [len(seg[2]) for seg in segs])
+        order = np.lexsort((ids, ns, ts))
+        taken = np.flatnonzero(valid[order])[:m]
+        stop = int(taken[-1]) + 1 if len(taken) == m else len(order)
+        counts = np.bincount(owner[order[:stop]], minlength=len(live))
+        for j, g in enumerate(live):
+            self._large_heaps[g].consume(int(counts[j]))
+        picked = order[taken]
+        larges, owners = ids[picked], owner[picked]
+        alloc = self.alloc
+        for j, g in enumerate(live):
+            mine = larges[owners == j]
+            if not len(mine):
+                continue
+            k = alloc.k[g]
+            if k == 1:
+                pages = mine
+            else:  # the cached pages of each large page, in order
+                block = (mine[:, None] * k + np.arange(k)).ravel()
+                pages = block[view(alloc.state[g])[block] == CACHED]
+            self._drop_pages(g, pages.tolist())
+            alloc.evict_whole_many(g, mine)
+        return larges.tolist()

@@ -1,0 +1,400 @@
+"""The prefix-subset evictor: one global order by ``(last access, -prefix length)``.
+
+*Balanced*: all groups of a request get the request's access time when it frees them.
+*Aligned*: a page's prefix length is the token position of its end, the same in every
+group, so on equal times the same tokens leave every group (the tail first).  A large
+page's key is the largest key of its cached pages: it is evicted whole only when every
+page in it is older than what other large pages hold.
+
+Keys live in flat per-group arrays (``key_t``, ``key_n``; a page has a key while it is
+CACHED); the orders are :class:`~jenga.core.evict.run_heap.RunHeap` s, one entry per run of
+pages released together, so a free or a bulk eviction costs per run, not per page.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import partial
+
+import numpy as np
+
+from jenga.core.alloc.allocator import CACHED, EvictionSource, LargePageAllocator
+from jenga.core.evict.fresh_run import FreshRun, push_back
+from jenga.core.evict.large import LargeEviction
+from jenga.core.evict.run_heap import SMALL, RunHeap
+from jenga.core.flat_arrays import BULK, as_ids, largest_keys, view, zeros
+from jenga.core.policy.base import held_window_time
+from jenga.core.prefix.index import PrefixIndex
+
+Key = tuple[int, int]  # (last_access, -prefix_length)
+
+
+class CachedKeys(Mapping):
+    """A group's evictor keys as a read-only mapping page -> ``(t, -prefix length)`` (CACHED pages)."""
+
+    __slots__ = ("_state", "_t", "_n", "_counts", "_g")
+
+    def __init__(self, state: bytearray, t, n, counts: list[int], g: int):
+        self._state, self._t, self._n, self._counts, self._g = state, t, n, counts, g
+
+    def __contains__(self, page) -> bool:
+        return type(page) is int and 0 <= page < len(self._state) and self._state[page] == CACHED
+
+    def __getitem__(self, page) -> Key:
+        if page not in self:
+            raise KeyError(page)
+        return self._t[page], self._n[page]
+
+    def __len__(self) -> int:
+        return self._counts[self._g]
+
+    def __iter__(self):
+        return iter(np.flatnonzero(view(self._state) == CACHED).tolist())
+
+
+class _CachedWithKey:
+    """An element of a group's small-page order is valid while its page is CACHED with that key."""
+
+    __slots__ = ("state", "t", "n")
+
+    def __init__(self, state: bytearray, t, n):
+        self.state, self.t, self.n = state, t, n
+
+    def one(self, page: int, t: int, n: int, _) -> bool:
+        return self.state[page] == CACHED and self.t[page] == t and self.n[page] == n
+
+    def many(self, pages: np.ndarray, ts: np.ndarray, ns: np.ndarray, _) -> np.ndarray:
+        return (view(self.state)[pages] == CACHED) & (view(self.t)[pages] == ts) & (view(self.n)[pages] == ns)
+
+
+class PrefixEvictor(LargeEviction, EvictionSource):
+    """Holds the key of every CACHED page; evicts small pages per group and whole large pages."""
+
+    #: whether this order reads the index's use counts (the manager then has the index keep them)
+    counts_uses = False
+
+    def __init__(self, allocator: LargePageAllocator, index: PrefixIndex):
+        """The manager wires the parts: it sizes the index's page arrays (``track_pages``, and
+        ``track_uses`` where ``counts_uses``) and hands the allocator this evictor."""
+        self.alloc = allocator
+        self.index = index
+        a = allocator
+        n = len(a.k)
+        self.key_t = [zeros(a.num_large * k) for k in a.k]  # per page: key (t, n) while CACHED
+        self.key_n = [zeros(a.num_large * k) for k in a.k]
+        self.num_keys = [0] * n  # per group: CACHED pages
+        self.keys = [CachedKeys(a.state[g], self.key_t[g], self.key_n[g], self.num_keys, g) for g in range(n)]
+        # a group of one small page per large page never evicts small pages: a cached page's
+        # large page has no used page, so it is always in E (``evict_small`` finds nothing)
+        self._small_order = [k > 1 for k in a.k]
+        self._heaps = []
+        for g in range(n):
+            valid = _CachedWithKey(a.state[g], self.key_t[g], self.key_n[g])
+            self._heaps.append(RunHeap(valid.one, valid.many, reads="tni"))
+        # per group: fully evictable large pages by key; an element is valid while the large
+        # page's version is the one it entered E with (ties go to the lower large page id)
+        self._large_ver = zeros(a.num_large)
+        self._large_heaps = [RunHeap(self._large_check, self._large_check_many, reads="ig") for _ in range(n)]
+        self.num_evicted_pages = 0
+
+    def _large_check(self, large, t, n, v) -> bool:
+        return self._large_ver[large] == v and self.alloc.in_e[large] == 1
+
+    def _large_check_many(self, larges, ts, ns, vs) -> np.ndarray:
+        return (view(self._large_ver)[larges] == vs) & (view(self.alloc.in_e)[larges] == 1)
+
+    # ------------------------------------------------------------ page moves
+    def add(self, group: int, page: int, last_access: int, prefix_len: int) -> None:
+        """A registered USED page whose last holder left becomes CACHED with this key."""
+        self.add_run(group, [page], [-prefix_len], last_access)
+
+    def add_many(self, group: int, pages: list[tuple[int, int]], last_access: int) -> None:
+        """``add`` for many (page, prefix length) pairs with one access time."""
+        self.add_run(group, [page for page, _ in pages], [-plen for _, plen in pages], last_access)
+
+    def add_run(self, group: int, ids, negs, last_access: int) -> None:
+        """``add_many`` for pages ``ids`` with ``-prefix length`` in ``negs`` (sequences)."""
+        ids = self._set_keys(group, ids, negs, last_access)
+        self.num_keys[group] += len(ids)
+        fresh = self._fresh
+        if fresh is not None and fresh.larges is not None:  # its large pages counted once, for both
+            self.alloc.to_cached_many(group, ids, fresh.larges, fresh.counts)
+        else:
+            self.alloc.to_cached_many(group, ids)
+        self._fresh = None
+
+    def retime_run(self, group: int, ids, negs, last_access: int) -> None:
+        """``touch_many`` then ``add_run`` for distinct CACHED ``ids``, in place: the same keys
+        and orders without moving the pages through USED (their large pages stay in E and
+        re-enter its order with their new largest key; old heap entries go stale)."""
+        self.forget_many(group, ids)  # the old keys' hooks (class-3 flags)
+        ids = self._set_keys(group, ids, negs, last_access)
+        k = self.alloc.k[group]
+        if k == 1:  # a cached page is its own large page, in E
+            self._push_larges(group, ids)
+            self._fresh = None
+            return
+        fresh = self._fresh
+        if fresh is not None and fresh.larges is not None:
+            larges = fresh.larges[view(self.alloc.in_e)[fresh.larges] == 1]
+            if len(larges):
+                self._push_larges(group, larges)
+        else:
+            larges = sorted({page // k for page in (ids.tolist() if type(ids) is np.ndarray else ids)})
+            in_e = self.alloc.in_e
+            self._push_larges(group, [large for large in larges if in_e[large]])
+        self._fresh = None
+
+    def _set_keys(self, group: int, ids, negs, last_access: int):
+        """Write the keys of ``ids`` released now at ``last_access`` (``-prefix length`` in ``negs``)
+        and push them on the group's small-page order; ``ids`` back (numpy for a long run)."""
+        bulk = len(ids) > BULK
+        if bulk:
+            ids, negs = as_ids(ids), as_ids(negs)
+        elif type(ids) is np.ndarray:  # a few pages left of a long run: Python ints for the loops
+            ids, negs = ids.tolist(), np.asarray(negs).tolist()
+        if self._plain:  # a window kept for a held prefix (``UNTIL_FREE + now``): LRU reads ``now``
+            prios = held_window_time(last_access)[0]
+        else:
+            prios = self.priorities_of(group, ids, last_access)
+        if bulk:
+            view(self.key_t[group])[ids] = prios
+            view(self.key_n[group])[ids] = negs
+            if type(prios) is int:  # one key time for the run: ``_push_larges`` reads the keys from here
+                self._fresh = FreshRun(group, prios, ids, negs, self.alloc.k[group])
+            if self._small_order[group]:
+                # a run's pages come first to last: the order wants last first (contiguous copies,
+                # the ids once for both columns; one priority for all needs no reversal)
+                back = ids[::-1].copy()
+                if type(prios) is int:
+                    push_back(self._heaps[group], prios, negs, self._fresh.falling, back, back)
+                else:
+                    self._heaps[group].push(prios[::-1].copy(), negs[::-1].copy(), back, back)
+        else:
+            kt, kn = self.key_t[group], self.key_n[group]
+            ts = [prios] * len(ids) if type(prios) is int else prios
+            for page, t, neg in zip(ids, ts, negs, strict=True):
+                kt[page] = t
+                kn[page] = neg
+            if self._small_order[group]:
+                self._heaps[group].push(ts, negs, ids, ids)
+        return ids
+
+    #: the long run whose keys were just written with one time (``_set_keys``), while it is
+    #: cached or re-keyed; else None
+    _fresh: FreshRun | None = None
+
+    # ------------------------------------------------ eviction order hooks
+    #: True when ``priority`` is the release time itself (plain LRU: the fast path)
+    _plain = True
+
+    def priorities_of(self, group: int, ids, last_access: int):
+        """The first part of each page's key (smaller goes first): a list, or one int for all.
+        Only called when ``_plain`` is False (here it is the release time)."""
+        return last_access
+
+    def release_time(self, group: int, page: int, key: Key) -> int:
+        """The release time behind a key (``touch`` hands it back for an undo)."""
+        return key[0]
+
+    def release_keys(self, group: int, pages: list[int], keys: list[Key]) -> list[Key]:
+        """``(release_time, -prefix length)`` of each of ``pages`` (``keys``: their keys)."""
+        return keys
+
+    def rekeyed(self, group: int, pages: list[int]) -> list[int]:
+        """The CACHED pages among ``pages`` whose key would change if they were held and
+        given back now (their use counts changed); none here: the key is the release time."""
+        return []
+
+    def forget_many(self, group: int, pages) -> None:
+        """The pages' keys are forgotten (evicted, or about to be re-keyed)."""
+
+    def touch(self, group: int, page: int) -> Key:
+        """A CACHED page is hit: it becomes USED.  Returns its (release time, -prefix length)
+        (to undo with ``add``)."""
+        key = self.keys[group][page]
+        self.num_keys[group] -= 1
+        self.alloc.touch_cached(group, page)
+        return self.release_time(group, page, key), key[1]
+
+    def touch_many(self, group: int, pages: list[int]) -> list[Key]:
+        """``touch`` for distinct CACHED ``pages``; their (release time, -prefix length)."""
+        if len(pages) > BULK:
+            ids = as_ids(pages)
+            out = list(zip(view(self.key_t[group])[ids].tolist(), view(self.key_n[group])[ids].tolist(), strict=True))
+        else:
+            kt, kn = self.key_t[group], self.key_n[group]
+            out = [(kt[p], kn[p]) for p in pages]
+        self.num_keys[group] -= len(pages)
+        self.alloc.touch_cached_many(group, pages)
+        return self.release_keys(group, pages, out)
+
+    def touch_run(self, group: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``touch_many`` for a long run: (release times, -prefix lengths) as arrays."""
+        ts, ns = view(self.key_t[group])[ids], view(self.key_n[group])[ids]
+        self.num_keys[group] -= len(ids)
+        self.alloc.touch_cached_many(group, ids if len(ids) > BULK else ids.tolist())
+        return self.release_times(group, ids, ts), ns
+
+    def release_times(self, group: int, ids: np.ndarray, ts: np.ndarray) -> np.ndarray:
+        """The release times behind keys' first parts ``ts`` (``release_keys`` for arrays)."""
+        return ts
+
+    def _drop_pages(self, group: int, pages: list[int]) -> None:
+        """Forget cached ``pages`` (the allocator frees them next)."""
+        self.forget_many(group, pages)
+        self.index.drop_many(group, pages)
+        self.num_evicted_pages += len(pages)
+        self.num_keys[group] -= len(pages)
+
+    def check(self) -> None:
+        """Recount the keyed pages (for ``check_integrity``)."""
+        counted = [st.count(CACHED) for st in self.alloc.state]
+        assert counted == self.num_keys, f"keyed pages {self.num_keys} != cached pages {counted}"
+
+    def protected_supply(self) -> tuple[list[int], int] | None:
+        """(per group: protected pages outside fully evictable large pages, fully evictable large
+        pages holding a protected page): what an admission must leave alone while others run
+        (``Admission``); ``None``: this order protects no page."""
+        return None
+
+    def protected_bytes(self) -> int:
+        """Bytes of protected pages."""
+        return 0
+
+    # -------------------------------------------------- EvictionSource hooks
+    def evict_small(self, group: int) -> int | None:
+        if not self._small_order[group]:
+            return None
+        heap, in_e, k = self._heaps[group], self.alloc.in_e, self.alloc.k[group]
+        skipped = []
+        found = None
+        while heap.top() is not None:
+            e = heap.pop()
+            if in_e[e[2] // k]:
+                skipped.append(e)  # whole-large candidates stay whole
+                continue
+            found = e[2]
+            break
+        if skipped:
+            heap.push(*zip(*skipped, strict=True))
+        if found is not None:
+            self._drop(group, found)
+        return found
+
+    def _drop(self, group: int, page: int) -> None:
+        """Evict one CACHED page (its large page may stay carved)."""
+        self._drop_pages(group, [page])
+        self.alloc.evict_cached(group, page)
+
+    def evict_large(self, group: int | None = None) -> int | None:
+        heaps = self._large_heaps
+        if group is None:
+            tops = [(e, g) for g in range(len(heaps)) if heaps[g] and (e := heaps[g].top()) is not None]
+            if not tops:
+                return None
+            _, g = min(tops)
+        else:
+            if heaps[group].top() is None:
+                return None
+            g = group
+        return self._evict_top(g)
+
+    def _evict_top(self, g: int) -> int:
+        """Evict the large page at the top of group ``g``'s heap (checked valid)."""
+        found = self._large_heaps[g].pop()[2]
+        self._evict_larges(g, [found])
+        return found
+
+    def on_large_evictable(self, large: int) -> None:
+        self.on_larges_evictable(self.alloc.group_of[large], (large,))
+
+    def on_larges_evictable(self, group: int, larges) -> None:
+        """``on_large_evictable`` for each of ``larges`` (all of ``group``)."""
+        self._push_larges(group, larges)
+
+    def _push_larges(self, group: int, larges) -> None:
+        """Each of ``larges`` (in E) enters the group's order with the largest key of its
+        cached pages (a new version: its earlier entries go stale)."""
+        alloc = self.alloc
+        k = alloc.k[group]
+        if len(larges) * k <= BULK:
+            ver, kt, kn = self._large_ver, self.key_t[group], self.key_n[group]
+            if type(larges) is not list:
+                larges = [int(x) for x in larges]
+            if k == 1 and len(larges) <= SMALL:  # a page is its own large page: its key, one loop
+                entries = []
+                for large in larges:
+                    v = ver[large] = ver[large] + 1
+                    entries.append((kt[large], kn[large], large, -1 - v))
+                self._large_heaps[group].push_singles(entries)
+                return
+            vs = []
+            for large in larges:
+                ver[large] += 1
+                vs.append(ver[large])
+            if k > 1:  # the largest keys when the order is read, of the large pages still in it
+                self._large_heaps[group].push_made(partial(self._largest_valid, group, larges, vs), len(larges))
+                return
+            self._large_heaps[group].push([kt[p] for p in larges], [kn[p] for p in larges], larges, vs)
+            return
+        ids = as_ids(larges)
+        ver = view(self._large_ver)
+        ver[ids] += 1
+        fresh = self._fresh
+        if fresh is not None and fresh.group == group and k == 1 and ids is fresh.ids:
+            # each page is its own large page: its key is the run's (just written)
+            back = ids[::-1].copy()
+            push_back(self._large_heaps[group], fresh.t, fresh.negs, fresh.falling, back, ver[back])
+            return
+        if fresh is not None and fresh.group == group and fresh.larges is not None:
+            ts, ns = fresh.largest_keys(ids, self.alloc.n_cached, self._largest)
+        else:
+            ts, ns = self._largest(group, ids)
+        back = slice(None, None, -1)  # a run's large pages come first to last: the order wants last first
+        self._large_heaps[group].push(ts[back], ns[back], ids[back], ver[ids][back])
+
+    def _largest_valid(self, group: int, larges: list[int], vs: list[int]) -> tuple[list[int], ...]:
+        """``(ts, ns, larges, vs)`` of those of ``larges`` still in E at version ``vs`` (the others
+        are stale for good: versions only grow), with the largest key of their cached pages:
+        the one they entered with, as a large page's keys change only through a new version."""
+        ver, in_e, k = self._large_ver, self.alloc.in_e, self.alloc.k[group]
+        kt, kn, st = self.key_t[group], self.key_n[group], self.alloc.state[group]
+        ts, ns, ls, gs = [], [], [], []
+        for large, v in zip(larges, vs, strict=True):
+            if ver[large] != v or not in_e[large]:
+                continue
+            t, n = max((kt[p], kn[p]) for p in range(large * k, (large + 1) * k) if st[p] == CACHED)
+            ts.append(t)
+            ns.append(n)
+            ls.append(large)
+            gs.append(v)
+        return ts, ns, ls, gs
+
+    def _largest(self, group: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The largest key of the cached pages of each of large pages ``ids`` (of ``group``)."""
+        k = self.alloc.k[group]
+        kt, kn = view(self.key_t[group]), view(self.key_n[group])
+        if k == 1:
+            return kt[ids], kn[ids]
+        st = view(self.alloc.state[group])
+        if ids[-1] - ids[0] == len(ids) - 1 and (ids[1:] > ids[:-1]).all():  # consecutive: one slice
+            span = slice(int(ids[0]) * k, (int(ids[-1]) + 1) * k)
+            cached = st[span].reshape(-1, k) == CACHED
+            kt, kn = kt[span].reshape(-1, k), kn[span].reshape(-1, k)
+        else:
+            block = ids[:, None] * k + np.arange(k)
+            cached, kt, kn = st[block] == CACHED, kt[block], kn[block]
+        return largest_keys(cached, kt, kn)
+
+    def on_large_unevictable(self, large: int) -> None:
+        self._large_ver[large] += 1
+
+    def on_larges_unevictable(self, larges, group: int) -> None:
+        if len(larges) > BULK:
+            view(self._large_ver)[as_ids(larges)] += 1
+            return
+        ver = self._large_ver
+        for large in larges:
+            ver[large] += 1
+

@@ -1,0 +1,1 @@
+"""``KVCacheManager`` and the parts it is made of."""

@@ -1,0 +1,200 @@
+"""Admission: what one ``allocate`` may take, decided before any page moves.
+
+The pages each group needs (``plan``, undone by ``rollback``), which groups fill other requests'
+large pages first (``prefer_shared``) and how many fresh or evicted large pages each group may take
+(the quota of steps 2-3, ``quota_for``; for an admission, the pages the evictor protects stay out
+of reach while other requests run, ``quota_of``).  ``hit_cannot_fit`` answers, without holding a
+lookup's pending hit, whether a first allocate surely fails.  The rule "may a new request evict
+protected pages?" is ``protected``, written once for both.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jenga.core.alloc.allocator import LargePageAllocator, Supply
+from jenga.core.evict.lru import PrefixEvictor
+from jenga.core.flat_arrays import BULK, int64s, view
+from jenga.core.manager.ledger import PageLedger
+from jenga.core.policy.registry import Policy, cdiv
+from jenga.core.prefix.index import PrefixIndex
+from jenga.core.request import Request
+
+
+class Admission:
+    """Need, quota and fit of an allocation (module doc).  ``margin``: pages per token group and
+    running request an admission leaves evictable beside the protected ones; ``protected_share``:
+    share of the pool beyond which protected pages no longer hold admissions back."""
+
+    def __init__(self, policies: list[Policy], alloc: LargePageAllocator, index: PrefixIndex,
+                 evictor: PrefixEvictor, ledger: PageLedger, block: int, *, margin: int = 1,
+                 protected_share: float = 0.5):
+        self.policies, self.alloc, self.index, self.evictor, self.ledger = policies, alloc, index, evictor, ledger
+        self.block = block
+        self.margin, self.protected_share = margin, protected_share
+        self.state_group = [not pol.group.spec.per_token for pol in policies]
+
+    def plan(self, req: Request, end: int, pairs) -> tuple[list[int], list]:
+        """Pages each group of ``pairs`` ((policy, state) pairs) needs to cover ``[0, end)``, and
+        the log of cached pages held."""
+        need = [0] * len(self.policies)
+        ledger = self.ledger
+        log = ledger.start_log()
+        try:
+            for pol, gs in pairs:
+                need[pol.gi] = pol.plan(req, gs, end, ledger)
+        finally:
+            ledger.end_log()
+        return need, log
+
+    def rollback(self, req: Request, log: list) -> None:
+        """Undo a ``plan`` that will not be followed by growing."""
+        self.ledger.undo_holds(log)
+        for gs in req.groups:
+            gs.pending.clear()
+
+    def prefer_shared(self, req: Request) -> list[bool]:
+        """Groups where this request should fill other requests' large pages before taking
+        a fresh one: its lone state page, and token groups where its whole prompt covers
+        at most a quarter of a large page (a fresh one would stay mostly empty; the paper's
+        co-freeing gain needs a request that fills its large pages)."""
+        return [state or req.prompt_len <= (k // 4) * pol.tpp
+                for state, k, pol in zip(self.state_group, self.alloc.k, self.policies, strict=True)]
+
+    def protected(self, allocated: int) -> tuple[list[int], int] | None:
+        """What a first allocation (an admission) may not evict now: (per group, protected pages
+        outside fully evictable large pages; fully evictable large pages holding one), or ``None``
+        when it may evict anything.  A page the evictor protects (one reused at least twice,
+        ``eviction="reuse"``) stays out of reach while ``allocated`` other requests hold pages: the
+        request waits for running ones to finish instead of evicting a hot prefix (its window, on a
+        sliding model) that the next requests would miss.  Alone, a request may evict anything (it
+        could never run else); and while protected pages hold more than ``protected_share`` of the
+        pool (a reused working set larger than the pool, e.g. a cyclic one) admissions may evict
+        them in the evictor's order (newest first), so the protected set cannot starve admission."""
+        prot = self.evictor.protected_supply()
+        if prot is None or not allocated:
+            return None
+        alloc = self.alloc
+        if self.evictor.protected_bytes() > self.protected_share * alloc.num_large * alloc.large_bytes:
+            return None
+        return prot
+
+    def quota_of(self, req: Request, need: list[int], end: int, allocated: int) -> list[int] | None:
+        """``quota_for`` for ``req``'s allocation, with an admission kept off the ``protected``
+        pages; it also leaves ``margin`` pages per token group and running request evictable for
+        their growth, and what the request's next prefill chunk (as long as this one, up to the
+        prompt's end) adds, ``next_chunk``: that chunk is no admission, so it could take protected
+        pages (on a sliding model, each article whose window it takes is a lost hit)."""
+        if not any(need):
+            return need
+        self.ledger.settle()  # a pending hit's pages are no supply
+        sup = self.alloc.supply()
+        quota = self.quota_for(need, sup)
+        if quota is None or req.tables is not None:
+            return quota
+        prot = self.protected(allocated)
+        if prot is None:
+            return quota
+        outside, e_prot = prot
+        if not e_prot and not any(outside):
+            return quota
+        sup = Supply(sup.free_small, tuple(c - o for c, o in zip(sup.cached_small, outside, strict=True)),
+                     sup.whole_large - e_prot)
+        # headroom: running requests grow by decode pages next, which must not come from
+        # protected pages either (each evicted window page kills a whole window's hit)
+        margin = self.margin * allocated
+        nxt = self.next_chunk(req, end) if self.windowed(req) and self.seen_before(req) else [0] * len(need)
+        extra = [x + margin * (not st) for x, st in zip(nxt, self.state_group, strict=True)]
+        if any(extra) and self.quota_for([n + x for n, x in zip(need, extra, strict=True)], sup) is None:
+            return None
+        return self.quota_for(need, sup)
+
+    def windowed(self, req: Request) -> bool:
+        """Whether some group reads less than ``req``'s whole prompt (a window shorter than it):
+        then a prefix like it hits only with the window at its end, all or nothing."""
+        p = req.prompt_len
+        return any((first := pol.first_needed(p)) is not None and first > 0 for pol in self.policies)
+
+    def seen_before(self, req: Request) -> bool:
+        """Whether ``req``'s first page was computed or hit before (a use count, kept after
+        eviction): its prompt is part of a reused working set (a cyclic one evicted it)."""
+        index, hashes = self.index, req.hashes
+        if index.uses is None:
+            return False
+        for g, (pol, st) in enumerate(zip(self.policies, self.state_group, strict=True)):
+            i = pol.tpp // self.block - 1 if not st else -1
+            if 0 <= i < len(hashes) and index.seen(g, hashes[i]):
+                return True
+        return False
+
+    def next_chunk(self, req: Request, end: int) -> list[int]:
+        """Pages each token group holds more once ``req``, planned up to ``end``, computes as
+        many tokens again (its next prefill chunk, up to the prompt's end): the pages at the
+        new end minus those already out of range (sliding window, chunk)."""
+        stop = min(req.prompt_len, 2 * end - req.start)
+        if stop <= end:
+            return [0] * len(self.policies)
+        out = []
+        for pol, st in zip(self.policies, self.state_group, strict=True):
+            if st or pol.first_needed(stop) is None:  # token policies only (state, image: none)
+                out.append(0)
+                continue
+            tpp, first = pol.tpp, pol.first_needed
+            out.append(max(0, cdiv(stop, tpp) - first(stop) // tpp - cdiv(end, tpp) + first(end) // tpp))
+        return out
+
+    def quota_for(self, need: list[int], sup: Supply | None = None) -> list[int] | None:
+        """Large pages each group may take (steps 2-3), or ``None`` if ``need`` can't fit."""
+        k = self.alloc.k
+        sup = sup or self.alloc.supply()
+        most = [cdiv(x, kg) for x, kg in zip(need, k, strict=True)]
+        if sup.whole_large >= sum(most):
+            return most
+        least = [cdiv(max(0, x - f - c), kg)
+                 for x, f, c, kg in zip(need, sup.free_small, sup.cached_small, k, strict=True)]
+        if sup.whole_large >= sum(least):
+            return least
+        return None
+
+    def hit_cannot_fit(self, req: Request, end: int, allocated: int) -> bool:
+        """True when the first ``allocate`` of ``req`` up to ``end`` surely fails: its new pages
+        need more bytes than are free plus cached outside its pending hit and, for an admission
+        while others hold pages, outside the ``protected`` pages (then holding the hit would be
+        undone at once).  Reads the structures without holding the hit."""
+        if req.images:
+            return False  # image policies may hold cached pages while planning
+        alloc, ledger, keys = self.alloc, self.ledger, self.evictor.keys
+        ref = ledger.ref
+        pb = alloc.page_bytes
+        need = 0
+        for pol, gs in zip(self.policies, req.groups, strict=True):
+            need += pol.plan(req, gs, end, ledger) * pb[pol.gi]
+        free = alloc.num_free_large * alloc.large_bytes
+        for g, p in enumerate(pb):
+            free += alloc.free_small[g] * p
+        if need <= free:  # free pages alone hold it (what is out of reach below is all cached)
+            return False
+        if req.reserve_cached is None:
+            held = 0
+            for group, pages in req.reserve:
+                r = ref[group]
+                if type(pages) is not list:
+                    unheld = r[pages] == 0
+                elif len(pages) > BULK:  # a long hit run: one gather
+                    unheld = len(pages) - int(np.count_nonzero(view(r)[int64s(pages)]))
+                else:
+                    unheld = [r[p] for p in pages].count(0)
+                held += unheld * pb[group]
+            req.reserve_cached = held
+        avail = free
+        for g, p in enumerate(pb):
+            avail += (alloc.hidden_free[g] + len(keys[g])) * p
+        # out of reach: the hit's cached pages, and for an admission the protected pages; the two
+        # may overlap, so the larger counts (both lie in cached pages and the free slots of fully
+        # evictable large pages)
+        out = req.reserve_cached
+        prot = self.protected(allocated)
+        if prot is not None:
+            outside, e_prot = prot
+            out = max(out, sum(o * p for o, p in zip(outside, pb, strict=True)) + e_prot * alloc.large_bytes)
+        return need > avail - out

@@ -1,0 +1,86 @@
+"""What a serving scheduler asks of the manager beside a request's own lifecycle:
+shrinking a hit, an admission query, a chunk's end, resetting the prefix cache, KV events, usage.
+
+*Chunk split* (``chunk_tokens``): a scheduler proposes ``n`` new tokens for a request (what is
+left of its prompt, capped by the step's budget) and asks the manager; each group's policy may
+end the step earlier (``Policy.step_end``).  A state group ends a prefill step that would cross
+the prompt-end checkpoint exactly on it, so the state at the prompt's last full block is the
+step's work page, not a second page live beside it (vLLM's ``_mamba_block_aligned_split`` does
+the same for its own manager); jenga's own state kind also ends the step of a short prompt
+resuming a cached state below its junction on the junction.  Nothing changes without prefix
+caching (no checkpoints) or for groups that store per-token pages.
+
+Functions over the manager's parts; ``KVCacheManager``'s methods of the same names call them
+(so every baseline has them).  ``can_allocate`` runs admission's ``plan`` / ``quota_of`` /
+``rollback``, the halves of ``allocate`` that change nothing when undone.
+"""
+
+from __future__ import annotations
+
+from jenga.core.alloc.allocator import LargePageAllocator
+from jenga.core.evict.lru import PrefixEvictor
+from jenga.core.policy.base import Policy
+from jenga.core.prefix.events import KVEvent
+from jenga.core.prefix.index import PrefixIndex
+from jenga.core.request import Request
+from jenga.core.specs import ModelSpec
+from jenga.core.validation import checked_int
+from jenga.errors import InvalidArgumentError, SequenceTooLongError
+
+
+def can_allocate(mgr, req: Request, num_new_tokens: int, num_lookahead: int) -> bool:
+    """``KVCacheManager.can_allocate`` for the live record ``req``."""
+    if num_new_tokens < 0 or num_lookahead < 0:
+        raise InvalidArgumentError(f"request {req.request_id!r}: negative token count "
+                                   f"({num_new_tokens}, lookahead {num_lookahead})")
+    end = req.start + num_new_tokens + num_lookahead
+    if end > mgr.model.max_model_len:
+        raise SequenceTooLongError(f"request {req.request_id!r}: {end} tokens exceed the model's max length "
+                                   f"{mgr.model.max_model_len}")
+    admission = mgr.admission
+    old, req.num_lookahead = req.num_lookahead, num_lookahead
+    need, log = admission.plan(req, end, req.pairs or list(zip(mgr.policies, req.groups, strict=True)))
+    ok = admission.quota_of(req, need, end, mgr.num_allocated) is not None
+    admission.rollback(req, log)
+    req.num_lookahead = old
+    return ok
+
+
+def chunk_tokens(policies: list[Policy], req: Request, num_new_tokens: int, caching: bool) -> int:
+    """``KVCacheManager.chunk_tokens`` for the live record ``req`` (module doc)."""
+    n = checked_int(num_new_tokens, "num_new_tokens", minimum=0)
+    if not n or not caching:
+        return n
+    start = req.start
+    stop = start + n
+    for pol in policies:
+        stop = pol.step_end(req, stop)
+    return stop - start
+
+
+def reset_prefix_cache(alloc: LargePageAllocator, index: PrefixIndex, evictor: PrefixEvictor) -> bool:
+    """``KVCacheManager.reset_prefix_cache``."""
+    if any(alloc.used_small):
+        return False
+    events, index.events = index.events, None
+    try:
+        while evictor.evict_large() is not None:
+            pass
+        for g in range(len(alloc.k)):
+            while evictor.evict_small(g) is not None:
+                pass
+    finally:
+        index.events = events
+    assert not len(index), "reset_prefix_cache left indexed pages"
+    if events is not None:
+        events.cleared()
+    return True
+
+
+def take_events(index: PrefixIndex, model: ModelSpec, block: int) -> list[KVEvent]:
+    """``KVCacheManager.take_events``."""
+    log = index.events
+    if log is None:
+        return []
+    sizes = [g.tokens_per_page if g.spec.per_token else g.spec.checkpoint_interval for g in model.groups]
+    return log.take(sizes, block)

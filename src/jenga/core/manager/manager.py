@@ -1,0 +1,521 @@
+"""``KVCacheManager``: the one API an engine calls.
+
+A request's way through it: ``add_request`` (validate and keep the prompt; its block hashes are
+made lazily, :mod:`jenga.core.manager.prompt_hashes`) -> ``lookup`` (each group's policy proposes the longest
+valid hit; the manager iterates to the longest length every group accepts) -> ``allocate`` (count
+the pages each group needs, check them against free + evictable memory *before* touching anything,
+then take pages in the request-aware order; attention pages of full blocks of known tokens join
+the prefix index at once, so a request admitted later in the same step shares them) -> the engine
+runs the step -> ``append_tokens`` (the remaining full pages join the index; pages that left the
+window or chunk go to the evictor) -> ``free``.  A step dropped before its commit unregisters
+what it would have filled (:mod:`jenga.core.manager.aborted_fill`).
+
+The manager is a façade: it owns its parts and calls them.  The allocator (``alloc``) and its
+free pool; the prefix cache: the index, one policy per group, the evictor; the ledger of who holds
+which page (:mod:`jenga.core.manager.ledger`, the ``PageOps`` the policies call); admission, what an
+allocation may take and whether it fits (:mod:`jenga.core.manager.admission`); the prompt hasher
+and the junction finder; byte accounting for ``stats``.  It builds and wires them here, and keeps
+the per-request records (``view`` is their public, read-only face).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from jenga.core.alloc.allocator import LargePageAllocator
+from jenga.core.evict.lru import PrefixEvictor
+from jenga.core.evict.reuse import ReuseEvictor
+from jenga.core.manager import cache_control
+from jenga.core.manager.aborted_fill import abort_fill, aborted_fill
+from jenga.core.manager.accounting import ByteAccounting
+from jenga.core.manager.admission import Admission
+from jenga.core.manager.integrity import check_manager
+from jenga.core.manager.ledger import Grant, PageLedger
+from jenga.core.manager.prompt_hashes import PromptHasher
+from jenga.core.manager.shared_recompute import Junction
+from jenga.core.manager.stats import CacheStats, collect_stats
+from jenga.core.pagesize import manager_page_plan, with_base_page
+from jenga.core.policy.registry import OUT_OF_RANGE_AGE, Policy, policy_for
+from jenga.core.prefix.events import EventLog, KVEvent
+from jenga.core.prefix.hashing import ImageRef, root_hash
+from jenga.core.prefix.index import PrefixIndex
+from jenga.core.request import GroupState, Request, RequestView
+from jenga.core.specs import LayerGroup, ModelSpec
+from jenga.core.tables import PageTables
+from jenga.core.validation import TOKEN_ID_LIMIT, checked_images, checked_int, checked_salt, token_array
+from jenga.errors import (
+    DuplicateRequestError,
+    InsufficientMemoryError,
+    InvalidArgumentError,
+    SequenceTooLongError,
+    UnknownRequestError,
+)
+from jenga.units import parse_bytes
+
+NEVER = 1 << 62
+#: eviction orders: plain LRU by (release time, -prefix length), or use-count classes
+EVICTORS = {"lru": PrefixEvictor, "reuse": ReuseEvictor}
+REPEAT_MEMO_SIZE = 256  # freed ids remembered as having run (a re-add is a repeat lookup)
+
+
+class KVCacheManager:
+    """Jenga's KV-cache manager for one (possibly composite) model.
+
+    ``memory_bytes`` is the KV budget; it is cut into ``floor(memory / S) - 1`` large pages of
+    ``S = lcm(small pages)`` bytes.  ``tokens_per_page`` is the base page (and hash block) size; groups may use
+    multiples of it to keep the LCM bounded (``max_lcm_ratio`` x the largest small page).  Sliding groups
+    release the window before a branch point (hit, junction, prompt end plus ``window_slack`` tokens below it,
+    default ``W // 2``) valued like its prefix, so a prompt ending a little earlier still hits.  Pages that
+    leave the window or chunk are stamped ``out_of_window_age`` clock ticks older, so they are evicted first
+    (0: their release time, the paper's text).  ``eviction``: ``"reuse"`` (jenga's default; pages reused at
+    least twice outlive one-off pages and a stable subset of them survives a cyclic working set larger than
+    the pool, see :mod:`jenga.core.evict.reuse`) or ``"lru"`` (the paper's order; the baselines'
+    default).  ``device`` is only used by :attr:`layout`.
+    """
+
+    name = "jenga"
+    default_eviction = "reuse"
+    admission_class = Admission  # baselines bring their own quota rule
+
+    def __init__(self, model: ModelSpec, memory_bytes: int | str, *, tokens_per_page: int = 16,
+                 enable_prefix_caching: bool = True, device: str = "cpu", max_lcm_ratio: float = 8.0,
+                 fit_pages: bool = True, window_slack: int | None = None, out_of_window_age: int = OUT_OF_RANGE_AGE,
+                 eviction: str | None = None):
+        tokens_per_page = checked_int(tokens_per_page, "tokens_per_page")
+        memory_bytes = parse_bytes(memory_bytes)  # an int, or "64GiB" like the CLI
+        if window_slack is not None:
+            window_slack = checked_int(window_slack, "window_slack", minimum=0)
+        eviction = eviction or self.default_eviction
+        if eviction not in EVICTORS:
+            raise InvalidArgumentError(f"unknown eviction policy {eviction!r}; choose one of {sorted(EVICTORS)}")
+        self.window_slack = window_slack
+        self.source_model = model
+        self.page_plan = None
+        model = self._prepare_model(model, tokens_per_page, max_lcm_ratio if fit_pages else None)
+        self.model = model
+        self.block = tokens_per_page
+        self.caching = enable_prefix_caching
+        self.device = device
+        self.large_page_bytes = model.lcm_page_bytes
+        num_large = memory_bytes // self.large_page_bytes - 1
+        if num_large < 1:
+            raise InsufficientMemoryError(
+                f"{memory_bytes} bytes hold no large page of {self.large_page_bytes} bytes plus one slack "
+                f"page; give at least {2 * self.large_page_bytes} bytes")
+        self.memory_bytes = memory_bytes
+        # the parts, wired here: allocator, index, evictor (the allocator evicts through it), ledger
+        alloc = LargePageAllocator([g.page_bytes for g in model.groups], num_large)
+        index = PrefixIndex(len(model.groups))
+        sizes = [num_large * k for k in alloc.k]
+        index.track_pages(sizes)  # registered flags for bulk frees
+        if EVICTORS[eviction].counts_uses:
+            index.track_uses(sizes)
+        evictor = EVICTORS[eviction](alloc, index)
+        alloc.evictor = evictor
+        self._alloc, self._index, self._evictor = alloc, index, evictor
+        self.ledger = PageLedger(alloc, index, evictor, caching=enable_prefix_caching,
+                                 out_of_range_age=out_of_window_age)
+        self.policies: list[Policy] = [self._policy(i, g) for i, g in enumerate(model.groups)]
+        for pol in self.policies:
+            pol.set_window_slack(window_slack)
+        self.admission = self.admission_class(self.policies, alloc, index, evictor, self.ledger, self.block)
+        self.hasher = PromptHasher(self.policies, self.block)  # bounds how far a lookup hashes
+        self.junction = Junction(self.policies, self.block, self.caching, self.hasher.bound, self._fixed_point)
+        self.accounting = ByteAccounting(self.policies, self.ledger, model)
+        self.requests: dict[object, Request] = {}
+        self._allocated = 0  # live requests past their first allocate
+        self._max_tokens = model.max_model_len + 1
+        self._ran: dict[object, bool] = {}  # freed request ids that had run (their re-add is a repeat)
+        # images are text spans (must lie inside the prompt) when some group embeds them in-sequence
+        self._in_sequence_images = any(g.kind == "vision" for g in self.source_model.groups)
+        self.prefix_hit_tokens = 0
+        self.prefix_query_tokens = 0
+        self.first_hit_tokens = 0  # the same, first lookups only (not re-adds after a preemption)
+        self.first_query_tokens = 0
+        self._layout = None
+
+    # ----------------------------------------------------------- the parts
+    @property
+    def alloc(self) -> LargePageAllocator:
+        """The allocator (a lookup's pending hit is held first, as for ``index``, ``evictor``, ``ref``)."""
+        self.ledger.settle()
+        return self._alloc
+
+    @property
+    def index(self) -> PrefixIndex:
+        self.ledger.settle()
+        return self._index
+
+    @property
+    def evictor(self) -> PrefixEvictor:
+        self.ledger.settle()
+        return self._evictor
+
+    @property
+    def ref(self) -> list:
+        """Per group and page: references (the ledger's)."""
+        self.ledger.settle()
+        return self.ledger.ref
+
+    @property
+    def now(self) -> int:
+        """The clock: one tick per ``allocate``."""
+        return self.ledger.now
+
+    @property
+    def num_allocated(self) -> int:
+        """Live requests past their first ``allocate``."""
+        return self._allocated
+
+    def view(self, request_id: object) -> RequestView | None:
+        """A read-only view of a live request (``None`` if it is not live)."""
+        req = self.requests.get(request_id)
+        return None if req is None else RequestView(req)
+
+    def _prepare_model(self, model: ModelSpec, tokens_per_page: int, max_ratio: float | None) -> ModelSpec:
+        """The groups this manager really allocates (baselines transform the model here)."""
+        model = with_base_page(model, tokens_per_page)
+        if max_ratio is None:
+            return model
+        self.page_plan = manager_page_plan(model, max_ratio)
+        return self.page_plan.model
+
+    def _policy(self, gi: int, group: LayerGroup) -> Policy:
+        """The cache policy of a group (baselines swap in their own rules here)."""
+        return policy_for(gi, group, self.block)
+
+    # ----------------------------------------------------------------- API
+    def _req(self, request_id: object) -> Request:
+        req = self.requests.get(request_id)
+        if req is None:
+            raise UnknownRequestError(f"unknown request id {request_id!r} (never added, or already freed)")
+        return req
+
+    def add_request(self, request_id: object, prompt_token_ids: Sequence[int], *,
+                    images: Sequence[tuple[int, int, str] | ImageRef] = (), cache_salt: str | None = None) -> None:
+        """Register a request.  Raises on a duplicate id, an empty or too long prompt, or
+        a bad image; changes nothing then."""
+        try:
+            live = request_id in self.requests
+        except TypeError:
+            raise InvalidArgumentError(f"request id {request_id!r} is not hashable") from None
+        if live:
+            raise DuplicateRequestError(f"request id {request_id!r} is already live")
+        tokens = token_array(prompt_token_ids, f"request {request_id!r} prompt")  # a copy: flat uint32
+        if not tokens:
+            raise InvalidArgumentError(f"request {request_id!r}: empty prompt")
+        if len(tokens) > self.model.max_model_len:
+            raise SequenceTooLongError(f"request {request_id!r}: prompt of {len(tokens)} tokens exceeds the "
+                                       f"model's max length {self.model.max_model_len}")
+        refs = [ImageRef(*img) for img in checked_images(images, len(tokens), self._in_sequence_images,
+                                                         f"request {request_id!r}")]
+        hashes: list[bytes] = []
+        root = root_hash(checked_salt(cache_salt)) if self.caching else b""
+        repeat = self._ran.pop(request_id, False)
+        if self.caching:
+            hashes = self.hasher.memo.recall(request_id, tokens, root, self.block, tuple(refs))  # the rest: lazily
+        req = Request(request_id, tokens, len(tokens), tuple(refs), hashes,
+                      [GroupState() for _ in self.model.groups])
+        req.salt_root, req.repeat = root, repeat
+        self.requests[request_id] = req
+
+    def lookup(self, request_id: object, *, max_tokens: int | None = None) -> int:
+        """Tokens of the prompt already cached for every group (never the last token,
+        never more than ``max_tokens``).
+
+        Holds those pages for the next ``allocate``; a second lookup first lets go of the
+        first one's pages (``shrink_hit`` keeps part of it).  Raises once the request has
+        been allocated.
+        """
+        req = self._req(request_id)
+        if req.tables is not None or req.num_scheduled:
+            raise InvalidArgumentError(f"lookup of request {request_id!r} after its first allocate")
+        self._release_hit(req)
+        if not self.caching:
+            return 0
+        top = min(len(req.tokens) - 1, len(req.tokens) // self.block * self.block)
+        if max_tokens is not None:
+            top = max(0, min(top, max_tokens))
+        top = self.hasher.for_lookup(req, top, self.ledger)
+        cand = self._fixed_point(req, top, self.policies, self.hasher.bound)
+        self.junction.find(req, top, cand)
+        req.hit = req.num_computed = cand
+        self.ledger.record_hit(req, self.policies, self.junction.hit_of)  # held once anything else happens
+        return cand
+
+    def _fixed_point(self, req: Request, cand: int, policies: list[Policy], bound: Policy | None = None) -> int:
+        """The longest prefix no longer than ``cand`` that every one of ``policies`` accepts;
+        ``bound``: a FullPolicy with all its pages below ``cand`` cached (``PromptHasher.for_lookup``)."""
+        ledger = self.ledger
+        while True:
+            start = cand
+            for pol in policies:
+                cand = cand // pol.tpp * pol.tpp if pol is bound else pol.longest_prefix(req, cand, ledger)
+            if cand == start:
+                return cand
+
+    def allocate(self, request_id: object, num_new_tokens: int, *, num_lookahead: int = 0,
+                 num_placeholders: int = 0) -> PageTables | None:
+        """Pages for tokens ``[computed, computed + num_new_tokens + num_lookahead)``.
+
+        ``num_placeholders``: how many of the last tokens up to ``computed +
+        num_new_tokens`` have ids not known yet (async scheduling computes a token
+        sampled by a step still running); they get pages like any token, and their pages
+        join the prefix index once ``append_tokens`` has brought the ids.
+        Returns the request's page tables, or ``None`` when memory (free + evictable)
+        cannot hold them; ``None`` changes nothing.  Raises on an unknown request, a
+        negative count, more unknown tokens than placeholders, or a length past the
+        model's maximum.
+        """
+        req = self.requests.get(request_id)
+        if req is None:
+            raise UnknownRequestError(f"unknown request id {request_id!r} (never added, or already freed)")
+        if num_new_tokens < 0 or num_lookahead < 0 or num_placeholders < 0:
+            raise InvalidArgumentError(f"request {request_id!r}: negative token count ({num_new_tokens}, "
+                                       f"lookahead {num_lookahead}, placeholders {num_placeholders})")
+        start = req.num_computed + req.num_scheduled
+        end = start + num_new_tokens + num_lookahead
+        ledger = self.ledger
+        ledger.now = now = ledger.now + 1
+        if end < req.limit and req.tables is not None and num_lookahead == req.num_lookahead:
+            if start + num_new_tokens > len(req.tokens) + num_placeholders:
+                self._too_far(req, start, num_new_tokens)
+            req.num_scheduled += num_new_tokens
+            req.last_access = now
+            t = req.tables
+            t.num_computed, t.num_new = req.num_computed, req.num_scheduled
+            return t
+        if start + num_new_tokens > len(req.tokens) + num_placeholders:
+            self._too_far(req, start, num_new_tokens)
+        if end > self.model.max_model_len:
+            raise SequenceTooLongError(f"request {request_id!r}: {end} tokens exceed the model's max length "
+                                       f"{self.model.max_model_len}")
+        return self._allocate_slow(req, num_new_tokens, num_lookahead, end)
+
+    def _too_far(self, req: Request, start: int, n: int) -> None:
+        raise InvalidArgumentError(f"request {req.request_id!r}: cannot compute tokens up to {start + n}; only "
+                                   f"{len(req.tokens)} token ids are known (append sampled tokens first, "
+                                   "or count the unknown ones as placeholders)")
+
+    def _allocate_slow(self, req: Request, n: int, lookahead: int, end: int) -> PageTables | None:
+        ledger, admission = self.ledger, self.admission
+        old_lookahead, req.num_lookahead = req.num_lookahead, lookahead
+        if ledger.pending is req and admission.hit_cannot_fit(req, end, self._allocated):
+            req.num_lookahead = old_lookahead
+            return None
+        pairs = req.pairs or list(zip(self.policies, req.groups, strict=True))
+        need, log = admission.plan(req, end, pairs)
+        quota = admission.quota_of(req, need, end, self._allocated)
+        if quota is None:
+            admission.rollback(req, log)
+            req.num_lookahead = old_lookahead
+            return None
+        shared = admission.prefer_shared(req)
+        if self.caching:  # the step's full blocks of known tokens join the index at allocate
+            self.hasher.hash_upto(req, min(end - lookahead, len(req.tokens)) // self.block)
+        ledger.grant(Grant(req.request_id, quota, shared))
+        try:
+            for pol, gs in pairs:
+                pol.grow(req, gs, end, ledger)
+        finally:
+            ledger.grant(None)
+        events = self.index.events
+        if events is not None:
+            events.flush(req)  # pages registered at allocate
+        if not req.counted:
+            req.counted = True
+            self.prefix_query_tokens += req.prompt_len
+            self.prefix_hit_tokens += req.hit
+            if not req.repeat:
+                self.first_query_tokens += req.prompt_len
+                self.first_hit_tokens += req.hit
+        req.pins = []
+        req.num_scheduled += n
+        req.last_access = ledger.now
+        if req.tables is None:
+            self._allocated += 1
+            req.tables = PageTables(req.request_id, 0, 0, 0, [gs.table for gs in req.groups])
+            req.pairs = self._active(req)
+        t = req.tables
+        t.num_computed, t.num_new, t.num_lookahead = req.num_computed, req.num_scheduled, lookahead
+        req.limit = min(pol.limit(req, gs, ledger) for pol, gs in req.pairs)
+        return t
+
+    def append_tokens(self, request_id: object, token_ids: Sequence[int], *, num_rejected: int = 0) -> None:
+        """The allocated tokens were computed, except the last ``num_rejected`` (draft
+        tokens the verifier rejected: their pages stay, the next allocate covers them
+        again); ``token_ids`` were sampled after them (or are the ids of placeholders).
+
+        Full pages become reusable; pages out of window or chunk are released.
+        """
+        req = self.requests.get(request_id)
+        if req is None:
+            raise UnknownRequestError(f"unknown request id {request_id!r} (never added, or already freed)")
+        if num_rejected and not 0 < num_rejected <= req.num_scheduled:
+            raise InvalidArgumentError(f"request {request_id!r}: {num_rejected} rejected of "
+                                       f"{req.num_scheduled} scheduled tokens")
+        tokens = req.tokens
+        if type(token_ids) is not list or len(token_ids) != 1 or type(token_ids[0]) is not int \
+                or not 0 <= token_ids[0] < TOKEN_ID_LIMIT:  # one sampled id: the decode step
+            token_ids = token_array(token_ids, f"request {request_id!r} append_tokens")
+        if len(tokens) + len(token_ids) > self._max_tokens:
+            raise SequenceTooLongError(f"request {request_id!r}: appending {len(token_ids)} tokens passes "
+                                       f"the model's max length {self.model.max_model_len}")
+        ledger = self.ledger
+        aborted = aborted_fill(req, req.num_computed + req.num_scheduled - num_rejected, ledger) if num_rejected \
+            else None
+        tokens.extend(token_ids)
+        if aborted:
+            abort_fill(req, aborted, req.num_computed + req.num_scheduled - num_rejected, ledger)
+        computed = req.num_computed = req.num_computed + req.num_scheduled - num_rejected
+        req.num_scheduled = 0
+        if self.caching and computed >= (len(req.hashes) + 1) * self.block:
+            self.hasher.hash_upto(req, computed // self.block)  # the computed blocks join the index now
+        if computed >= req.next_event:
+            next_event = NEVER
+            for pol, gs in req.pairs or zip(self.policies, req.groups, strict=True):
+                pol.commit(req, gs, ledger)
+                next_event = min(next_event, pol.next_event(req, gs, ledger))
+            req.next_event = next_event
+            events = self.index.events
+            if events is not None:
+                events.flush(req)
+        t = req.tables
+        if t is not None:
+            t.num_computed, t.num_new = computed, 0
+
+    def _active(self, req: Request) -> list[tuple[Policy, GroupState]]:
+        """(policy, state) pairs with work after the first allocate: image groups only with images."""
+        if req.images:
+            return list(zip(self.policies, req.groups, strict=True))
+        return [(p, g) for p, g in zip(self.policies, req.groups, strict=True) if not p.per_image]
+
+    def free(self, request_id: object) -> None:
+        """Drop the request; its registered pages stay cached (evictable), the rest are free."""
+        req = self._req(request_id)
+        ledger = self.ledger
+        aborted = aborted_fill(req, req.num_computed, ledger) if req.num_scheduled else None
+        if aborted:
+            abort_fill(req, aborted, req.num_computed, ledger)
+        if ledger.pending is req:
+            ledger.forget_pending(req)
+        elif req.pins:
+            ledger.undo_holds(req.pins)
+            req.pins = []
+        else:
+            for pol, gs in zip(self.policies, req.groups, strict=True):
+                pol.free(req, gs, ledger)
+        del self.requests[request_id]
+        if req.tables is not None:
+            self._allocated -= 1
+        if self.caching:
+            self.hasher.memo.remember(request_id, req.tokens, req.hashes, req.salt_root, req.images)
+        if req.counted or req.repeat:
+            ran = self._ran
+            ran[request_id] = True
+            if len(ran) > REPEAT_MEMO_SIZE:
+                del ran[next(iter(ran))]  # the oldest
+
+    def _release_hit(self, req: Request) -> None:
+        """Let go of the hit the last lookup found (pending or held)."""
+        ledger = self.ledger
+        if ledger.pending is req:
+            ledger.forget_pending(req)
+        elif req.pins:
+            ledger.undo_holds(req.pins)
+        req.pins = []
+        req.groups = [GroupState() for _ in self.model.groups]
+        req.hit = req.num_computed = 0
+
+    # ------------------------------------------------- scheduler queries (jenga.core.manager.cache_control)
+    def shrink_hit(self, request_id: object, num_tokens: int) -> int:
+        """Keep at most ``num_tokens`` of the hit the last ``lookup`` found.
+
+        The kept hit is the longest length ``<= num_tokens`` every group accepts (the
+        same as ``lookup(request_id, max_tokens=num_tokens)``); pages past it are let go
+        with the keys they had.  Returns the new hit.  Raises before the first
+        ``allocate`` only; a ``num_tokens`` above the hit keeps the hit.
+        """
+        if num_tokens < 0:
+            raise InvalidArgumentError(f"request {request_id!r}: shrink_hit to {num_tokens} tokens")
+        req = self._req(request_id)
+        if num_tokens >= req.hit:
+            return req.hit
+        return self.lookup(request_id, max_tokens=num_tokens)
+
+    def can_allocate(self, request_id: object, num_new_tokens: int, *, num_lookahead: int = 0) -> bool:
+        """Would ``allocate(request_id, num_new_tokens, num_lookahead=...)`` succeed now?
+
+        Exact (the same count against free + evictable memory ``allocate`` makes) and
+        without any effect; token ids need not be known, so an admission check asks
+        ``can_allocate(rid, prompt_len + max_new_tokens - hit)`` for a whole sequence
+        (sliding and chunked groups then count every page, as one allocate of that length
+        would hold them).  Raises like ``allocate`` on a bad count or a length past the
+        model's maximum.
+        """
+        return cache_control.can_allocate(self, self._req(request_id), num_new_tokens, num_lookahead)
+
+    def chunk_tokens(self, request_id: object, num_new_tokens: int) -> int:
+        """The largest ``n' <= num_new_tokens`` every group accepts as the end of the
+        request's next step (from its first unallocated token); ``num_new_tokens`` itself
+        when no group asks to end earlier.  Changes nothing in the manager."""
+        return cache_control.chunk_tokens(self.policies, self._req(request_id), num_new_tokens, self.caching)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached page (they become free) and empty the prefix index.
+
+        Like vLLM's, it refuses while any request holds pages (their pages are shared
+        through the index): returns False and changes nothing then, else True.  With KV
+        events on, it records one ``AllBlocksCleared``.
+        """
+        return cache_control.reset_prefix_cache(self.alloc, self.index, self.evictor)
+
+    def enable_kv_events(self) -> None:
+        """Record KV events from now on (see ``jenga.core.prefix.events``); ``take_events`` returns them."""
+        if self.index.events is None:
+            self.index.events = EventLog()
+
+    def take_events(self) -> list[KVEvent]:
+        """The KV events since the last call, oldest first ([] when not enabled)."""
+        return cache_control.take_events(self.index, self.model, self.block)
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of the large pages the budget holds."""
+        return self.alloc.num_large * self.alloc.large_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of pages live requests hold (their hits included); 0 once all are freed."""
+        alloc = self.alloc
+        return sum(n * b for n, b in zip(alloc.used_small, alloc.page_bytes, strict=True))
+
+    @property
+    def usage(self) -> float:
+        """``used_bytes / total_bytes`` (vLLM's KV-cache usage: cached pages count as free)."""
+        return self.used_bytes / self.total_bytes
+
+    # ----------------------------------------------------------- reporting
+    def request_accounting(self, req: Request) -> tuple[int, int, int, int]:
+        """(held, needed, stale, padding) bytes of one live request (see ``jenga.core.manager.stats``)."""
+        return self.accounting.request(req)
+
+    def sharing_accounting(self) -> tuple[int, int]:
+        """(bytes counted twice by per-request sums, bytes of duplicate prefix copies)."""
+        return self.accounting.sharing(self.requests.values())
+
+    def stats(self) -> CacheStats:
+        return collect_stats(self)
+
+    def check_integrity(self) -> None:
+        """Assert free + used + cached == total, refcounts match the tables, every cached
+        page is indexed and keyed, and no page serves two owners."""
+        check_manager(self)
+
+    @property
+    def layout(self):
+        """The torch buffer and per-layer views (built on first use, on ``device``)."""
+        if self._layout is None:
+            from jenga.core.layout import KVLayout
+            self._layout = KVLayout(self.model, self.alloc.num_large, device=self.device)
+        return self._layout

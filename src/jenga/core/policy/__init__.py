@@ -1,0 +1,1 @@
+"""Per-kind cache policies (full, sliding, chunked, state, image), chosen by a dict from spec type."""

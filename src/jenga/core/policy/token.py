@@ -1,0 +1,229 @@
+"""Token kinds: full attention, sliding window, chunked local attention."""
+
+from __future__ import annotations
+
+from jenga.core.policy.base import NEVER, UNTIL_FREE, PageOps, Policy, cdiv
+from jenga.core.request import GroupState, Request
+from jenga.core.tables import TokenTable
+
+
+class FullPolicy(Policy):
+    """Every token stays; a hit needs every page before it."""
+
+    bounds_hit = True
+
+    def first_needed(self, pos: int) -> int:
+        """Lowest token position a token at ``pos`` reads."""
+        return 0
+
+    def keep_from(self, pos: int) -> int:
+        """Lowest token position a request that computed ``pos`` tokens still holds."""
+        return self.first_needed(pos)
+
+    def page_key(self, req: Request, i: int) -> bytes:
+        return req.hashes[(i + 1) * (self.tpp // self.block) - 1]
+
+    def longest_prefix(self, req: Request, cand: int, ops: PageOps) -> int:
+        tpp = self.tpp
+        m = tpp // self.block
+        hashes, table = req.hashes, ops.index_table(self.gi)
+        j = cand // tpp  # try p = j * tpp: pages [first_needed(p) // tpp, j) must be cached
+        if type(self) is FullPolicy:  # every page from 0: the hit ends at the first miss
+            found = list(map(table.__contains__, hashes[m - 1:j * m:m]))
+            return (found.index(False) if not all(found) else j) * tpp
+        while j > 0:
+            lo = self.first_needed(j * tpp) // tpp
+            i = j - 1
+            while i >= lo and hashes[(i + 1) * m - 1] in table:
+                i -= 1
+            if i < lo:
+                return j * tpp
+            j = i  # any valid p must end at or below the miss
+        return 0
+
+    def hit(self, req: Request, gs: GroupState, p: int, ops: PageOps) -> None:
+        n = p // self.tpp
+        lo = self.first_needed(p) // self.tpp
+        table, m, hashes = ops.index_table(self.gi), self.tpp // self.block, req.hashes
+        found = list(map(table.get, hashes[lo * m + m - 1:n * m:m]))
+        assert None not in found, f"group {self.gi}: a hit page vanished"
+        ops.hold_run(self.gi, found)
+        gs.pages = [None] * lo + found
+        gs.registered, gs.released = n, lo
+
+    def plan(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> int:
+        return max(0, cdiv(end, self.tpp) - len(gs.pages))
+
+    def grow(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> None:
+        pages = gs.pages
+        if gs.table is None:  # the hit's pages (shared, maybe past req.hit) are never written
+            gs.table = TokenTable(self.gi, self.tpp, pages, len(pages) * self.tpp)
+        n = cdiv(end, self.tpp) - len(pages)
+        if n > 0:
+            pages.extend(ops.take_run(self.gi, n))
+        if ops.caching:  # findable from allocation on: a request admitted later in this step shares them
+            self.register_upto(req, gs, end - req.num_lookahead, ops)
+
+    def register_upto(self, req: Request, gs: GroupState, pos: int, ops: PageOps) -> None:
+        """Offer the index every held page of a full block of known tokens below ``pos``.
+
+        Called at allocate with the step's end (the engine writes the whole batch's K/V
+        before attention in each layer, so a page filled in this step may serve another
+        request of the same step) and at commit; ``unfilled`` undoes it when the fill is
+        aborted."""
+        tpp, pages, gi = self.tpp, gs.pages, self.gi
+        full = min(pos // tpp, len(req.hashes) * self.block // tpp, len(pages))
+        lo, m = gs.registered, tpp // self.block
+        if full > lo:  # page i's key is page_key(req, i)
+            ops.register_run(gi, pages[lo:full], req.hashes[(lo + 1) * m - 1:full * m:m])
+        gs.registered = max(gs.registered, full)
+
+    def unfilled(self, req: Request, gs: GroupState, computed: int, ops: PageOps) -> list[int]:
+        """Pages this request registered whose tokens are not all computed: ``computed`` is
+        where the committed tokens end after a fill was aborted (a free or a rejection
+        before the step's commit).  ``rewind`` then forgets them."""
+        table, pages, out = ops.index_table(self.gi), gs.pages, []
+        lo = max(computed, gs.table.write_from if gs.table is not None else 0) // self.tpp
+        for i in range(max(lo, gs.released), min(gs.registered, len(pages))):
+            page = pages[i]
+            if page is not None and table.get(self.page_key(req, i)) == page:
+                out.append(page)
+        return out
+
+    def rewind(self, req: Request, gs: GroupState, computed: int) -> None:
+        shared = gs.table.write_from if gs.table is not None else 0  # cached pages of the hit stay
+        gs.registered = min(gs.registered, max(computed, shared) // self.tpp)
+
+    def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
+        tpp, pages = self.tpp, gs.pages
+        if ops.caching:
+            self.register_upto(req, gs, req.num_computed, ops)
+        lo = self.keep_from(req.num_computed) // tpp
+        if lo > gs.released:  # out of window / chunk: the first pages to be evicted
+            self.release_range(req, gs, min(lo, len(pages)), ops)
+            gs.released = lo
+
+    def release_range(self, req: Request, gs: GroupState, stop: int, ops: PageOps) -> None:
+        """Drop pages ``[released, stop)`` that left the range, aged to go first."""
+        ops.drop_run(self.gi, gs.pages, gs.released, stop, ops.now - ops.out_of_range_age, self.tpp)
+
+    def free(self, req: Request, gs: GroupState, ops: PageOps) -> None:
+        ops.drop_run(self.gi, gs.pages, gs.released, len(gs.pages), req.last_access, self.tpp)
+        gs.pages.clear()
+
+    def limit(self, req: Request, gs: GroupState, ops: PageOps) -> int:
+        return len(gs.pages) * self.tpp + 1
+
+    def release_point(self, released: int) -> int:
+        """Smallest computed length at which page ``released`` is no longer read."""
+        return NEVER
+
+    def next_event(self, req: Request, gs: GroupState, ops: PageOps) -> int:
+        reg = (gs.registered + 1) * self.tpp if ops.caching else NEVER
+        return min(reg, self.release_point(gs.released))
+
+    def needed_tokens(self, req: Request, gs: GroupState) -> int:
+        return req.num_computed - self.first_needed(req.num_computed)
+
+    def stale_pages(self, req: Request, gs: GroupState) -> int:
+        lo = min(self.first_needed(req.num_computed) // self.tpp, len(gs.pages))
+        return max(0, lo - gs.released)
+
+    def duplicate_pages(self, req: Request, gs: GroupState, ops) -> int:
+        """Held pages that are a second copy of a prefix page another live request holds
+        (the request recomputed a prefix whose cached copy it could not use)."""
+        pages, m = gs.pages, self.tpp // self.block
+        table, registered, ref = ops.index_table(self.gi), ops.index.flags[self.gi], ops.ref[self.gi]
+        hashes, n = req.hashes, 0
+        for i in range(gs.released, min(len(pages), len(hashes) // m, req.num_computed // self.tpp)):
+            page = pages[i]
+            if page is not None and not registered[page]:
+                other = table.get(hashes[(i + 1) * m - 1])
+                if other is not None and other != page and ref[other] > 0:
+                    n += 1
+        return n
+
+
+class SlidingPolicy(FullPolicy):
+    """Only the last ``window`` tokens are read: a hit needs just those pages; pages
+    leave at commit time (even mid-prefill) and go to the evictor, aged to go first unless
+    they form the window before a branch point (see ``release_range``)."""
+
+    def first_needed(self, pos: int) -> int:
+        return max(0, pos - self.group.spec.window + 1)
+
+    #: tokens below the prompt end's window that are released like that window (set by the
+    #: manager): another question on the same article, whose prompt ends a little earlier,
+    #: still finds the whole window it needs
+    slack = 0
+    bounds_hit = False
+    needs_junction = True
+
+    def set_window_slack(self, slack: int | None) -> None:
+        self.slack = self.group.spec.window // 2 if slack is None else slack
+
+    def release_point(self, released: int) -> int:
+        # rounded up to a page end, so releases ride on the registration commit
+        first = (released + 1) * self.tpp + self.group.spec.window - 1
+        return cdiv(first, self.tpp) * self.tpp
+
+    def retained_spans(self, req: Request) -> list[tuple[int, int]]:
+        """Page ranges ``[lo, hi)`` that form the window before a branch point of this request:
+        its hit, its junction (where the full-attention prefix in the index ends) and its
+        prompt end (with ``slack`` tokens more below it), sorted."""
+        tpp, w = self.tpp, self.group.spec.window
+        return sorted((max(0, m - band - w + 1) // tpp, m // tpp)
+                      for m, band in ((req.hit, 0), (req.junction, 0), (req.prompt_len, self.slack)) if m > 0)
+
+    def release_range(self, req: Request, gs: GroupState, stop: int, ops: PageOps) -> None:
+        """Like the base class, except the window before a branch point (``retained_spans``):
+        a later request with that prefix needs exactly those pages, whose value is that of
+        the full-attention prefix they complete, which this request still holds.  They are
+        released at ``UNTIL_FREE + now``: the time they leave, except that the reuse order
+        keeps them after every other page reused before (its newest-first class would else take
+        them first, though their prefix is still held); ``free`` gives them its last access,
+        as it does the prefix."""
+        start, tpp = gs.released, self.tpp
+        for lo, hi in self.retained_spans(req):
+            lo, hi = max(start, lo), min(stop, hi)
+            if lo >= hi:
+                continue
+            super().release_range(req, gs, lo, ops)
+            ops.drop_run(self.gi, gs.pages, lo, hi, UNTIL_FREE + ops.now, tpp)
+            gs.released = start = hi
+        if start < stop:
+            super().release_range(req, gs, stop, ops)
+
+    def free(self, req: Request, gs: GroupState, ops: PageOps) -> None:
+        """Drop the held pages; the branch-point window pages this request released earlier,
+        if nobody holds them, take its last access too, so they age together with its
+        full-attention pages (aligned: a prefix and the window that makes it a hit leave
+        together)."""
+        released = gs.released
+        super().free(req, gs, ops)
+        if not ops.caching or not released:
+            return
+        m, hashes, tpp = self.tpp // self.block, req.hashes, self.tpp
+        stop, done = min(released, len(hashes) // m), 0
+        keys: list[bytes] = []
+        ends: list[int] = []
+        for lo, hi in self.retained_spans(req):  # sorted: each page once, in order
+            lo, hi = max(lo, done), min(hi, stop)
+            if lo < hi:
+                done = hi
+                keys += hashes[(lo + 1) * m - 1:hi * m:m]  # page i's key (``page_key``), ending at (i+1) * tpp
+                ends += range((lo + 1) * tpp, (hi + 1) * tpp, tpp)
+        if keys:
+            ops.retime_keys(self.gi, keys, ends, req.last_access)
+
+
+class ChunkedPolicy(FullPolicy):
+    """Tokens read only their own chunk: earlier chunks are released as soon as done."""
+
+    bounds_hit = False
+
+    def first_needed(self, pos: int) -> int:
+        return pos - pos % self.group.spec.chunk
+
+    def release_point(self, released: int) -> int:
+        return cdiv((released + 1) * self.tpp, self.group.spec.chunk) * self.group.spec.chunk

@@ -1,0 +1,119 @@
+"""Per-request records the manager keeps (hot: slots dataclasses)."""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+
+from jenga.core.prefix.hashing import ImageRef
+from jenga.core.tables import GroupTable, PageTables
+
+
+@dataclass(slots=True)
+class GroupState:
+    """One request's pages in one group.  Which fields matter depends on the kind."""
+
+    # token kinds: pages[i] holds the group's logical page i; None = released / not held
+    pages: list[int | None] = field(default_factory=list)
+    registered: int = 0  # pages [0, registered) were offered to the prefix index
+    released: int = 0  # pages [0, released) are None
+    # image kinds: image index -> its pages; images waiting for pages in this allocate
+    image_pages: dict[int, list[int]] = field(default_factory=dict)
+    pending: dict[int, list[int] | None] = field(default_factory=dict)
+    to_fill: set[int] = field(default_factory=set)
+    initialized: bool = False
+    # state kinds
+    work: int | None = None
+    read: int | None = None
+    read_pos: int = 0
+    checkpoints: dict[int, int] = field(default_factory=dict)
+    table: GroupTable | None = None
+
+
+@dataclass(slots=True)
+class Request:
+    request_id: object
+    tokens: array  # the known token ids, a flat uint32 array (appends are amortised O(1))
+    prompt_len: int
+    images: tuple[ImageRef, ...]
+    hashes: list[bytes]
+    groups: list[GroupState]
+    num_computed: int = 0
+    num_scheduled: int = 0  # allocated, not yet committed by append_tokens
+    num_lookahead: int = 0
+    last_access: int = 0
+    hit: int = 0  # tokens the last lookup found (pinned until allocate)
+    pins: list[tuple] = field(default_factory=list)  # the hold log: (group, page, key) or (group, pages, keys)
+    reserve: list | None = None  # the lookup's holds, recorded but not done yet (jenga.core.manager.ledger)
+    reserve_cached: int | None = None  # bytes of cached pages among them (computed when first asked)
+    limit: int = 0  # allocate may end below this without new pages (fast path)
+    tables: PageTables | None = None
+    counted: bool = False  # prefix hit statistics recorded
+    repeat: bool = False  # re-added after it was freed while running (a preemption)
+    junction: int = 0  # where the prompt leaves the cached token prefix (lookup), if past the hit
+    next_event: int = 0  # append_tokens commits groups once num_computed reaches this
+    salt_root: bytes = b""
+    pairs: list | None = None  # (policy, group state) pairs with work, set at the first allocate
+    lender: tuple | None = None  # (tokens, hashes) of a prompt starting alike (jenga.core.prefix.hash_memo)
+
+    @property
+    def start(self) -> int:
+        """First token position the next allocate covers."""
+        return self.num_computed + self.num_scheduled
+
+
+class RequestView:
+    """A live request as the manager's callers may read it (``KVCacheManager.view``): its
+    counters, its hit and junction, its page tables; read-only, and current as long as the
+    request lives (it reads the manager's record)."""
+
+    __slots__ = ("_req",)
+
+    def __init__(self, req: Request):
+        self._req = req
+
+    @property
+    def request_id(self) -> object:
+        return self._req.request_id
+
+    @property
+    def num_tokens(self) -> int:
+        """Token ids known (prompt and appended)."""
+        return len(self._req.tokens)
+
+    @property
+    def prompt_len(self) -> int:
+        return self._req.prompt_len
+
+    @property
+    def num_computed(self) -> int:
+        return self._req.num_computed
+
+    @property
+    def num_scheduled(self) -> int:
+        """Allocated, not yet committed by ``append_tokens``."""
+        return self._req.num_scheduled
+
+    @property
+    def start(self) -> int:
+        """First token position the next allocate covers."""
+        return self._req.start
+
+    @property
+    def hit(self) -> int:
+        """Tokens the last lookup found cached."""
+        return self._req.hit
+
+    @property
+    def junction(self) -> int:
+        """Where the prompt leaves the cached token prefix (lookup), if past the hit; else 0."""
+        return self._req.junction
+
+    @property
+    def tables(self) -> PageTables | None:
+        """The page tables (``None`` before the first allocate); read, never mutate."""
+        return self._req.tables
+
+    def page_ids(self, group: int) -> list[int | None]:
+        """A token group's held pages by logical page (before the first allocate: the hit's)."""
+        return self._req.groups[group].pages

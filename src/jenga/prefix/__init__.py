@@ -1,1 +1,0 @@
-"""Prefix caching: block hashing, per-kind policies and the prefix-subset evictor."""

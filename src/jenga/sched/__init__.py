@@ -1,0 +1,1 @@
+"""The torch-free scheduler, sequences and sampling parameters shared by the engine and the simulator."""
