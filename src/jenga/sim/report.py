@@ -70,8 +70,7 @@ def print_simulate(results: dict[str, SimResult], meta: dict, console=None) -> N
 
 def reproduce_title(quick: bool) -> str:
     if quick:
-        return ("jenga reproduce --quick: a smoke run at reduced sizes (checks the pipeline runs), "
-                "NOT the paper's figures: run without --quick for those")
+        return "jenga reproduce --quick: a smoke run on tiny request counts, NOT the paper's figures"
     return "Jenga (SOSP 2025) headline numbers: paper vs this reproduction"
 
 

@@ -123,6 +123,8 @@ def warn_missing_sizes(src: Source) -> None:
     missing = [f for f in _CORE_SIZES if f not in raw and f not in src.raw]
     if any(k in raw for k in _LAYER_PATTERNS):  # the layer count follows from a per-layer pattern
         missing = [f for f in missing if f != "num_hidden_layers"]
+    if missing == ["num_attention_heads"]:  # an attention-free model (Mamba, RWKV, ...) has none
+        missing = []
     if missing:
         warnings.warn(f"{src.where}: no {', '.join(missing)}; transformers' defaults for "
                       f"{src.raw.get('model_type')!r} are used, which may not be the model you mean",
