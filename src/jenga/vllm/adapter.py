@@ -242,6 +242,18 @@ class JengaKVCacheAdapter:
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
         return [0] * self.num_groups
 
+    def cached_prefix_tokens(self, request) -> int:
+        """Tokens of ``request``'s prompt jenga has cached now, for a waiting request; holds
+        nothing (a lookup let go at once; vLLM's own lookup of it comes later)."""
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            return 0
+        req = self._ensure(request)
+        if req.tables is not None:
+            return 0
+        hit = self.manager.lookup(request.request_id)
+        self.manager.lookup(request.request_id, max_tokens=0)
+        return hit
+
     def estimate_cached_tokens(self, request) -> int:
         req = self.manager.requests.get(request.request_id)
         return req.hit if req is not None else 0
