@@ -175,3 +175,63 @@ def test_tight_articles_jenga_computes_fewer_prompt_tokens_than_stock(gemma3, mo
     assert jenga["computed"] * 1.5 <= stock["computed"], got
     assert got["jenga-fcfs"]["computed"] <= stock["computed"], got
     assert got["jenga-fcfs"]["computed"] > jenga["computed"], got  # the admission order is part of the win
+
+
+# ------------------------------------------------------------ vLLM's block hashes inside vLLM
+def test_kv_events_carry_vllms_block_hashes(gemma3):
+    """jenga's index is keyed by vLLM's ``request.block_hashes`` (nothing hashed twice): every
+    page a KV event stores is named by vLLM's hash of the prefix ending at that page."""
+    from vllm.distributed.kv_events import BlockStored
+
+    rounds = bench.articles(1, 2, n_questions=2)
+    sched, hb = _scheduler(gemma3, 504, bench.longest(lambda: rounds), True)
+    adapter = sched.kv_cache_manager
+    adapter.manager.enable_kv_events()
+    stored = []
+    orig = sched.schedule
+
+    def schedule(*a, **k):
+        out = orig(*a, **k)
+        stored.extend(e for e in adapter.take_events() if isinstance(e, BlockStored))
+        return out
+
+    sched.schedule = schedule
+    requests = []
+    orig_add = sched.add_request
+
+    def add(r):
+        requests.append(r)
+        orig_add(r)
+
+    sched.add_request = add
+    got = serve_rounds(sched, hb, rounds)
+    assert got["hits"][1] == 2  # the second questions hit their articles
+    by_hash = {h: (r.request_id, i) for r in requests for i, h in enumerate(r.block_hashes)}
+    assert stored and adapter.manager.block == hb
+    tokens = {r.request_id: list(r.all_token_ids) for r in requests}
+    for e in stored:
+        bs = e.block_size
+        for j, h in enumerate(e.block_hashes):
+            rid, i = by_hash[h]  # a vLLM hash, of the prefix ending where the page ends
+            assert tokens[rid][(i + 1) * hb - bs:(i + 1) * hb] == list(e.token_ids[j * bs:(j + 1) * bs])
+    first = [e for e in stored if e.parent_block_hash is None]
+    assert all(by_hash[e.block_hashes[0]][1] == 0 for e in first)
+
+
+def test_manager_reads_the_callers_hashes_and_hashes_nothing():
+    """Two prompts whose caller hashes agree share pages (jenga hashes nothing of its own), a
+    hash block that does not divide the manager's block is refused before any change."""
+    from conftest import make_manager, two_full_model
+
+    mgr = make_manager(two_full_model(), 64, tokens_per_page=4)
+    hashes = [bytes([i]) * 32 for i in range(8)]  # one per 2 tokens: every second one keys a 4-token page
+    mgr.add_request("a", list(range(3, 19)), block_hashes=hashes, hash_block=2)
+    assert mgr.lookup("a") == 0
+    mgr.allocate("a", 16)
+    mgr.append_tokens("a", [7])
+    mgr.free("a")
+    mgr.add_request("b", list(range(100, 116)), block_hashes=hashes[:5], hash_block=2)  # other tokens
+    assert mgr.lookup("b") == 8  # the caller's hashes name the same prefix; two whole pages named so far
+    with pytest.raises(InvalidArgumentError, match="hash_block"):
+        mgr.add_request("c", [5] * 16, block_hashes=hashes, hash_block=3)
+    assert "c" not in mgr.requests

@@ -83,7 +83,8 @@ class JengaScheduler(Scheduler):
             plan = uniform_plan(kv_cache_config, self.max_model_len)
         self.kv_cache_manager = JengaKVCacheAdapter(
             plan, kv_cache_config, max_model_len=self.max_model_len, enable_caching=self.cache_config.enable_prefix_caching,
-            log_stats=self.log_stats, enable_kv_cache_events=self.enable_kv_cache_events)
+            log_stats=self.log_stats, enable_kv_cache_events=self.enable_kv_cache_events,
+            hash_block_size=self.hash_block_size)
         check_max_model_len_fits(self.kv_cache_manager.manager, self.max_model_len)
         self.num_preemptions = 0
         # cached prefixes first (jenga.vllm.admission); vLLM's priority policy keeps its own order
