@@ -1,24 +1,38 @@
-"""Stock vLLM next to vLLM + jenga on the same workloads and the same KV budget, in one run.
+"""Stock vLLM next to vLLM + jenga on the same workloads and the same KV bytes, under memory pressure.
 
 Needs the ``jenga[vllm]`` extra (``make test`` installs it into ``.venv``); runs on CPU:
 
-    .venv/bin/python benchmarks/vllm_side_by_side.py [--blocks N] [--quick]
+    .venv/bin/python benchmarks/vllm_side_by_side.py [--rows articles,hybrid,chat,control] [--quick]
 
-Workloads (tiny random-weight models, greedy, 32-token blocks):
+Workloads (tiny random-weight models, greedy, 16 new tokens per request).  Requests come in
+rounds: a round starts once the previous one is done, so what a round finds cached is what
+the previous rounds left under pressure.
 
-* ``articles``: Gemma-3 text (5 sliding layers with a 64-token window : 1 full), articles of
-  ~400 tokens with 4 questions each; the first question of an article runs alone, the
-  other three arrive after it (the window is far smaller than the article);
-* ``shared``: Llama, 48 short prompts over 3 shared 96-token prefixes, arriving a few per step;
-* ``hybrid``: Qwen3-Next (3 Gated DeltaNet state layers : 1 full-attention layer, bf16 as vLLM's
-  CPU kernels need; vLLM makes its blocks 96 tokens), the ``articles`` workload: a later
-  question resumes the article's state from the last block-boundary checkpoint (vLLM's
-  align-mode state block, jenga's state page).
+* ``articles`` (a): Gemma-3 text (5 sliding layers, 64-token window : 1 full), six ~400-token
+  articles; round ``r`` asks question ``r`` of every article (the window is far smaller than
+  the article).  Budgets from about two articles' worth of vLLM's blocks to all six;
+* ``hybrid`` (b): Qwen3-Next (3 Gated DeltaNet : 1 attention, bf16; vLLM makes its hybrid
+  block 96 tokens), short prompts (a 64-token system prompt and a question) below one block;
+* ``chat`` (c): Gemma-3 text, six conversations growing by one turn per round (the previous
+  prompt, its answer and a new message);
+* ``control`` (d): Llama (every layer full attention), the articles workload at the tightest
+  budget: jenga has no layout advantage there.
 
-Per engine: prefix hit rate (vLLM's own ``num_cached_tokens`` of each request over its
-prompt tokens), preemptions, peak running requests, generated tokens/s; then the ratios
-jenga / stock.  Both engines get ``num_gpu_blocks_override`` = ``--blocks`` of vLLM's own
-blocks, so the same bytes.
+vLLM + jenga is ``scheduler_cls="jenga.vllm.JengaScheduler"`` with its default admission order
+(waiting requests with a cached prefix first, :mod:`jenga.vllm.admission`); run with
+``JENGA_VLLM_ADMISSION=fcfs`` for vLLM's first-come-first-served order.
+
+Per row and engine: prefix hit rate (vLLM's ``num_cached_tokens`` over prompt tokens),
+prompt tokens computed (every token the engine ran that was not a decode step: cache misses
+and re-prefills after preemption; independent of the machine), preemptions, peak running
+requests, generated tokens/s; then the ratios stock / jenga for tokens computed and
+jenga / stock for tokens/s.  Both engines get ``num_gpu_blocks_override`` = the row's budget
+of vLLM's own blocks (the same bytes); ``max_model_len`` is the longest sequence of the
+workload, so every budget that holds one request starts.  Both run chunked prefill with
+``--chunk`` tokens per step (``max_num_batched_tokens``, default 128): a prompt prefilled in one
+step holds every page of its sliding layers for that step (a 420-token prompt: 17 of jenga's 32
+large pages at the tightest budget), chunks let both engines release out-of-window pages between
+steps.  ``--chunk 0`` keeps vLLM's default (2,048).
 """
 
 from __future__ import annotations
@@ -34,6 +48,9 @@ from pathlib import Path
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
+MAX_TOKENS = 16
+VOCAB = (3, 500)
+
 
 def _need_vllm() -> None:
     try:
@@ -42,95 +59,183 @@ def _need_vllm() -> None:
         sys.exit(f"vllm_side_by_side: vLLM is not importable ({e}); run `make test` once (it installs jenga[vllm])")
 
 
-def articles(rng: random.Random, n_articles: int):
-    """(prompt, wave) pairs: wave 0 = first question of each article, wave 1 = the rest."""
-    out = []
-    for _ in range(n_articles):
-        art = [rng.randrange(3, 500) for _ in range(400)]
-        for q in range(4):
-            out.append((art + [rng.randrange(3, 500) for _ in range(rng.randrange(8, 24))], min(q, 1)))
-    return out
+def _toks(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(*VOCAB) for _ in range(n)]
 
 
-def shared(rng: random.Random, n: int):
-    prefixes = [[rng.randrange(3, 500) for _ in range(96)] for _ in range(3)]
-    return [(prefixes[i % 3] + [rng.randrange(3, 500) for _ in range(rng.randrange(8, 32))], i // 6)
-            for i in range(n)]
+def articles(seed: int, n_articles: int, n_questions: int = 4, length: int = 400) -> list[list[list[int]]]:
+    """Rounds of prompts: round ``r`` = question ``r`` of every article."""
+    rng = random.Random(seed)
+    arts = [_toks(rng, length) for _ in range(n_articles)]
+    return [[a + _toks(rng, rng.randrange(8, 24)) for a in arts] for _ in range(n_questions)]
 
 
-def run(llm, items, max_tokens: int) -> dict:
-    """Feed waves (a wave starts once the previous one is done), step the engine to the end."""
+def short_prompts(seed: int, n_rounds: int, per_round: int, system: int = 64) -> list[list[list[int]]]:
+    """A shared system prompt of ``system`` tokens and a short question (shorter than one
+    96-token hybrid block in all)."""
+    rng = random.Random(seed)
+    sys_prompt = _toks(rng, system)
+    return [[sys_prompt + _toks(rng, rng.randrange(8, 24)) for _ in range(per_round)] for _ in range(n_rounds)]
+
+
+class Chat:
+    """Conversations growing by one turn per round: the previous prompt, its answer, a new message."""
+
+    def __init__(self, seed: int, n_chats: int, n_turns: int, first: int = 160, turn: int = 40):
+        self.rng = random.Random(seed)
+        self.n_turns, self.turn = n_turns, turn
+        self.history = [_toks(self.rng, first) for _ in range(n_chats)]
+
+    def rounds(self):
+        for _ in range(self.n_turns):
+            outs = yield list(self.history)
+            self.history = [h + o + _toks(self.rng, self.turn) for h, o in zip(self.history, outs, strict=True)]
+
+
+def _static(rounds):
+    for r in rounds:
+        yield r
+
+
+class Counters:
+    """Hooks on the scheduler: tokens scheduled, preemptions, peak running."""
+
+    def __init__(self, sched):
+        self.scheduled = self.preempt = self.peak = 0
+        orig_schedule, orig_preempt = sched.schedule, sched._preempt_request
+
+        def schedule(*a, **k):
+            out = orig_schedule(*a, **k)
+            self.scheduled += out.total_num_scheduled_tokens
+            self.peak = max(self.peak, len(sched.running))
+            return out
+
+        def preempt(request, *a, **k):
+            self.preempt += 1
+            return orig_preempt(request, *a, **k)
+
+        sched.schedule, sched._preempt_request = schedule, preempt
+
+
+def run(llm, rounds) -> dict:
+    """Feed the rounds (a round starts once the previous one is done); count per round."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     eng = llm.llm_engine
-    sched = eng.engine_core.engine_core.scheduler
-    preempt = {"n": 0}
-    orig = sched._preempt_request
-
-    def counting(request, *a, **k):
-        preempt["n"] += 1
-        return orig(request, *a, **k)
-
-    sched._preempt_request = counting
-    sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    cached = prompt = gen = peak = 0
+    c = Counters(eng.engine_core.engine_core.scheduler)
+    sp = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    cached = prompt = gen = n_req = 0
+    per_round = []
+    gen_rounds = rounds if hasattr(rounds, "send") else _static(rounds)
+    outs = None
     t0 = time.perf_counter()
-    for wave in sorted({w for _, w in items}):
-        for i, (p, w) in enumerate(items):
-            if w == wave:
-                eng.add_request(f"{wave}-{i}", TokensPrompt(prompt_token_ids=p), sp)
+    while True:
+        try:
+            prompts = gen_rounds.send(outs) if outs is not None else next(gen_rounds)
+        except StopIteration:
+            break
+        for i, p in enumerate(prompts):
+            eng.add_request(f"{len(per_round)}-{i}", TokensPrompt(prompt_token_ids=p), sp)
+        got, hits = {}, 0
         while eng.has_unfinished_requests():
             for out in eng.step():
                 if out.finished:
                     cached += out.num_cached_tokens or 0
+                    hits += (out.num_cached_tokens or 0) > 0
                     prompt += len(out.prompt_token_ids)
                     gen += len(out.outputs[0].token_ids)
-            peak = max(peak, len(sched.running))
+                    got[int(out.request_id.split("-")[1])] = list(out.outputs[0].token_ids)
+        n_req += len(prompts)
+        per_round.append(f"{hits}/{len(prompts)}")
+        outs = [got[i] for i in range(len(prompts))]
     dt = time.perf_counter() - t0
-    return dict(hit=cached / prompt, preempt=preempt["n"], peak=peak, tps=gen / dt)
+    computed = c.scheduled - (gen - n_req)  # every token run that was not a decode step
+    return dict(hit=cached / prompt, computed=computed, prompt=prompt, preempt=c.preempt, peak=c.peak,
+                tps=gen / dt, rounds=" ".join(per_round))
+
+
+# row name -> (family, dtype, engine kwargs, rounds builder, budgets in vLLM blocks, quick budgets)
+def rows(quick: bool) -> dict:
+    n = 4 if quick else 6
+    art = lambda: articles(0, n)  # noqa: E731
+    per_article = 6 * 14  # vLLM blocks of one 420-token article in every layer (6 groups of one layer)
+    budgets = [2 * per_article, 3 * per_article, 4 * per_article, n * per_article]
+    qwen = dict(dtype="bfloat16", mamba_ssm_cache_dtype="bfloat16")
+    return {
+        "articles": ("gemma3", {}, art, budgets[:2] + budgets[-1:] if quick else budgets),
+        "hybrid": ("qwen3_next", qwen, lambda: short_prompts(1, 4, 8), [36]),
+        "chat": ("gemma3", {}, lambda: Chat(2, n, 5).rounds(), [3 * per_article]),
+        "control": ("llama", {}, art, [2 * 14]),  # two articles' worth (one group of both layers)
+    }
+
+
+def longest(rounds_fn) -> int:
+    rounds = rounds_fn()
+    if hasattr(rounds, "send"):  # chat: the last round's prompts are known only by running it
+        chat_len = next(rounds)
+        n = 0
+        while True:
+            n = max(n, max(len(p) for p in chat_len))
+            try:
+                chat_len = rounds.send([[0] * MAX_TOKENS for _ in chat_len])
+            except StopIteration:
+                return n + MAX_TOKENS
+    return max(len(p) for r in rounds for p in r) + MAX_TOKENS
 
 
 def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}x" if b else ("inf" if a else "1.00x")
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> list:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--blocks", type=int, default=160, help="KV budget in vLLM blocks, both engines")
-    ap.add_argument("--quick", action="store_true", help="fewer requests (a smoke run)")
-    ap.add_argument("--dtype", default="float32", help="model dtype (bfloat16 on a GPU)")
+    ap.add_argument("--rows", default="articles,hybrid,chat,control", help="comma-separated rows to run")
+    ap.add_argument("--blocks", type=int, default=None, help="one budget (vLLM blocks) for every row instead")
+    ap.add_argument("--quick", action="store_true", help="four articles / chats, three budgets (a smoke run)")
+    ap.add_argument("--chunk", type=int, default=128, help="max_num_batched_tokens, both engines (0: vLLM's)")
+    ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
     args = ap.parse_args(argv)
     _need_vllm()
     from vllm_support import close, engine, model_dir
 
     root = Path(tempfile.mkdtemp(prefix="jenga-vllm-bench-"))
-    rng = random.Random(0)
-    n = 2 if args.quick else 6
-    loads = {"articles": ("gemma3", articles(rng, n), args.dtype),
-             "shared": ("llama", shared(rng, 12 if args.quick else 48), args.dtype),
-             "hybrid": ("qwen3_next", articles(rng, n), "bfloat16")}
-    rows = []
-    for name, (family, items, dtype) in loads.items():
+    table = []
+    for name in args.rows.split(","):
+        family, kw, rounds_fn, budgets = rows(args.quick)[name]
         path = model_dir(family, root)
-        res = {}
-        for side in ("stock", "jenga"):
-            llm = engine(path, jenga=side == "jenga", num_blocks=args.blocks, max_model_len=512, dtype=dtype)
-            res[side] = run(llm, items, 16)
-            close(llm)
-        rows.append((name, family, res))
-    print(f"\nsame KV budget: {args.blocks} vLLM blocks (32 tokens; 96 for the hybrid, vLLM's own choice); "
-          "greedy, 16 new tokens per request\n")
-    head = f"{'workload':10} {'engine':6} {'hit rate':>9} {'preempt':>8} {'peak run':>9} {'tok/s':>8}"
-    print(head)
-    print("-" * len(head))
-    for name, _family, res in rows:
-        for side in ("stock", "jenga"):
-            r = res[side]
-            print(f"{name:10} {side:6} {r['hit']:9.1%} {r['preempt']:8d} {r['peak']:9d} {r['tps']:8.1f}")
+        max_len = longest(rounds_fn)
+        for blocks in ([args.blocks] if args.blocks else budgets):
+            res = {}
+            for side in ("stock", "jenga"):
+                chunk = {"max_num_batched_tokens": args.chunk} if args.chunk else {}
+                llm = engine(path, jenga=side == "jenga", num_blocks=blocks, max_model_len=max_len,
+                             **{"dtype": "float32", **chunk, **kw})
+                res[side] = run(llm, rounds_fn())
+                close(llm)
+            table.append((name, family, blocks, res))
+            _print(table[-1:], args.markdown, head=len(table) == 1)
+    return table
+
+
+def _print(table, markdown: bool, head: bool) -> None:
+    cols = ["workload", "model", "blocks", "engine", "hit rate", "prompt computed", "preempt", "peak run",
+            "tok/s", "hits per round"]
+    if head:
+        print("| " + " | ".join(cols) + " |" if markdown else " ".join(f"{c:>15}" for c in cols[:9]) + "  rounds")
+        if markdown:
+            print("|" + "---|" * len(cols))
+    for name, family, blocks, res in table:
         s, j = res["stock"], res["jenga"]
-        print(f"{name:10} {'ratio':6} {ratio(j['hit'], s['hit']):>9} {'':8} {ratio(j['peak'], s['peak']):>9} "
-              f"{ratio(j['tps'], s['tps']):>8}")
+        for side, r in (("stock", s), ("jenga", j)):
+            cells = [name, family, str(blocks), side, f"{r['hit']:.1%}", f"{r['computed']}/{r['prompt']}",
+                     str(r["preempt"]), str(r["peak"]), f"{r['tps']:.1f}", r["rounds"]]
+            print("| " + " | ".join(cells) + " |" if markdown else " ".join(f"{c:>15}" for c in cells[:9])
+                  + "  " + cells[9])
+        cells = [name, family, str(blocks), "stock/jenga", "", ratio(s["computed"], j["computed"]), "",
+                 ratio(j["peak"], s["peak"]), ratio(j["tps"], s["tps"]) + " (j/s)", ""]
+        print("| " + " | ".join(cells) + " |" if markdown else " ".join(f"{c:>15}" for c in cells[:9]))
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -47,8 +47,10 @@ class JengaKVCacheAdapter:
     """Stands in for ``vllm.v1.core.kv_cache_manager.KVCacheManager`` in the scheduler."""
 
     def __init__(self, plan: VllmPlan, kv_cache_config, *, max_model_len: int, enable_caching: bool,
-                 log_stats: bool, enable_kv_cache_events: bool):
+                 log_stats: bool, enable_kv_cache_events: bool, hash_block_size: int | None = None):
         self.plan = plan
+        # vLLM's block hashes key jenga's index when its hash block divides jenga's block
+        self.hash_block_size = hash_block_size
         # read-only facts vLLM's engine core reads off the manager's groups (block sizes, specs)
         self.coordinator = SimpleNamespace(
             single_type_managers=[SimpleNamespace(block_size=g.kv_cache_spec.block_size, kv_cache_spec=g.kv_cache_spec)
@@ -153,7 +155,13 @@ class JengaKVCacheAdapter:
         mgr = self.manager
         req = mgr.view(request.request_id)
         if req is None:
-            mgr.add_request(request.request_id, request.all_token_ids, cache_salt=self._salt(request))
+            hb = self.hash_block_size
+            if self.enable_caching and hb and mgr.block % hb == 0 and request.block_hashes is not None:
+                # vLLM's own chained hashes (salt, LoRA and images in them): KV events carry them
+                mgr.add_request(request.request_id, request.all_token_ids, block_hashes=request.block_hashes,
+                                hash_block=hb)
+            else:
+                mgr.add_request(request.request_id, request.all_token_ids, cache_salt=self._salt(request))
             req = mgr.view(request.request_id)
         return req
 
@@ -236,6 +244,18 @@ class JengaKVCacheAdapter:
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         return self.get_blocks(request_id).get_block_ids()
+
+    def cached_prefix_tokens(self, request) -> int:
+        """Tokens of ``request``'s prompt jenga has cached now, for a waiting request; holds
+        nothing (a lookup let go at once; vLLM's own lookup of it comes later)."""
+        if not self.enable_caching or not compat.reads_prefix_cache(request):
+            return 0
+        req = self._ensure(request)
+        if req.tables is not None:
+            return 0
+        hit = self.manager.lookup(request.request_id, max_tokens=compat.max_cache_hit_length(request))
+        self.manager.lookup(request.request_id, max_tokens=0)
+        return hit
 
     def estimate_cached_tokens(self, request) -> int:
         req = self.manager.view(request.request_id)

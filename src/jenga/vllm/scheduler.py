@@ -15,6 +15,7 @@ from jenga.capacity import fits, max_context_tokens, pages_for_context
 from jenga.errors import InsufficientMemoryError
 from jenga.vllm import compat
 from jenga.vllm.adapter import JengaKVCacheAdapter
+from jenga.vllm.admission import HitsFirst, admission_name
 from jenga.vllm.plan import layout_name, uniform_plan
 from jenga.vllm.specs import UnsupportedInVllm
 
@@ -86,9 +87,20 @@ class JengaScheduler(Scheduler):
             plan = uniform_plan(kv_cache_config, self.max_model_len)
         self.kv_cache_manager = JengaKVCacheAdapter(
             plan, kv_cache_config, max_model_len=self.max_model_len, enable_caching=self.cache_config.enable_prefix_caching,
-            log_stats=self.log_stats, enable_kv_cache_events=self.enable_kv_cache_events)
+            log_stats=self.log_stats, enable_kv_cache_events=self.enable_kv_cache_events,
+            hash_block_size=self.hash_block_size)
         check_max_model_len_fits(self.kv_cache_manager.manager, self.max_model_len)
         self.num_preemptions = 0
+        # cached prefixes first (jenga.vllm.admission); vLLM's priority policy keeps its own order
+        self.admission = None
+        if admission_name() == "hits-first" and self.policy.value == "fcfs" and self.cache_config.enable_prefix_caching:
+            self.admission = HitsFirst(self.kv_cache_manager.cached_prefix_tokens,
+                                       window=2 * self.scheduler_config.max_num_seqs)
+
+    def schedule(self, *args, **kwargs):
+        if self.admission is not None:
+            self.admission.reorder(self.waiting)
+        return super().schedule(*args, **kwargs)
 
     def _preempt_request(self, request, *args, **kwargs) -> None:
         self.num_preemptions += 1  # counted for tests and benchmarks; jenga frees the pages in free()

@@ -192,9 +192,24 @@ class KVCacheManager:
         return req
 
     def add_request(self, request_id: object, prompt_token_ids: Sequence[int], *,
-                    images: Sequence[tuple[int, int, str] | ImageRef] = (), cache_salt: str | None = None) -> None:
+                    images: Sequence[tuple[int, int, str] | ImageRef] = (), cache_salt: str | None = None,
+                    block_hashes: Sequence[bytes] | None = None, hash_block: int | None = None) -> None:
         """Register a request.  Raises on a duplicate id, an empty or too long prompt, or
-        a bad image; changes nothing then."""
+        a bad image; changes nothing then.
+
+        ``block_hashes``: the caller's chained hashes of the request's blocks of ``hash_block``
+        tokens (default: jenga's block), each naming the whole prefix up to its block's end
+        (salt, adapter, images included): a live sequence that grows as tokens are appended
+        (vLLM's ``request.block_hashes``).  The manager then keys its prefix index by those
+        (every ``block // hash_block``-th one) and hashes nothing itself for this request;
+        ``cache_salt`` and ``images`` must already be in them."""
+        step = 1
+        if block_hashes is not None:
+            hb = checked_int(hash_block if hash_block is not None else self.block, "hash_block")
+            if self.block % hb:
+                raise InvalidArgumentError(f"request {request_id!r}: hash_block {hb} does not divide the manager's "
+                                           f"block of {self.block} tokens")
+            step = self.block // hb
         try:
             live = request_id in self.requests
         except TypeError:
@@ -212,11 +227,12 @@ class KVCacheManager:
         hashes: list[bytes] = []
         root = root_hash(checked_salt(cache_salt)) if self.caching else b""
         repeat = self._ran.pop(request_id, False)
-        if self.caching:
+        if self.caching and block_hashes is None:
             hashes = self.hasher.memo.recall(request_id, tokens, root, self.block, tuple(refs))  # the rest: lazily
         req = Request(request_id, tokens, len(tokens), tuple(refs), hashes,
                       [GroupState() for _ in self.model.groups])
         req.salt_root, req.repeat = root, repeat
+        req.source_hashes, req.hash_step = block_hashes, step
         self.requests[request_id] = req
 
     def lookup(self, request_id: object, *, max_tokens: int | None = None) -> int:
@@ -408,7 +424,7 @@ class KVCacheManager:
         del self.requests[request_id]
         if req.tables is not None:
             self._allocated -= 1
-        if self.caching:
+        if self.caching and req.source_hashes is None:
             self.hasher.memo.remember(request_id, req.tokens, req.hashes, req.salt_root, req.images)
         if req.counted or req.repeat:
             ran = self._ran

@@ -6,11 +6,12 @@ takes what the hash memo remembers of the same request (a re-add after a preempt
 hashes block by block (in doubling chunks) only up to the first page a full-attention group has
 not cached (no hit can pass a page every full-attention hit needs); the rest are hashed as the
 tokens are computed (``append_tokens``), which is when their pages join the prefix index.  The
-hashes are the same as hashing the whole prompt at once; fewer of them exist earlier.
+hashes are the same as hashing the whole prompt at once; fewer of them exist earlier.  A request
+added with the caller's ``block_hashes`` (vLLM's) reads them from that sequence instead, as far as
+it has them.
 
 ``PromptHasher`` owns the hash memo and knows the bounding full-attention policy; the manager
-hands it the request (where a caller supplies block hashes of its own for a live sequence, they
-would be taken here instead of computed).
+hands it the request.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ class PromptHasher:
         """Hash the request's first ``blocks`` blocks (those not hashed yet)."""
         hashes = req.hashes
         if blocks <= len(hashes):
+            return
+        source = req.source_hashes
+        if source is not None:  # the caller's hashes (``add_request(block_hashes=...)``): read, not hashed
+            step = req.hash_step
+            stop = min(blocks, len(source) // step, len(req.tokens) // self.block)
+            hashes.extend(source[(i + 1) * step - 1] for i in range(len(hashes), stop))
             return
         if req.images:
             extend_block_hashes(hashes, req.tokens, self.block, req.salt_root, req.images, stop=blocks)
@@ -69,7 +76,10 @@ class PromptHasher:
         while i < npages:
             have = min(npages, len(hashes) // m)
             if have <= i:
+                known = len(hashes)
                 self.hash_upto(req, min(npages, i + chunk) * m)
+                if len(hashes) == known:  # the caller's hashes end here
+                    return i * tpp
                 chunk *= 2
                 continue
             found = list(map(table.__contains__, hashes[i * m + m - 1:have * m:m]))

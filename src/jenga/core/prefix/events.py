@@ -9,9 +9,9 @@ first page, an image page, or a state checkpoint's first interval), ``token_ids`
 tokens the page covers (empty for image pages), ``block_size`` its tokens per page (a
 state group: the checkpoint interval).
 
-Not covered: the keys are jenga's block hashes (BLAKE2b chained over token blocks, salt
-and images), not vLLM's sha256-cbor ones, so a router must use the token ids, not
-recompute hashes; there is no ``lora_id`` and ``medium`` is always ``"GPU"``.
+The keys are jenga's block hashes (BLAKE2b chained over token blocks, salt and images),
+except for requests added with the caller's ``block_hashes`` (inside vLLM: vLLM's own, which
+routers recompute); there is no ``lora_id`` and ``medium`` is always ``"GPU"``.
 """
 
 from __future__ import annotations

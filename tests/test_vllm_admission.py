@@ -1,0 +1,237 @@
+"""jenga's admission order inside vLLM (``jenga.vllm.admission``) and the side-by-side
+benchmark's machine-independent claim at the scheduler level.
+
+The claim: on multi-question articles over a sliding-window model (tiny Gemma-3 text, window
+64 < 400-token articles) at the tightest budget of ``benchmarks/vllm_side_by_side.py`` (two
+articles' worth of vLLM blocks), vLLM + jenga computes fewer prompt tokens than stock vLLM.
+Here both real schedulers (vLLM's ``Scheduler`` with its own manager, ``JengaScheduler`` with
+the plugin's rewritten KV-cache config) are driven without a model: a stand-in runner samples a
+fixed token per step, so what is scheduled depends on the schedulers only (the engine run of the
+benchmark gives the same counts).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import deque
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from vllm import SamplingParams
+from vllm.engine.arg_utils import EngineArgs
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
+from vllm.v1.core.kv_cache_utils import (
+    get_kv_cache_configs,
+    get_request_block_hasher,
+    init_none_hash,
+    resolve_kv_cache_block_sizes,
+)
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+from vllm.v1.outputs import ModelRunnerOutput
+from vllm.v1.request import Request
+from vllm.v1.structured_output import StructuredOutputManager
+from vllm_support import model_dir
+
+from jenga.errors import InvalidArgumentError
+from jenga.vllm import JengaScheduler
+from jenga.vllm.admission import ADMISSION_ENV, HitsFirst, admission_name
+from jenga.vllm.plan import rewrite_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import vllm_side_by_side as bench  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("vllm-admission")
+
+
+# ------------------------------------------------------------ HitsFirst alone
+def _req(rid, preempted=False):
+    return SimpleNamespace(request_id=rid, num_preemptions=int(preempted))
+
+
+def _ids(q):
+    return [r.request_id for r in q]
+
+
+def test_hits_move_ahead_of_misses_in_queue_order():
+    q = deque([_req("a"), _req("b"), _req("c"), _req("d"), _req("e")])
+    HitsFirst(lambda r: {"b": 64, "d": 32}.get(r.request_id, 0), window=8).reorder(q)
+    assert _ids(q) == ["b", "d", "a", "c", "e"]
+
+
+def test_preempted_keep_the_front_and_the_window_bounds_the_probe():
+    probed = []
+
+    def probe(r):
+        probed.append(r.request_id)
+        return 32 if r.request_id == "c" else 0
+
+    q = deque([_req("a"), _req("p", preempted=True), _req("b"), _req("c"), _req("late")])
+    HitsFirst(probe, window=4).reorder(q)
+    assert _ids(q) == ["p", "c", "a", "b", "late"]
+    assert "late" not in probed and "p" not in probed
+
+
+def test_a_miss_overtaken_too_often_is_served_in_order_again():
+    adm = HitsFirst(lambda r: 0 if r.request_id == "miss" else 32, window=8, max_overtaken=3)
+    for step in range(5):
+        q = deque([_req("miss"), _req(f"hit{step}")])
+        adm.reorder(q)
+        assert _ids(q)[0] == (f"hit{step}" if step < 3 else "miss")
+
+
+def test_all_hits_or_all_misses_keep_the_order():
+    for hit in (0, 32):
+        q = deque([_req("a"), _req("b"), _req("c")])
+        HitsFirst(lambda r, hit=hit: hit, window=8).reorder(q)
+        assert _ids(q) == ["a", "b", "c"]
+
+
+def test_admission_env(monkeypatch):
+    monkeypatch.setenv(ADMISSION_ENV, "fcfs")
+    assert admission_name() == "fcfs"
+    monkeypatch.setenv(ADMISSION_ENV, "lpm")
+    with pytest.raises(InvalidArgumentError, match=ADMISSION_ENV):
+        admission_name()
+
+
+# ------------------------------------------------------------ the benchmark's claim
+def _gemma3_kv_config(vllm_config, blocks: int):
+    """vLLM's own KV-cache config for vllm_support's tiny Gemma-3 text (5 sliding : 1 full)."""
+    common = dict(block_size=32, num_kv_heads=1, head_size=64, dtype=torch.float32)
+    specs = {f"model.layers.{i}.self_attn.attn": (FullAttentionSpec(**common) if i == 5 else
+                                                  SlidingWindowSpec(**common, sliding_window=64))
+             for i in range(6)}
+    page = next(iter(specs.values())).page_size_bytes
+    resolve_kv_cache_layout(vllm_config, [["LBNHC"]], specs.values())  # the engine core does this first
+    vllm_config.cache_config.num_gpu_blocks_override = blocks
+    return get_kv_cache_configs(vllm_config, [specs], [blocks * page * 6 * 2])[0]
+
+
+def _scheduler(path: str, blocks: int, max_len: int, jenga: bool):
+    vc = EngineArgs(model=path, dtype="float32", block_size=32, max_model_len=max_len, max_num_seqs=8, seed=0,
+                    enable_prefix_caching=True, enforce_eager=True).create_engine_config()
+    kc = _gemma3_kv_config(vc, blocks)
+    assert kc.num_blocks == blocks
+    if jenga:
+        vc.scheduler_config.scheduler_cls = "jenga.vllm.JengaScheduler"
+        kc = rewrite_config(kc, max_len)
+    vc.cache_config.num_gpu_blocks = kc.num_blocks
+    block, hash_block = resolve_kv_cache_block_sizes(kc, vc)
+    cls = JengaScheduler if jenga else Scheduler
+    return cls(vllm_config=vc, kv_cache_config=kc, structured_output_manager=StructuredOutputManager(vc),
+               block_size=block, hash_block_size=hash_block), hash_block
+
+
+def serve_rounds(sched, hash_block: int, rounds, max_tokens: int = bench.MAX_TOKENS) -> dict:
+    """The benchmark's loop without a model: each round's requests to the end, then the next.
+    Returns prompt tokens computed (all scheduled tokens but decode steps) and hits per round."""
+    init_none_hash(get_hash_fn_by_name(sched.cache_config.prefix_caching_hash_algo))
+    hasher = get_request_block_hasher(hash_block, get_hash_fn_by_name(sched.cache_config.prefix_caching_hash_algo))
+    scheduled = generated = n = 0
+    first: dict[str, int] = {}
+    hits = []
+    for k, prompts in enumerate(rounds):
+        reqs = [Request(f"{k}-{i}", list(p), SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+                        None, block_hasher=hasher) for i, p in enumerate(prompts)]
+        for r in reqs:
+            sched.add_request(r)
+        while sched.has_requests():
+            out = sched.schedule()
+            scheduled += out.total_num_scheduled_tokens
+            for nr in out.scheduled_new_reqs:
+                first.setdefault(nr.req_id, nr.num_computed_tokens)
+            ids = list(out.num_scheduled_tokens)
+            sampled = [[5] if sched.requests[r].num_computed_tokens + out.num_scheduled_tokens[r]
+                       >= sched.requests[r].num_tokens else [] for r in ids]
+            sched.update_from_output(out, ModelRunnerOutput(
+                req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)}, sampled_token_ids=sampled,
+                logprobs=None, prompt_logprobs_dict={}, pooler_output=[]))
+        hits.append(sum(first[r.request_id] > 0 for r in reqs))
+        generated += sum(len(r.output_token_ids) for r in reqs)
+        n += len(reqs)
+    return dict(computed=scheduled - (generated - n), hits=hits)
+
+
+@pytest.fixture(scope="module")
+def gemma3(tmp_path_factory):
+    return model_dir("gemma3", tmp_path_factory.getbasetemp())
+
+
+def test_tight_articles_jenga_computes_fewer_prompt_tokens_than_stock(gemma3, monkeypatch):
+    rounds = bench.articles(0, 6)
+    max_len = bench.longest(lambda: rounds)
+    blocks = 2 * 6 * 14  # two articles' worth of vLLM's blocks (6 groups of one layer, 14 blocks each)
+    got = {}
+    for side in ("stock", "jenga", "jenga-fcfs"):
+        monkeypatch.setenv(ADMISSION_ENV, "fcfs" if side == "jenga-fcfs" else "hits-first")
+        got[side] = serve_rounds(*_scheduler(gemma3, blocks, max_len, side != "stock"), rounds)
+    stock, jenga = got["stock"], got["jenga"]
+    # stock: FCFS under a cyclic working set larger than its cache, every question misses
+    assert stock["hits"] == [0, 0, 0, 0]
+    assert jenga["computed"] * 1.5 <= stock["computed"], got
+    assert got["jenga-fcfs"]["computed"] <= stock["computed"], got
+    assert got["jenga-fcfs"]["computed"] > jenga["computed"], got  # the admission order is part of the win
+
+
+# ------------------------------------------------------------ vLLM's block hashes inside vLLM
+def test_kv_events_carry_vllms_block_hashes(gemma3):
+    """jenga's index is keyed by vLLM's ``request.block_hashes`` (nothing hashed twice): every
+    page a KV event stores is named by vLLM's hash of the prefix ending at that page."""
+    from vllm.distributed.kv_events import BlockStored
+
+    rounds = bench.articles(1, 2, n_questions=2)
+    sched, hb = _scheduler(gemma3, 504, bench.longest(lambda: rounds), True)
+    adapter = sched.kv_cache_manager
+    adapter.manager.enable_kv_events()
+    stored = []
+    orig = sched.schedule
+
+    def schedule(*a, **k):
+        out = orig(*a, **k)
+        stored.extend(e for e in adapter.take_events() if isinstance(e, BlockStored))
+        return out
+
+    sched.schedule = schedule
+    requests = []
+    orig_add = sched.add_request
+
+    def add(r):
+        requests.append(r)
+        orig_add(r)
+
+    sched.add_request = add
+    got = serve_rounds(sched, hb, rounds)
+    assert got["hits"][1] == 2  # the second questions hit their articles
+    by_hash = {h: (r.request_id, i) for r in requests for i, h in enumerate(r.block_hashes)}
+    assert stored and adapter.manager.block == hb
+    tokens = {r.request_id: list(r.all_token_ids) for r in requests}
+    for e in stored:
+        bs = e.block_size
+        for j, h in enumerate(e.block_hashes):
+            rid, i = by_hash[h]  # a vLLM hash, of the prefix ending where the page ends
+            assert tokens[rid][(i + 1) * hb - bs:(i + 1) * hb] == list(e.token_ids[j * bs:(j + 1) * bs])
+    first = [e for e in stored if e.parent_block_hash is None]
+    assert all(by_hash[e.block_hashes[0]][1] == 0 for e in first)
+
+
+def test_manager_reads_the_callers_hashes_and_hashes_nothing():
+    """Two prompts whose caller hashes agree share pages (jenga hashes nothing of its own), a
+    hash block that does not divide the manager's block is refused before any change."""
+    from conftest import make_manager, two_full_model
+
+    mgr = make_manager(two_full_model(), 64, tokens_per_page=4)
+    hashes = [bytes([i]) * 32 for i in range(8)]  # one per 2 tokens: every second one keys a 4-token page
+    mgr.add_request("a", list(range(3, 19)), block_hashes=hashes, hash_block=2)
+    assert mgr.lookup("a") == 0
+    mgr.allocate("a", 16)
+    mgr.append_tokens("a", [7])
+    mgr.free("a")
+    mgr.add_request("b", list(range(100, 116)), block_hashes=hashes[:5], hash_block=2)  # other tokens
+    assert mgr.lookup("b") == 8  # the caller's hashes name the same prefix; two whole pages named so far
+    with pytest.raises(InvalidArgumentError, match="hash_block"):
+        mgr.add_request("c", [5] * 16, block_hashes=hashes, hash_block=3)
+    assert "c" not in mgr.requests
