@@ -9,6 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 from vllm import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher
 from vllm.v1.request import Request
 from vllm_async_driver import async_config, kv_config, layer_specs, make_scheduler, run
 from vllm_support import model_dir
@@ -22,8 +24,8 @@ pytestmark = pytest.mark.xdist_group("vllm-async")
 PROMPT = list(range(3, 200))  # 197 tokens: six full 32-token blocks
 
 
-def request(rid: str, **sp) -> Request:
-    return Request(rid, PROMPT, SamplingParams(max_tokens=4, **sp), None)
+def request(rid: str, hasher=None, **sp) -> Request:
+    return Request(rid, PROMPT, SamplingParams(max_tokens=4, **sp), None, block_hasher=hasher)
 
 
 def test_cache_hit_limits_through_compat():
@@ -63,7 +65,8 @@ def warm(tmp_path_factory):
     kv = rewrite_config(kv_config(cfg, 2, 64), cfg.model_config.max_model_len)
     sched, hash_block = make_scheduler(JengaScheduler, cfg, kv)
     run(sched, hash_block, kv, [PROMPT], max_tokens=2)
-    return sched.kv_cache_manager
+    hash_fn = get_hash_fn_by_name(sched.cache_config.prefix_caching_hash_algo)
+    return sched.kv_cache_manager, get_request_block_hasher(hash_block, hash_fn)  # as the engine core hashes
 
 
 def _hit(adapter, req: Request, bound: int | None = None) -> int:
@@ -73,11 +76,12 @@ def _hit(adapter, req: Request, bound: int | None = None) -> int:
 
 
 def test_adapter_honours_the_requests_hit_limit(warm):
-    assert _hit(warm, request("full")) == 192
-    assert _hit(warm, request("bounded"), 100) == 96  # the scheduler's bound, rounded down to blocks
-    assert _hit(warm, request("skip", skip_reading_prefix_cache=True)) == 0
+    warm, hasher = warm
+    assert _hit(warm, request("full", hasher)) == 192
+    assert _hit(warm, request("bounded", hasher), 100) == 96  # the scheduler's bound, rounded down to blocks
+    assert _hit(warm, request("skip", hasher, skip_reading_prefix_cache=True)) == 0
     if compat.MINOR >= (0, 34):  # prompt logprobs scored from row 70: at most 70 tokens from the cache
-        scored = request("scored", prompt_logprobs=1, prompt_logprob_start=70, skip_reading_prefix_cache=False)
+        scored = request("scored", hasher, prompt_logprobs=1, prompt_logprob_start=70, skip_reading_prefix_cache=False)
         assert _hit(warm, scored) == 64
     assert not warm.manager.requests and warm.manager.used_bytes == 0
 

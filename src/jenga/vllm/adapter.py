@@ -156,7 +156,7 @@ class JengaKVCacheAdapter:
         req = mgr.view(request.request_id)
         if req is None:
             hb = self.hash_block_size
-            if self.enable_caching and hb and mgr.block % hb == 0 and request.block_hashes is not None:
+            if self.enable_caching and hb and mgr.block % hb == 0 and (request.block_hashes or request.num_tokens < hb):
                 # vLLM's own chained hashes (salt, LoRA and images in them): KV events carry them
                 mgr.add_request(request.request_id, request.all_token_ids, block_hashes=request.block_hashes,
                                 hash_block=hb)
