@@ -115,7 +115,7 @@ class ReuseEvictor(PrefixEvictor):
             super().add_run(group, ids, negs, last_access)
             return
         k = self.alloc.k[group]
-        times, kt, kn, ver = self.times[group], self.key_t[group], self.key_n[group], self._large_ver
+        times, kt, kn, ver = self.times[group], self.key_t[group], self.key_n[group], self.large.ver
         t, protected, page_uses = last_access, None, self.index.page_uses[group]
         if last_access >= 0:
             t, held_window = held_window_time(last_access)
@@ -195,10 +195,10 @@ class ReuseEvictor(PrefixEvictor):
                 self._prot_out[group] -= reused
                 self._e_prot += reused
             if len(entries) <= SMALL:
-                self._large_heaps[group].push_singles(entries)
+                self.large.heaps[group].push_singles(entries)
             else:  # (t, n, id, version) columns
                 ts, ns, ids, gs = zip(*entries, strict=True)
-                self._large_heaps[group].push(list(ts), list(ns), list(ids), [-1 - g for g in gs])
+                self.large.heaps[group].push(list(ts), list(ns), list(ids), [-1 - g for g in gs])
             return
         self._move_protected(group, larges, -1)
         super().on_larges_evictable(group, larges)
