@@ -49,6 +49,5 @@ class ByteAccounting:
         dup = 0
         for req in requests:
             for pol, gs in zip(self.policies, req.groups, strict=True):
-                if gs.pages:
-                    dup += pol.duplicate_pages(req, gs, self.ledger) * pol.group.page_bytes
+                dup += pol.duplicate_pages(req, gs, self.ledger) * pol.group.page_bytes
         return dup
