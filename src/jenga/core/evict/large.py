@@ -61,7 +61,7 @@ class LargeEviction:
                 return None
             g = group
         found = heaps[g].pop()[2]
-        self.evict_larges(g, [found])
+        self.evict_popped(g, [found])
         return found
 
     def evict_many(self, m: int) -> list[int]:
@@ -73,7 +73,7 @@ class LargeEviction:
         run below the next entry of any group's heap are merged with numpy instead (a run
         whose stretch was too short is looked at again after ``BULK_RUN`` more pops).  A popped
         large page is evicted later, with its group's other picks in one call
-        (``evict_larges``): popping a valid element leaves every other element's
+        (``evict_popped``): popping a valid element leaves every other element's
         validity as it was (each large page has one current version, and groups own distinct
         large pages), so the picks are the same.  With KV events (``index.events``) nothing is
         merged and a group's picks are evicted when the next pick is another group's, so the
@@ -124,10 +124,10 @@ class LargeEviction:
         """Evict each group's popped large pages (``picks[g]``, in pick order) and clear them."""
         for g, larges in enumerate(picks):
             if larges:
-                self.evict_larges(g, larges)
+                self.evict_popped(g, larges)
                 picks[g] = []
 
-    def evict_larges(self, g: int, larges: list[int]) -> None:
+    def evict_popped(self, g: int, larges: list[int]) -> None:
         """Every cached page of each of the fully evictable ``larges`` (of group ``g``, popped
         from its order) leaves, dropped in one call; they are free."""
         alloc = self.alloc
@@ -138,7 +138,7 @@ class LargeEviction:
             st = alloc.state[g]
             pages = [p for large in larges for p in range(large * k, (large + 1) * k) if st[p] == CACHED]
         self.drop_pages(g, pages)
-        alloc.evict_whole_each(g, larges)
+        alloc.evict_whole_many(g, larges)
 
     def _evict_merged(self, m: int, live: list[int], segs: list[tuple[np.ndarray, ...]]) -> list[int]:
         """Evict the first ``m`` valid elements of the merged ``segs`` (group ``live[j]``'s head

@@ -100,10 +100,6 @@ class PrefixEvictor(EvictionSource):
         """A registered USED page whose last holder left becomes CACHED with this key."""
         self.add_run(group, [page], [-prefix_len], last_access)
 
-    def add_many(self, group: int, pages: list[tuple[int, int]], last_access: int) -> None:
-        """``add`` for many (page, prefix length) pairs with one access time."""
-        self.add_run(group, [page for page, _ in pages], [-plen for _, plen in pages], last_access)
-
     def add_run(self, group: int, ids, negs, last_access: int) -> None:
         """``add_many`` for pages ``ids`` with ``-prefix length`` in ``negs`` (sequences)."""
         ids = self._set_keys(group, ids, negs, last_access)
@@ -286,11 +282,11 @@ class PrefixEvictor(EvictionSource):
         """``evict_large()`` up to ``m`` times, in its order (``LargeEviction.evict_many``)."""
         return self.large.evict_many(m)
 
-    def on_large_evictable(self, large: int) -> None:
-        self.on_larges_evictable(self.alloc.group_of[large], (large,))
+    def on_evictable(self, large: int) -> None:
+        self.on_evictable_many(self.alloc.group_of[large], (large,))
 
-    def on_larges_evictable(self, group: int, larges) -> None:
-        """``on_large_evictable`` for each of ``larges`` (all of ``group``)."""
+    def on_evictable_many(self, group: int, larges) -> None:
+        """``on_evictable`` for each of ``larges`` (all of ``group``)."""
         self._push_larges(group, larges)
 
     def _push_larges(self, group: int, larges) -> None:
@@ -367,10 +363,10 @@ class PrefixEvictor(EvictionSource):
             cached, kt, kn = st[block] == CACHED, kt[block], kn[block]
         return largest_keys(cached, kt, kn)
 
-    def on_large_unevictable(self, large: int) -> None:
+    def on_unevictable(self, large: int) -> None:
         self.large.ver[large] += 1
 
-    def on_larges_unevictable(self, larges, group: int) -> None:
+    def on_unevictable_many(self, group: int, larges) -> None:
         if len(larges) > BULK:
             view(self.large.ver)[as_ids(larges)] += 1
             return
