@@ -17,6 +17,10 @@ class GroupState:
 
     table: GroupTable | None = None  # what ``allocate`` returns for the group (made at the first one)
 
+    def token_pages(self) -> list[int | None]:
+        """Held pages by logical page: a token kind's; other kinds hold none by position ([])."""
+        return []
+
 
 @dataclass(slots=True)
 class TokenState(GroupState):
@@ -25,6 +29,9 @@ class TokenState(GroupState):
     pages: list[int | None] = field(default_factory=list)  # None = released / not held
     registered: int = 0  # pages [0, registered) were offered to the prefix index
     released: int = 0  # pages [0, released) are None
+
+    def token_pages(self) -> list[int | None]:
+        return self.pages
 
 
 @dataclass(slots=True)
@@ -136,5 +143,6 @@ class RequestView:
         return self._req.tables
 
     def page_ids(self, group: int) -> list[int | None]:
-        """A token group's held pages by logical page (before the first allocate: the hit's)."""
-        return self._req.groups[group].pages
+        """A token group's held pages by logical page (before the first allocate: the hit's); []
+        for other kinds."""
+        return self._req.groups[group].token_pages()
