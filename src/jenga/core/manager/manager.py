@@ -249,15 +249,26 @@ class KVCacheManager:
         self._release_hit(req)
         if not self.caching:
             return 0
-        top = min(len(req.tokens) - 1, len(req.tokens) // self.block * self.block)
-        if max_tokens is not None:
-            top = max(0, min(top, max_tokens))
-        top = self.hasher.for_lookup(req, top, self.ledger)
+        top = self.hasher.for_lookup(req, self._lookup_top(req, max_tokens), self.ledger)
         cand = self._fixed_point(req, top, self.policies, self.hasher.bound)
         self.junction.find(req, top, cand)
         req.hit = req.num_computed = cand
         self.ledger.record_hit(req, self.policies, self.junction.hit_of)  # held once anything else happens
         return cand
+
+    def cached_tokens(self, request_id: object, *, max_tokens: int | None = None) -> int:
+        """What ``lookup`` would answer now, read only: no page held, no hit recorded, nothing
+        counted (a scheduler ordering its waiting queue by cached prefix).  0 once allocated."""
+        req = self._req(request_id)
+        if not self.caching or req.tables is not None or req.num_scheduled:
+            return 0
+        top = self.hasher.for_lookup(req, self._lookup_top(req, max_tokens), self.ledger)
+        return self._fixed_point(req, top, self.policies, self.hasher.bound)
+
+    def _lookup_top(self, req: Request, max_tokens: int | None) -> int:
+        """The longest hit a lookup may take: whole blocks, never the last token, ``max_tokens``."""
+        top = min(len(req.tokens) - 1, len(req.tokens) // self.block * self.block)
+        return top if max_tokens is None else max(0, min(top, max_tokens))
 
     def _fixed_point(self, req: Request, cand: int, policies: list[Policy], bound: Policy | None = None) -> int:
         """The longest prefix no longer than ``cand`` that every one of ``policies`` accepts;

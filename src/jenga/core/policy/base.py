@@ -66,6 +66,12 @@ class PageOps(ABC):
         dropped them now; the others are left alone."""
 
     @abstractmethod
+    def age_keys(self, group: int, keys: list[bytes], ends: list[int], stamp: int) -> None:
+        """Like ``retime_keys`` with the release time ``stamp``, but only for pages released
+        later than ``stamp``: a page never becomes newer (pages that left the window keep
+        their own, older time)."""
+
+    @abstractmethod
     def register(self, group: int, page: int, key: bytes) -> bool:
         """Offer a fully written page to the prefix index; False if the key is taken."""
 
