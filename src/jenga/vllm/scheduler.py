@@ -91,10 +91,12 @@ class JengaScheduler(Scheduler):
             hash_block_size=self.hash_block_size)
         check_max_model_len_fits(self.kv_cache_manager.manager, self.max_model_len)
         self.num_preemptions = 0
-        # cached prefixes first (jenga.vllm.admission); vLLM's priority policy keeps its own order
+        # cached prefixes first (jenga.vllm.admission); vLLM's priority policy keeps its own order,
+        # and vLLM's own cache-aware admission (0.34, opt-in) asks the adapter instead
         self.admission = None
-        if admission_name() == "hits-first" and self.policy.value == "fcfs" and self.cache_config.enable_prefix_caching:
-            self.admission = HitsFirst(self.kv_cache_manager.cached_prefix_tokens,
+        if (admission_name() == "hits-first" and self.policy.value == "fcfs" and self.cache_config.enable_prefix_caching
+                and not compat.cache_aware_admission(vllm_config)):
+            self.admission = HitsFirst(self.kv_cache_manager.get_num_cached_tokens,
                                        window=2 * self.scheduler_config.max_num_seqs)
 
     def schedule(self, *args, **kwargs):
