@@ -31,6 +31,7 @@ from jenga.core.manager.accounting import ByteAccounting
 from jenga.core.manager.admission import Admission
 from jenga.core.manager.integrity import check_manager
 from jenga.core.manager.ledger import Grant, PageLedger
+from jenga.core.manager.miss_reasons import MissReasons
 from jenga.core.manager.prompt_hashes import PromptHasher
 from jenga.core.manager.shared_recompute import Junction
 from jenga.core.manager.stats import CacheStats, collect_stats
@@ -122,6 +123,7 @@ class KVCacheManager:
         self.hasher = PromptHasher(self.policies, self.block)  # bounds how far a lookup hashes
         self.junction = Junction(self.policies, self.block, self.caching, self.hasher.bound, self._fixed_point)
         self.accounting = ByteAccounting(self.policies, self.ledger, model)
+        self.misses = MissReasons(self.block)  # prefix misses by cause, counted with the hits
         self.requests: dict[object, Request] = {}
         self._allocated = 0  # live requests past their first allocate
         self._max_tokens = model.max_model_len + 1
@@ -249,9 +251,12 @@ class KVCacheManager:
         self._release_hit(req)
         if not self.caching:
             return 0
-        top = self.hasher.for_lookup(req, self._lookup_top(req, max_tokens), self.ledger)
-        cand = self._fixed_point(req, top, self.policies, self.hasher.bound)
-        self.junction.find(req, top, cand)
+        top = self._lookup_top(req, max_tokens)
+        reach = self.hasher.for_lookup(req, top, self.ledger)
+        cand = self._fixed_point(req, reach, self.policies, self.hasher.bound)
+        self.junction.find(req, reach, cand)
+        req.misses = () if cand == top else self.misses.classify(req, top, reach, cand, self.policies,
+                                                                  self.hasher.bound, self.ledger, self._index)
         req.hit = req.num_computed = cand
         self.ledger.record_hit(req, self.policies, self.junction.hit_of)  # held once anything else happens
         return cand
@@ -353,6 +358,7 @@ class KVCacheManager:
             req.counted = True
             self.prefix_query_tokens += req.prompt_len
             self.prefix_hit_tokens += req.hit
+            self.misses.count(req.misses)
             if not req.repeat:
                 self.first_query_tokens += req.prompt_len
                 self.first_hit_tokens += req.hit

@@ -121,6 +121,8 @@ class Policy(ABC):
     #: a hit needs every page of the group below it (full attention): it bounds how far a lookup
     #: hashes (:mod:`jenga.core.manager.prompt_hashes`) and where the junction lies
     bounds_hit = False
+    #: what a lookup this kind's pages cut short missed (``jenga.core.manager.miss_reasons``)
+    miss_reason = "window_evicted"
     #: the group resumes from less than the whole prefix (a window, a state checkpoint): it needs the
     #: junction, where the cached full-attention prefix ends (:mod:`jenga.core.manager.shared_recompute`)
     needs_junction = False

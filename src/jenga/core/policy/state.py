@@ -38,6 +38,7 @@ class MambaPolicy(Policy):
       a later request leaves it is not known yet)."""
 
     needs_junction = True
+    miss_reason = "no_checkpoint"
 
     #: jenga's engine writes no K/V below ``TokenTable.write_from`` (``jenga.core.manager.shared_recompute``)
     recompute_under_shared = True
