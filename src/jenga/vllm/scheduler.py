@@ -8,6 +8,7 @@ vLLM features jenga does not cover are refused here, at engine start, by name.
 
 from __future__ import annotations
 
+from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -16,8 +17,11 @@ from jenga.errors import InsufficientMemoryError
 from jenga.vllm import compat
 from jenga.vllm.adapter import JengaKVCacheAdapter
 from jenga.vllm.admission import HitsFirst, admission_name
+from jenga.vllm.metrics import Snapshots, startup_line
 from jenga.vllm.plan import layout_name, uniform_plan
 from jenga.vllm.specs import UnsupportedInVllm
+
+logger = init_logger("vllm.jenga")  # under vLLM's logger: its handlers and level
 
 
 def refuse_unsupported(vllm_config) -> None:
@@ -90,6 +94,11 @@ class JengaScheduler(Scheduler):
             log_stats=self.log_stats, enable_kv_cache_events=self.enable_kv_cache_events,
             hash_block_size=self.hash_block_size)
         check_max_model_len_fits(self.kv_cache_manager.manager, self.max_model_len)
+        logger.info("%s", startup_line(self.kv_cache_manager.manager))
+        # jenga's gauges on vLLM's /metrics (jenga.vllm.metrics), refreshed with vLLM's own stats
+        self.snapshots = Snapshots() if self.log_stats else None
+        if self.snapshots is not None:
+            self.snapshots.write(self.kv_cache_manager.manager, force=True)
         self.num_preemptions = 0
         # cached prefixes first (jenga.vllm.admission); vLLM's priority policy keeps its own order,
         # and vLLM's own cache-aware admission (0.34, opt-in) asks the adapter instead
@@ -103,6 +112,12 @@ class JengaScheduler(Scheduler):
         if self.admission is not None:
             self.admission.reorder(self.waiting)
         return super().schedule(*args, **kwargs)
+
+    def make_stats(self, *args, **kwargs):
+        stats = super().make_stats(*args, **kwargs)
+        if self.snapshots is not None:
+            self.snapshots.write(self.kv_cache_manager.manager)
+        return stats
 
     def _preempt_request(self, request, *args, **kwargs) -> None:
         self.num_preemptions += 1  # counted for tests and benchmarks; jenga frees the pages in free()
