@@ -292,3 +292,30 @@ def test_window_of_a_held_prefix_outlives_every_other_reused_page():
     assert order == list(range(17, 10, -1)) + list(range(39, 32, -1)) + [10, 21, 32, 43, 44, 45, 49, 50] + \
         [31, 42, 30, 41, 29, 40] + list(range(28, 21, -1)) + [20, 19, 18]
     mgr.check_integrity()
+
+
+def test_a_conversations_earlier_windows_go_before_its_newest_tail():
+    """A chat growing by turns: each turn hits the previous one's whole sequence.  The windows
+    before the earlier turns' branch points (turn 2's hit at 11, its prompt end, turn 1's end)
+    are aged by turn 3's hit past them, so they leave right after the pages that left the window
+    and before turn 3's tail, the window the next turn needs.  (They used to be kept as reused
+    pages, after every other page, the full-attention prefix included.)"""
+    mgr = make_manager(full_swa(4), 64, out_of_window_age=1000, eviction="reuse")
+    t1 = list(range(100, 110))
+    t2 = t1 + [1, 2, 200, 201, 202]
+    t3 = t2 + [3, 4, 300, 301, 302]
+    assert serve(mgr, "t1", t1, [1, 2]) == 0
+    assert serve(mgr, "t2", t2, [3, 4]) == 11
+    assert serve(mgr, "t3", t3, [5, 6]) == 16
+    end = [{p: -k[1] for p, k in cached_keys(mgr, g).items()} for g in (0, 1)]
+    order = []
+    while (large := mgr.evictor.evict_large()) is not None:  # one page per large page: page ids
+        order.append(("swa", end[1][large]) if large in end[1] else ("full", end[0][large]))
+        mgr.check_integrity()
+    swa = [e for g, e in order if g == "swa"]
+    # aged (out of the window), then the earlier turns' windows (8..13), the newest tail (17..21)
+    # aligned with the full prefix, the hit window at 16 (14..16), the full prefix last
+    assert swa == [7, 6, 5, 4, 3, 2, 1, 8, 12, 13, 11, 10, 9, 17, 21, 20, 19, 18, 16, 15, 14]
+    assert order[14:] == [("full", 21), ("swa", 21), ("full", 20), ("swa", 20), ("full", 19), ("swa", 19),
+                          ("full", 18), ("swa", 18), ("full", 17), ("full", 16), ("swa", 16), ("full", 15),
+                          ("swa", 15), ("full", 14), ("swa", 14)] + [("full", e) for e in range(13, 0, -1)]

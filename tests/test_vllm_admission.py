@@ -111,9 +111,10 @@ def _gemma3_kv_config(vllm_config, blocks: int):
     return get_kv_cache_configs(vllm_config, [specs], [blocks * page * 6 * 2])[0]
 
 
-def _scheduler(path: str, blocks: int, max_len: int, jenga: bool):
+def _scheduler(path: str, blocks: int, max_len: int, jenga: bool, chunk: int | None = None):
+    chunk = {} if chunk is None else {"max_num_batched_tokens": chunk}
     vc = EngineArgs(model=path, dtype="float32", block_size=32, max_model_len=max_len, max_num_seqs=8, seed=0,
-                    enable_prefix_caching=True, enforce_eager=True).create_engine_config()
+                    enable_prefix_caching=True, enforce_eager=True, **chunk).create_engine_config()
     kc = _gemma3_kv_config(vc, blocks)
     assert kc.num_blocks == blocks
     if jenga:
@@ -175,6 +176,26 @@ def test_tight_articles_jenga_computes_fewer_prompt_tokens_than_stock(gemma3, mo
     assert jenga["computed"] * 1.5 <= stock["computed"], got
     assert got["jenga-fcfs"]["computed"] <= stock["computed"], got
     assert got["jenga-fcfs"]["computed"] > jenga["computed"], got  # the admission order is part of the win
+
+
+def test_growing_chats_jenga_computes_no_more_than_stock(gemma3):
+    """The benchmark's chat row (six conversations growing by one turn per round, three
+    articles' worth of blocks, 128-token chunks): the windows of a chat's earlier turns must
+    not outlive its newest tail (``SlidingPolicy.hit``), so jenga hits every turn as stock does."""
+    chats = bench.Chat(2, 6, 5).rounds()
+    prompts, rounds = next(chats), []
+    while True:  # the stand-in runner samples token 5: every answer is 16 fives
+        rounds.append(prompts)
+        try:
+            prompts = chats.send([[5] * bench.MAX_TOKENS for _ in prompts])
+        except StopIteration:
+            break
+    max_len = max(len(p) for r in rounds for p in r) + bench.MAX_TOKENS
+    got = {side: serve_rounds(*_scheduler(gemma3, 3 * 6 * 14, max_len, side == "jenga", chunk=128), rounds)
+           for side in ("stock", "jenga")}
+    assert got["stock"]["hits"] == [0, 6, 6, 6, 6], got
+    assert got["jenga"]["computed"] <= got["stock"]["computed"], got
+    assert got["jenga"]["hits"][1:3] == [6, 6], got
 
 
 # ------------------------------------------------------------ vLLM's block hashes inside vLLM

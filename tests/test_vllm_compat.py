@@ -104,15 +104,53 @@ def test_extensible_kv_cache_is_turned_off_for_jengas_engines_only():
     assert ask(stock, [{}]) == "the model has no KV cache"
 
 
-def test_engine_start_refuses_what_jenga_cannot_serve_on_this_version(tmp_path_factory):
+def test_num_cached_tokens_is_read_only(warm):
+    """``get_num_cached_tokens`` (0.34's cache-aware admission, jenga's own hits-first order)
+    answers what the next ``get_computed_blocks`` takes and changes nothing: no page held,
+    no hit counted, no evictor key moved, the cache as it was."""
+    warm, hasher = warm
+    mgr = warm.manager
+    def state():
+        stats = mgr.stats().as_dict()
+        stats.pop("num_requests")  # the probed requests' records (tokens, vLLM's hashes; no pages)
+        return stats, [dict(k) for k in mgr.evictor.keys], mgr.prefix_query_tokens
+
+    before = state()
+    full = request("probe-full", hasher)
+    skip = request("probe-skip", hasher, skip_reading_prefix_cache=True)
+    assert [warm.get_num_cached_tokens(full) for _ in range(2)] == [192, 192]
+    assert warm.get_num_cached_tokens(skip) == 0
+    mgr.check_integrity()
+    assert state() == before
+    assert _hit(warm, full) == 192  # the probe's answer is the hit
+    warm.free(skip)
+    assert not mgr.requests and mgr.used_bytes == 0
+
+
+def test_cache_aware_admission_reorders_through_the_adapter(tmp_path_factory):
+    """vLLM 0.34's opt-in cache-aware admission runs with jenga's scheduler (jenga's own
+    hits-first order steps aside): a waiting request with a cached prefix overtakes a miss."""
     from jenga.vllm.scheduler import refuse_unsupported
 
+    if compat.MINOR < (0, 34):
+        pytest.skip("cache-aware admission exists from vLLM 0.34 on")
     cfg = async_config(model_dir("llama", tmp_path_factory.getbasetemp()))
-    refuse_unsupported(cfg)  # the plain config passes
-    if compat.MINOR >= (0, 34):
-        cfg.scheduler_config.cache_aware_admission_window = 4
-        with pytest.raises(compat.UnsupportedInVllm, match="cache-aware admission"):
-            refuse_unsupported(cfg)
+    cfg.scheduler_config.async_scheduling = False
+    cfg.scheduler_config.cache_aware_admission_window = 4
+    cfg.scheduler_config.cache_aware_admission_threshold = 0.0
+    refuse_unsupported(cfg)
+    kv = rewrite_config(kv_config(cfg, 2, 64), cfg.model_config.max_model_len)
+    sched, hash_block = make_scheduler(JengaScheduler, cfg, kv)
+    assert sched.admission is None and compat.cache_aware_admission(cfg)
+    run(sched, hash_block, kv, [PROMPT], max_tokens=2)
+    hasher = get_request_block_hasher(hash_block, get_hash_fn_by_name(sched.cache_config.prefix_caching_hash_algo))
+    miss = Request("miss", list(range(300, 420)), SamplingParams(max_tokens=2), None, block_hasher=hasher)
+    hit = request("hit", hasher)
+    sched.add_request(miss)
+    sched.add_request(hit)
+    out = sched.schedule()  # admitted in the reordered queue's order
+    assert [(r.req_id, r.num_computed_tokens) for r in out.scheduled_new_reqs] == [("hit", 192), ("miss", 0)]
+    sched.kv_cache_manager.manager.check_integrity()
 
 
 def test_plugin_rewrites_the_planners_configs_with_this_versions_arguments(tmp_path_factory):

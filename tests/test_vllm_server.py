@@ -58,7 +58,7 @@ def server(tmp_path_factory):
                 pass
             assert time.time() < deadline, f"server did not start; see {log.name}"
             time.sleep(1)
-        yield base, openai.OpenAI(base_url=f"{base}/v1", api_key="none")
+        yield base, openai.OpenAI(base_url=f"{base}/v1", api_key="none"), log.name
     finally:
         proc.terminate()
         try:
@@ -77,7 +77,7 @@ def _idle(base: str) -> float:
 
 
 def test_streaming_equals_plain_and_hits_the_prefix_cache(server):
-    base, client = server
+    base, client, _ = server
     plain = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0)
     stream = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0, stream=True)
     text = "".join(chunk.choices[0].text for chunk in stream)
@@ -86,7 +86,7 @@ def test_streaming_equals_plain_and_hits_the_prefix_cache(server):
 
 
 def test_cancelled_stream_is_aborted_and_every_page_reclaimed(server):
-    base, client = server
+    base, client, _ = server
     stream = client.completions.create(model="tiny", prompt=PROMPT + " again", max_tokens=300, temperature=0,
                                        stream=True, extra_body={"ignore_eos": True})
     got = 0
@@ -99,3 +99,35 @@ def test_cancelled_stream_is_aborted_and_every_page_reclaimed(server):
     ok = client.completions.create(model="tiny", prompt="after the cancel", max_tokens=4, temperature=0)
     assert ok.usage.completion_tokens == 4
     assert _idle(base) == 0.0
+
+
+def _labelled(base: str, name: str) -> dict[str, float]:
+    """``label value -> value`` of a gauge with one label besides ``engine``."""
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    out = {}
+    for m in re.finditer(rf"^{re.escape(name)}{{([^}}]*)}} ([0-9.e+-]+)$", text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        labels.pop("engine")
+        out[labels.popitem()[1]] = float(m.group(2))
+    return out
+
+
+def test_jengas_figures_on_vllms_metrics_and_its_start_up_line(server):
+    """The engine core (another process) publishes jenga's figures; the server's /metrics shows
+    them next to vLLM's: pool, bytes per group, waste by cause, prefix misses by reason."""
+    base, client, log = server
+    for _ in range(2):  # a cold miss, then a hit
+        client.completions.create(model="tiny", prompt=PROMPT + " metrics", max_tokens=2, temperature=0)
+    _idle(base)
+    time.sleep(1.5)  # the engine core refreshes its figures at most once a second, with vLLM's stats
+    client.completions.create(model="tiny", prompt="refresh", max_tokens=2, temperature=0)
+    assert _metric(base, "jenga_kv_pool_bytes") > 0
+    assert set(_labelled(base, "jenga_kv_used_bytes")) == {"g0.full"}
+    assert {"large_page", "out_of_window", "padding"} <= set(_labelled(base, "jenga_kv_waste_bytes"))
+    misses = _labelled(base, "jenga_prefix_miss_tokens")
+    assert set(misses) == {"window_evicted", "no_checkpoint", "evicted", "other_salt", "never_cached"}
+    assert misses["never_cached"] > 0
+    assert 0 < _metric(base, "jenga_prefix_hit_tokens") < _metric(base, "jenga_prefix_query_tokens")
+    with open(log) as f:
+        assert re.search(r"jenga active: .*groups: g0\.full \(\d+ layers, page .*large page .*pool \d+ large pages",
+                         f.read())

@@ -73,6 +73,7 @@ class Request:
     limit: int = 0  # allocate may end below this without new pages (fast path)
     tables: PageTables | None = None
     counted: bool = False  # prefix hit statistics recorded
+    misses: tuple = ()  # (reason, tokens) pairs of the last lookup (jenga.core.manager.miss_reasons)
     repeat: bool = False  # re-added after it was freed while running (a preemption)
     junction: int = 0  # where the prompt leaves the cached token prefix (lookup), if past the hit
     next_event: int = 0  # append_tokens commits groups once num_computed reaches this

@@ -245,17 +245,16 @@ class JengaKVCacheAdapter:
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         return self.get_blocks(request_id).get_block_ids()
 
-    def cached_prefix_tokens(self, request) -> int:
-        """Tokens of ``request``'s prompt jenga has cached now, for a waiting request; holds
-        nothing (a lookup let go at once; vLLM's own lookup of it comes later)."""
+    def get_num_cached_tokens(self, request) -> int:
+        """Tokens of ``request``'s prompt jenga has cached now (vLLM >= 0.34's cache-aware
+        admission; jenga's own ``HitsFirst``).  Read only: no page held, no hit or miss counted,
+        no KV event (``KVCacheManager.cached_tokens``); a request jenga has not seen yet gets
+        its record (tokens and vLLM's block hashes, no pages), as its first scheduling would
+        give it, and vLLM frees every request it finishes or aborts, waiting or not."""
         if not self.enable_caching or not compat.reads_prefix_cache(request):
             return 0
-        req = self._ensure(request)
-        if req.tables is not None:
-            return 0
-        hit = self.manager.lookup(request.request_id, max_tokens=compat.max_cache_hit_length(request))
-        self.manager.lookup(request.request_id, max_tokens=0)
-        return hit
+        self._ensure(request)
+        return self.manager.cached_tokens(request.request_id, max_tokens=compat.max_cache_hit_length(request))
 
     def estimate_cached_tokens(self, request) -> int:
         req = self.manager.view(request.request_id)

@@ -7,7 +7,8 @@ The rest of :mod:`jenga.vllm` asks this module instead of testing versions itsel
   the scheduler calls ``get_computed_blocks(request, max_cache_hit_length)``.
 * 0.33 -> 0.34: ``Request.skip_reading_prefix_cache`` became ``prefix_cache_hit_limit``
   with ``Request.get_max_cache_hit_length(bound)`` (a prompt-logprob request gets a bounded
-  hit); opt-in cache-aware admission calls ``get_num_cached_tokens``; the "extensible KV
+  hit); opt-in cache-aware admission calls ``get_num_cached_tokens`` (read only; jenga's own
+  cached-prefix-first order steps aside for it, ``cache_aware_admission``); the "extensible KV
   cache" (on by default on CUDA) resizes the KV tensors after warm-up, i.e. after jenga's
   layout, so the plugin turns it off when jenga's scheduler is selected.
 """
@@ -44,7 +45,6 @@ NOT_PROVIDED = {
     "coordinator.get_num_blocks_to_allocate": "KV connectors (parked async KV loads)",
     "empty_kv_cache_blocks.blocks": "KV connectors (parked async KV loads)",
     "mamba_shared_prefix_checkpoint": "fine-grained hash hits (the adapter's coordinator reports none)",
-    "get_num_cached_tokens": "cache-aware admission (vLLM 0.34's cache_aware_admission_window)",
 }
 
 
@@ -75,14 +75,17 @@ def max_cache_hit_length(request, bound: int | None = None) -> int:
 
 def refusals(vllm_config) -> list[tuple[bool, str]]:
     """Features of some versions jenga's scheduler refuses at engine start: (present, what)."""
-    sc = vllm_config.scheduler_config
     return [
-        (getattr(sc, "cache_aware_admission_window", 0) > 0,
-         "cache-aware admission (cache_aware_admission_window > 0)"),
         (getattr(vllm_config.cache_config, "enable_extensible_kv_cache", False) is True,
          "the extensible KV cache (it resizes the KV tensors after jenga's layout); the jenga plugin turns it "
          "off in the engine core"),
     ]
+
+
+def cache_aware_admission(vllm_config) -> bool:
+    """Whether vLLM orders its waiting queue by cached prefix itself (0.34's opt-in
+    ``cache_aware_admission_window``, through the adapter's ``get_num_cached_tokens``)."""
+    return getattr(vllm_config.scheduler_config, "cache_aware_admission_window", 0) > 0
 
 
 EXTENSIBLE_OFF = ("jenga.vllm.JengaScheduler lays out the KV cache before warm-up (page-layer rewrite); the "

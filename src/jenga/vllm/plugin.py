@@ -4,7 +4,8 @@ vLLM runs ``register()`` in every process (engine core and workers).  It wraps
 ``vllm.v1.engine.core.get_kv_cache_configs`` so that, when the engine's scheduler is
 jenga's, the configs sent to the workers (and the scheduler's own) carry jenga's
 page-layer layout and plan (see :mod:`jenga.vllm.plan`).  On vLLM 0.34 it also turns the
-extensible KV cache off for such engines (:func:`jenga.vllm.compat.turn_off_extensible_kv_cache`).
+extensible KV cache off for such engines (:func:`jenga.vllm.compat.turn_off_extensible_kv_cache`),
+and registers jenga's ``/metrics`` collector (:mod:`jenga.vllm.metrics`).
 Engines with vLLM's own scheduler are left untouched.
 """
 
@@ -28,8 +29,10 @@ def register() -> None:
     import vllm.v1.engine.core as core
 
     from jenga.vllm.compat import turn_off_extensible_kv_cache
+    from jenga.vllm.metrics import register_collector
 
     turn_off_extensible_kv_cache(uses_jenga)
+    register_collector()  # jenga's gauges on /metrics, read from the engine cores' snapshots
     original = core.get_kv_cache_configs
     if getattr(original, _MARK, False):
         return

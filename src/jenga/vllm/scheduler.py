@@ -8,6 +8,7 @@ vLLM features jenga does not cover are refused here, at engine start, by name.
 
 from __future__ import annotations
 
+from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -16,8 +17,11 @@ from jenga.errors import InsufficientMemoryError
 from jenga.vllm import compat
 from jenga.vllm.adapter import JengaKVCacheAdapter
 from jenga.vllm.admission import HitsFirst, admission_name
+from jenga.vllm.metrics import Snapshots, startup_line
 from jenga.vllm.plan import layout_name, uniform_plan
 from jenga.vllm.specs import UnsupportedInVllm
+
+logger = init_logger("vllm.jenga")  # under vLLM's logger: its handlers and level
 
 
 def refuse_unsupported(vllm_config) -> None:
@@ -90,17 +94,30 @@ class JengaScheduler(Scheduler):
             log_stats=self.log_stats, enable_kv_cache_events=self.enable_kv_cache_events,
             hash_block_size=self.hash_block_size)
         check_max_model_len_fits(self.kv_cache_manager.manager, self.max_model_len)
+        logger.info("%s", startup_line(self.kv_cache_manager.manager))
+        # jenga's gauges on vLLM's /metrics (jenga.vllm.metrics), refreshed with vLLM's own stats
+        self.snapshots = Snapshots() if self.log_stats else None
+        if self.snapshots is not None:
+            self.snapshots.write(self.kv_cache_manager.manager, force=True)
         self.num_preemptions = 0
-        # cached prefixes first (jenga.vllm.admission); vLLM's priority policy keeps its own order
+        # cached prefixes first (jenga.vllm.admission); vLLM's priority policy keeps its own order,
+        # and vLLM's own cache-aware admission (0.34, opt-in) asks the adapter instead
         self.admission = None
-        if admission_name() == "hits-first" and self.policy.value == "fcfs" and self.cache_config.enable_prefix_caching:
-            self.admission = HitsFirst(self.kv_cache_manager.cached_prefix_tokens,
+        if (admission_name() == "hits-first" and self.policy.value == "fcfs" and self.cache_config.enable_prefix_caching
+                and not compat.cache_aware_admission(vllm_config)):
+            self.admission = HitsFirst(self.kv_cache_manager.get_num_cached_tokens,
                                        window=2 * self.scheduler_config.max_num_seqs)
 
     def schedule(self, *args, **kwargs):
         if self.admission is not None:
             self.admission.reorder(self.waiting)
         return super().schedule(*args, **kwargs)
+
+    def make_stats(self, *args, **kwargs):
+        stats = super().make_stats(*args, **kwargs)
+        if self.snapshots is not None:
+            self.snapshots.write(self.kv_cache_manager.manager)
+        return stats
 
     def _preempt_request(self, request, *args, **kwargs) -> None:
         self.num_preemptions += 1  # counted for tests and benchmarks; jenga frees the pages in free()

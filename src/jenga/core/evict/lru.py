@@ -111,6 +111,11 @@ class PrefixEvictor(EvictionSource):
             self.alloc.to_cached_many(group, ids)
         self._fresh = None
 
+    def release_stamps(self, group: int, pages) -> list[int]:
+        """The time each CACHED page of ``pages`` was released at (its key's time)."""
+        kt = self.key_t[group]
+        return [kt[page] for page in pages]
+
     def retime_run(self, group: int, ids, negs, last_access: int) -> None:
         """``touch_many`` then ``add_run`` for distinct CACHED ``ids``, in place: the same keys
         and orders without moving the pages through USED (their large pages stay in E and

@@ -161,6 +161,11 @@ class ReuseEvictor(PrefixEvictor):
         self._protect(group, (page,), False)
         return self.times[group][page]
 
+    def release_stamps(self, group: int, pages) -> list[int]:
+        """``PrefixEvictor.release_stamps`` from the release times (a key here may be a class)."""
+        times = self.times[group]
+        return [held_window_time(times[page])[0] for page in pages]
+
     def release_keys(self, group: int, pages: list[int], keys: list[tuple[int, int]]) -> list[tuple[int, int]]:
         self._protect(group, pages, False)
         if len(pages) > BULK:

@@ -8,6 +8,7 @@ prompts.  The ids of the last ``REPEAT_MEMO_SIZE`` freed requests that had run a
 
 from __future__ import annotations
 
+from jenga.core.manager.miss_reasons import REASONS
 from jenga.core.request import Request
 
 REPEAT_MEMO_SIZE = 256  # freed ids remembered as having run (a re-add is a repeat lookup)
@@ -22,6 +23,7 @@ class HitCounts:
         self.query_tokens = 0
         self.first_hit_tokens = 0
         self.first_query_tokens = 0
+        self.miss_tokens = dict.fromkeys(REASONS, 0)  # prompt tokens missed, by cause (all lookups)
         self._ran: dict[object, bool] = {}  # freed request ids that had run (their re-add is a repeat)
 
     def is_repeat(self, request_id: object) -> bool:
@@ -34,6 +36,8 @@ class HitCounts:
             req.counted = True
             self.query_tokens += req.prompt_len
             self.hit_tokens += req.hit
+            for reason, n in req.misses:
+                self.miss_tokens[reason] += n
             if not req.repeat:
                 self.first_query_tokens += req.prompt_len
                 self.first_hit_tokens += req.hit

@@ -348,6 +348,20 @@ class PageLedger(PageOps):
         if free.any():
             self.evictor.retime_run(group, ids[free], negs[free], last_access)
 
+    def age_keys(self, group: int, keys: list[bytes], ends: list[int], stamp: int) -> None:
+        if self.pending is not None:
+            self.settle()
+        ref = self.ref[group]
+        picked = [(page, -end) for page, end in zip(map(self.index.table[group].get, keys), ends, strict=True)
+                  if page is not None and not ref[page]]
+        if not picked:
+            return
+        pages, negs = zip(*picked, strict=True)
+        later = [t > stamp for t in self.evictor.release_stamps(group, pages)]
+        if True in later:
+            self.evictor.retime_run(group, [p for p, x in zip(pages, later, strict=True) if x],
+                                    [n for n, x in zip(negs, later, strict=True) if x], stamp)
+
     def register(self, group: int, page: int, key: bytes) -> bool:
         if self.pending is not None:
             self.settle()

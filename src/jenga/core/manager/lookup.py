@@ -12,36 +12,50 @@ once anything else happens (:mod:`jenga.core.manager.ledger`); a second lookup f
 from __future__ import annotations
 
 from jenga.core.manager.ledger import PageLedger
+from jenga.core.manager.miss_reasons import MissReasons
 from jenga.core.manager.prompt_hashes import PromptHasher
 from jenga.core.manager.shared_recompute import Junction
 from jenga.core.policy.base import Policy
+from jenga.core.prefix.index import PrefixIndex
 from jenga.core.request import Request
 
 
 class PrefixLookup:
     """Finds and holds a request's hit.  Owns the junction finder (it iterates the same fixed
-    point over the full-attention groups); the manager hands it the live record."""
+    point over the full-attention groups) and the miss classifier (why a lookup missed what it
+    missed, :mod:`jenga.core.manager.miss_reasons`); the manager hands it the live record."""
 
     def __init__(self, policies: list[Policy], block: int, caching: bool, hasher: PromptHasher,
-                 ledger: PageLedger):
+                 ledger: PageLedger, index: PrefixIndex):
         self.policies, self.block, self.caching = policies, block, caching
-        self.hasher, self.ledger = hasher, ledger
+        self.hasher, self.ledger, self.index = hasher, ledger, index
         self.junction = Junction(policies, block, caching, hasher.bound, self.fixed_point)
+        self.misses = MissReasons(block)
 
     def find(self, req: Request, max_tokens: int | None) -> int:
         """Let go of the last hit, then find and record the new one (``KVCacheManager.lookup``)."""
         self.release(req)
         if not self.caching:
             return 0
-        top = min(len(req.tokens) - 1, len(req.tokens) // self.block * self.block)
-        if max_tokens is not None:
-            top = max(0, min(top, max_tokens))
-        top = self.hasher.for_lookup(req, top, self.ledger)
-        cand = self.fixed_point(req, top, self.policies, self.hasher.bound)
-        self.junction.find(req, top, cand)
+        top = self.top(req, max_tokens)
+        reach = self.hasher.for_lookup(req, top, self.ledger)
+        cand = self.fixed_point(req, reach, self.policies, self.hasher.bound)
+        self.junction.find(req, reach, cand)
+        req.misses = () if cand == top else self.misses.classify(req, top, reach, cand, self.policies,
+                                                                  self.hasher.bound, self.ledger, self.index)
         req.hit = req.num_computed = cand
         self.ledger.record_hit(req, self.policies, self.junction.hit_of)  # held once anything else happens
         return cand
+
+    def peek(self, req: Request, max_tokens: int | None) -> int:
+        """What ``find`` would answer now, read only: nothing held, recorded or counted."""
+        reach = self.hasher.for_lookup(req, self.top(req, max_tokens), self.ledger)
+        return self.fixed_point(req, reach, self.policies, self.hasher.bound)
+
+    def top(self, req: Request, max_tokens: int | None) -> int:
+        """The longest hit a lookup may take: whole blocks, never the last token, ``max_tokens``."""
+        top = min(len(req.tokens) - 1, len(req.tokens) // self.block * self.block)
+        return top if max_tokens is None else max(0, min(top, max_tokens))
 
     def fixed_point(self, req: Request, cand: int, policies: list[Policy], bound: Policy | None = None) -> int:
         """The longest prefix no longer than ``cand`` that every one of ``policies`` accepts;

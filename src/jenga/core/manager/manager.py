@@ -111,7 +111,7 @@ class KVCacheManager:
             pol.set_window_slack(window_slack)
         self.admission = self.admission_class(self.policies, alloc, index, evictor, self.ledger, self.block)
         self.hasher = PromptHasher(self.policies, self.block)  # bounds how far a lookup hashes
-        self.prefix_lookup = PrefixLookup(self.policies, self.block, self.caching, self.hasher, self.ledger)
+        self.prefix_lookup = PrefixLookup(self.policies, self.block, self.caching, self.hasher, self.ledger, index)
         self.junction = self.prefix_lookup.junction  # where a state hit's cached attention prefix ends
         self.step_commit = StepCommit(self.policies, self.ledger, self.hasher, index, self.block, self.caching)
         self.accounting = ByteAccounting(self.policies, self.ledger, model)
@@ -201,6 +201,14 @@ class KVCacheManager:
         if req.tables is not None or req.num_scheduled:
             raise InvalidArgumentError(f"lookup of request {request_id!r} after its first allocate")
         return self.prefix_lookup.find(req, max_tokens)
+
+    def cached_tokens(self, request_id: object, *, max_tokens: int | None = None) -> int:
+        """What ``lookup`` would answer now, read only: no page held, no hit recorded, nothing
+        counted (a scheduler ordering its waiting queue by cached prefix).  0 once allocated."""
+        req = self._req(request_id)
+        if not self.caching or req.tables is not None or req.num_scheduled:
+            return 0
+        return self.prefix_lookup.peek(req, max_tokens)
 
     def _fixed_point(self, req: Request, cand: int, policies: list[Policy], bound: Policy | None = None) -> int:
         """The longest prefix no longer than ``cand`` every one of ``policies`` accepts (``PrefixLookup``)."""

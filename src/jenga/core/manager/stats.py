@@ -14,7 +14,7 @@ preempted request recomputed), whose hits say little about the cache policy.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass(slots=True)
@@ -36,6 +36,8 @@ class CacheStats:
     waste_duplicate_bytes: int = 0  # held copies of prefix pages another held page has
     first_hit_tokens: int = 0
     first_query_tokens: int = 0
+    #: prompt tokens a hit could have covered, by why it did not (jenga.core.manager.miss_reasons)
+    prefix_miss_tokens: dict[str, int] = field(default_factory=dict)
 
     @property
     def stranded_bytes(self) -> int:
@@ -120,4 +122,4 @@ def collect_stats(mgr) -> CacheStats:
     return CacheStats(total, used, cached, total - used - cached, needed, carved_free, partial, stale_bytes,
                       padding, mgr.prefix_hit_tokens, mgr.prefix_query_tokens, len(mgr.requests),
                       mgr.evictor.num_evicted_pages, group_used, duplicate, mgr.first_hit_tokens,
-                      mgr.first_query_tokens)
+                      mgr.first_query_tokens, dict(mgr.hits.miss_tokens))

@@ -66,6 +66,12 @@ class PageOps(ABC):
         dropped them now; the others are left alone."""
 
     @abstractmethod
+    def age_keys(self, group: int, keys: list[bytes], ends: list[int], stamp: int) -> None:
+        """Like ``retime_keys`` with the release time ``stamp``, but only for pages released
+        later than ``stamp``: a page never becomes newer (pages that left the window keep
+        their own, older time)."""
+
+    @abstractmethod
     def register(self, group: int, page: int, key: bytes) -> bool:
         """Offer a fully written page to the prefix index; False if the key is taken."""
 
@@ -115,6 +121,8 @@ class Policy(ABC):
     #: a hit needs every page of the group below it (full attention): it bounds how far a lookup
     #: hashes (:mod:`jenga.core.manager.prompt_hashes`) and where the junction lies
     bounds_hit = False
+    #: what a lookup this kind's pages cut short missed (``jenga.core.manager.miss_reasons``)
+    miss_reason = "window_evicted"
     #: the group resumes from less than the whole prefix (a window, a state checkpoint): it needs the
     #: junction, where the cached full-attention prefix ends (:mod:`jenga.core.manager.shared_recompute`)
     needs_junction = False

@@ -13,6 +13,8 @@ class ImagePolicy(Policy):
     shared by every request showing it, whatever the text prefix; all pages of an image
     carry one prefix length, so images are evicted whole."""
 
+    miss_reason = "evicted"
+
     per_image = True
     state_type = ImageState
 

@@ -39,6 +39,7 @@ class MambaPolicy(Policy):
 
     needs_junction = True
     state_type = CheckpointState
+    miss_reason = "no_checkpoint"
 
     #: jenga's engine writes no K/V below ``TokenTable.write_from`` (``jenga.core.manager.shared_recompute``)
     recompute_under_shared = True

@@ -208,6 +208,26 @@ class SlidingPolicy(FullPolicy):
         return sorted((max(0, m - band - w + 1) // tpp, m // tpp)
                       for m, band in ((req.hit, 0), (req.junction, 0), (req.prompt_len, self.slack)) if m > 0)
 
+    def hit(self, req: Request, gs: GroupState, p: int, ops: PageOps) -> None:
+        """The base class's hit; then the cached pages of this prefix below the hit's window
+        age like pages that left the window (``age_keys``: never newer than they were).
+
+        They are the windows before the prefix's earlier branch points, kept by the requests
+        that stopped there (``release_range``, ``free``).  A hit past them continues the
+        prefix (a conversation's next turn): the next continuation needs the window before
+        this request's end, which is released at its free as a one-off page, while those
+        earlier windows, reused once, would else stay in the reuse order's class of reused
+        pages and outlive it (six growing chats in ``benchmarks/vllm_side_by_side.py``
+        evicted every chat's newest tail first and computed 1.4x the prompt tokens of stock
+        vLLM).  A request that branches at the same point as others (another question on the
+        same article) hits at that point and ages nothing it needs."""
+        super().hit(req, gs, p, ops)
+        lo = self.first_needed(p) // self.tpp
+        if ops.caching and lo:
+            m, tpp = self.tpp // self.block, self.tpp
+            ops.age_keys(self.gi, req.hashes[m - 1:lo * m:m], range(tpp, (lo + 1) * tpp, tpp),
+                         ops.now - ops.out_of_range_age)
+
     def release_range(self, req: Request, gs: GroupState, stop: int, ops: PageOps) -> None:
         """Like the base class, except the window before a branch point (``retained_spans``):
         a later request with that prefix needs exactly those pages, whose value is that of
