@@ -10,12 +10,12 @@ runs the step -> ``append_tokens`` (the remaining full pages join the index; pag
 window or chunk go to the evictor) -> ``free``.  A step dropped before its commit unregisters
 what it would have filled (:mod:`jenga.core.manager.commit`).
 
-The manager is a façade: it owns its parts and calls them.  The allocator (``alloc``) and its
-free pool; the prefix cache: the index, one policy per group, the evictor; the ledger of who holds
-which page (:mod:`jenga.core.manager.ledger`, the ``PageOps`` the policies call); admission, what an
-allocation may take and whether it fits (:mod:`jenga.core.manager.admission`); the prompt hasher
-and the junction finder; byte accounting for ``stats``.  It builds and wires them here, and keeps
-the per-request records (``view`` is their public, read-only face).
+The manager is a façade: it owns its parts and calls them.  The allocator and its free pool; the
+prefix cache: the index, one policy per group, the evictor; the ledger of who holds which page (the
+``PageOps`` the policies call); admission, what an allocation may take and whether it fits; the
+request intake, the prompt hasher, the lookup (with the junction finder), the step commit, hit
+counts and byte accounting.  It builds and wires them here and keeps the live records (``view`` is
+their read-only face; ``pool`` the pool's).
 """
 
 from __future__ import annotations
