@@ -127,9 +127,9 @@ def cached_keys(mgr: KVCacheManager, g: int) -> dict[int, tuple[int, int]]:
 
 
 def evict_page(mgr: KVCacheManager, g: int, page: int) -> None:
-    """Evict one specific CACHED page (white box: the evictor's own drop)."""
+    """Evict one specific CACHED page now (the evictor's out-of-order eviction)."""
     assert page in mgr.evictor.keys[g], f"page {g}:{page} is not cached"
-    mgr.evictor._drop(g, page)
+    mgr.evictor.evict_page(g, page)
 
 
 def snapshot(mgr: KVCacheManager) -> dict:

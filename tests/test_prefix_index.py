@@ -135,3 +135,21 @@ def test_use_counts_survive_eviction_and_the_longest_gone_leave_first():
     ix.drop(0, 10)  # a count taken back to 0 is not remembered
     assert list(ix.uses[0]) == [b, a] and not ix.seen(0, bytes([9, 0]) * 8)
     ix.check_uses(0)
+
+
+def test_register_many_hands_back_the_keys_of_cached_holders():
+    """With ``held`` (references per page), a pair whose key sits on an unheld (CACHED) page is
+    returned untouched and uncounted, for the caller to evict that page and register it; a key
+    on a held page is refused and counted as computed again; fresh keys register as before."""
+    ix = _fresh(1 << 20)
+    a, b, c, d = (bytes([k]) * 16 for k in range(4))
+    ix.register_many(0, [0, 1], [a, b])
+    held = [0] * 200
+    held[1] = 1  # page 1 is used, page 0 only cached
+    assert ix.register_many(0, [5, 6, 7, None], [a, b, c, d], held) == [(5, a)]
+    assert ix.get(0, a) == 0 and ix.get(0, b) == 1 and ix.get(0, c) == 7
+    assert not ix.is_registered(0, 5) and not ix.is_registered(0, 6)
+    assert [ix.uses_of(0, p) for p in (0, 1, 7)] == [1, 2, 1]
+    ix.drop(0, 0)  # the caller's eviction, then the live page registered: the count goes on
+    assert ix.register(0, 5, a) and ix.uses_of(0, 5) == 2
+    ix.check_uses(0)

@@ -275,6 +275,11 @@ class PrefixEvictor(EvictionSource):
             self._drop(group, found)
         return found
 
+    def evict_page(self, group: int, page: int) -> None:
+        """Evict CACHED ``page`` now, out of order: a live page took over its key (a duplicate,
+        ``PageLedger.register``)."""
+        self._drop(group, page)
+
     def _drop(self, group: int, page: int) -> None:
         """Evict one CACHED page (its large page may stay carved)."""
         self._drop_pages(group, [page])

@@ -363,14 +363,27 @@ class PageLedger(PageOps):
                                     [n for n, x in zip(negs, later, strict=True) if x], stamp)
 
     def register(self, group: int, page: int, key: bytes) -> bool:
+        """A key whose page is only CACHED goes to ``page``: the cached duplicate is evicted
+        (``PrefixIndex``'s doc); a key held by a live page stays there (False)."""
         if self.pending is not None:
             self.settle()
-        return self.index.register(group, page, key)
+        index = self.index
+        holder = index.get(group, key)
+        if holder is not None and holder != page and not self.ref[group][holder] \
+                and not index.is_registered(group, page):
+            self.evictor.evict_page(group, holder)
+        return index.register(group, page, key)
 
     def register_run(self, group: int, pages: list[int | None], keys: list[bytes]) -> None:
         if self.pending is not None:
             self.settle()
-        self.index.register_many(group, pages, keys)
+        index = self.index
+        taken = index.register_many(group, pages, keys, self.ref[group])
+        if taken:  # keys of CACHED duplicates: evicted, the live pages registered (``register``)
+            table, evictor = index.table[group], self.evictor
+            for page, key in taken:
+                evictor.evict_page(group, table[key])
+                index.register(group, page, key)
 
     def find(self, group: int, key: bytes) -> int | None:
         if self.pending is not None:

@@ -36,7 +36,14 @@ class PageKeys(Mapping):
 class PrefixIndex:
     """``(group, key) -> page`` and back.  A page is *registered* while it is in the index.
 
-    Registered pages may be USED (live requests share them) or CACHED (evictable).
+    Registered pages may be USED (live requests share them) or CACHED (evictable).  One key,
+    one page: a page computed again under a key that another page holds is refused, except
+    when the holder is only CACHED (``held`` given to ``register_many``, read by the caller
+    for ``register``).  Then the live page takes the key over: the caller evicts the cached
+    duplicate first (its key leaves, a removed event, its use count kept in ``uses``) and
+    registers the live page (a stored event, the count one more).  Else a request that
+    recomputed a prefix whose cached copy was evicted later would hold pages the index no
+    longer finds (a group's hit can be 0 while another group still caches the prefix).
     """
 
     def __init__(self, num_groups: int):
@@ -154,10 +161,14 @@ class PrefixIndex:
         if len(uses) > self.USES_KEPT:
             del uses[next(iter(uses))]  # the longest gone
 
-    def register_many(self, group: int, pages: list[int | None], keys: list[bytes]) -> None:
-        """``register`` each (page, key) pair in order; ``None`` pages are skipped."""
+    def register_many(self, group: int, pages: list[int | None], keys: list[bytes], held=None) -> list:
+        """``register`` each (page, key) pair in order; ``None`` pages are skipped.  With
+        ``held`` (per page: references), a pair whose key another page holds while
+        ``held[that page] == 0`` (CACHED) is neither registered nor counted but returned, in
+        order: the caller evicts that page and registers the pair (class doc)."""
         if len(pages) > 8 and len(keys) == len(pages) and self.events is None and self._fresh_run(group, pages, keys):
-            return
+            return []
+        taken: list = []
         table, flags, page_keys, events = self.table[group], self.flags[group], self.keys[group], self.events
         counting = self.uses is not None
         if counting:
@@ -166,7 +177,9 @@ class PrefixIndex:
             if page is None:
                 continue
             if key in table or flags[page]:
-                if counting and key in table:
+                if key in table and not flags[page] and held is not None and not held[table[key]]:
+                    taken.append((page, key))  # its holder is only cached: taken over
+                elif counting and key in table:
                     page_uses[table[key]] += 1  # computed again
                 continue
             table[key] = page
@@ -176,6 +189,7 @@ class PrefixIndex:
                 events.stored(group, key)
             if counting:
                 page_uses[page] = uses.pop(key, 0) + 1
+        return taken
 
     def _fresh_run(self, group: int, pages: list[int | None], keys: list[bytes]) -> bool:
         """The common case, a run of fresh pages with new keys: the table updated in one call,
