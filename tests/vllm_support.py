@@ -88,6 +88,42 @@ def model_dir(family: str, root: Path) -> str:
     return str(out)
 
 
+def draft_dir(target: str, root: Path, *, noise: float = 0.03) -> str:
+    """A draft model for ``target``: its weights plus seeded noise (same vocabulary and
+    tokenizer), so that some of its proposals are accepted and some rejected."""
+    out = root / (Path(target).name + "-draft")
+    if (out / "config.json").exists():
+        return str(out)
+    torch.manual_seed(1)
+    model = tf.AutoModelForCausalLM.from_pretrained(target)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * noise)
+    model.save_pretrained(out)
+    tf.AutoTokenizer.from_pretrained(target).save_pretrained(out)
+    return str(out)
+
+
+def allow_engines_after_numba() -> None:
+    """vLLM 0.32's CPU platform rebinds its kernel overrides at every engine start by scanning
+    every module with ``hasattr(value, "__dict__")``; llvmlite's library wrapper answers any
+    attribute (``__dict__`` included) with a function wrapper, so once vLLM's n-gram proposer has
+    imported numba, every later engine in the process fails to start.  Giving the wrapper an
+    empty ``__dict__`` answer (it caches looked-up names in a table) lets the scan pass it by."""
+    from llvmlite.binding import ffi
+
+    ffi.lib._fntab.setdefault("__dict__", {})
+
+
+def spec_stats(llm) -> dict[str, int]:
+    """vLLM's speculative-decoding counters of ``llm`` (``disable_log_stats=False``)."""
+    out = {}
+    for m in llm.get_metrics():
+        if m.name in ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens"):
+            out[m.name.split("num_")[1]] = int(m.value)
+    return out
+
+
 def engine(path: str, *, jenga: bool, num_blocks: int | None = None, **kw):
     """A vLLM engine over ``path`` (fp32, eager, 32-token blocks); ``num_blocks`` sets the KV budget
     to that many of vLLM's own blocks (the same bytes with and without jenga)."""
