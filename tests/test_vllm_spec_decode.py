@@ -8,6 +8,8 @@ jenga.  Draft slots go through jenga's lookahead allocation, rejected drafts thr
 * a separate draft model (the tiny Llama's weights plus noise, so drafts are both accepted
   and rejected) on the tiny Llama: the draft's layers are laid out in jenga's one pool next to
   the target's (the plugin's page-layer rewrite groups them by kind with the target's).
+  45 s of three engines running a second model: ``make test-vllm-slow``; the n-gram runs
+  (about 35 s) cover the lookahead and rejection paths in ``make test``.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ def counted(llm, prompts):
     return out, {k: after.get(k, 0) - before.get(k, 0) for k in after}
 
 
-def side_by_side(path: str, spec: dict) -> dict:
+def side_by_side(path: str, spec: dict, tight_blocks: int) -> dict:
     """Stock (ample) gives the reference of every workload; jenga runs ``first`` + ``shared``
-    with ample memory and ``pressure`` with a budget of 128 blocks."""
+    with ample memory and ``pressure`` with ``tight_blocks`` of vLLM's blocks of budget."""
     allow_engines_after_numba()
     w = workloads()
     ample_set = w["first"] + w["shared"][:4]
@@ -50,7 +52,7 @@ def side_by_side(path: str, spec: dict) -> dict:
     close(stock)
     ample = engine(path, jenga=True, **kw)
     got_ample, jenga_ample = counted(ample, ample_set)
-    tight = engine(path, jenga=True, num_blocks=128, max_model_len=320, **kw)
+    tight = engine(path, jenga=True, num_blocks=tight_blocks, max_model_len=320, **kw)
     got_tight, jenga_tight = counted(tight, w["pressure"])
     return dict(ref=(ref_ample, ref_tight), got=(got_ample, got_tight), stock=(stock_ample, stock_tight),
                 jenga=(jenga_ample, jenga_tight), ample=scheduler(ample), tight=scheduler(tight),
@@ -61,14 +63,15 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3,
 
 
 @pytest.fixture(scope="module", params=[pytest.param("ngram", marks=pytest.mark.xdist_group("vllm-spec-ngram")),
-                                        pytest.param("draft", marks=pytest.mark.xdist_group("vllm-spec-draft"))])
+                                        pytest.param("draft", marks=[pytest.mark.xdist_group("vllm-spec-draft"),
+                                                                     pytest.mark.slow])])
 def runs(request, tmp_path_factory):
     root = tmp_path_factory.getbasetemp()
     if request.param == "ngram":
-        out = side_by_side(model_dir("gemma3", root), NGRAM)
+        out = side_by_side(model_dir("gemma3", root), NGRAM, 128)
     else:
         target = model_dir("llama", root)
-        out = side_by_side(target, {"model": draft_dir(target, root), "num_speculative_tokens": K})
+        out = side_by_side(target, {"model": draft_dir(target, root), "num_speculative_tokens": K}, 24)
     out["method"] = request.param
     yield out
     for llm in out["engines"]:

@@ -88,7 +88,7 @@ def model_dir(family: str, root: Path) -> str:
     return str(out)
 
 
-def draft_dir(target: str, root: Path, *, noise: float = 0.03) -> str:
+def draft_dir(target: str, root: Path, *, noise: float = 0.01) -> str:
     """A draft model for ``target``: its weights plus seeded noise (same vocabulary and
     tokenizer), so that some of its proposals are accepted and some rejected."""
     out = root / (Path(target).name + "-draft")
