@@ -9,6 +9,7 @@ manager behind the scheduler.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import random
 from pathlib import Path
@@ -101,6 +102,33 @@ def draft_dir(target: str, root: Path, *, noise: float = 0.01) -> str:
             p.add_(torch.randn_like(p) * noise)
     model.save_pretrained(out)
     tf.AutoTokenizer.from_pretrained(target).save_pretrained(out)
+    return str(out)
+
+
+def lora_dir(target: str, root: Path, name: str, *, seed: int, rank: int = 8) -> str:
+    """A random LoRA adapter for ``target`` in PEFT's on-disk format (``adapter_config.json`` +
+    ``adapter_model.safetensors``) on the attention projections q / k / v / o."""
+    from safetensors.torch import save_file
+
+    out = root / f"{Path(target).name}-lora-{name}"
+    if (out / "adapter_config.json").exists():
+        return str(out)
+    cfg = tf.AutoConfig.from_pretrained(target)
+    heads, kv, hd, hidden = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+    shapes = {"q_proj": (heads * hd, hidden), "k_proj": (kv * hd, hidden), "v_proj": (kv * hd, hidden),
+              "o_proj": (hidden, heads * hd)}
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for i in range(cfg.num_hidden_layers):
+        for proj, (fan_out, fan_in) in shapes.items():
+            key = f"base_model.model.model.layers.{i}.self_attn.{proj}"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(rank, fan_in, generator=gen) * 0.2
+            tensors[f"{key}.lora_B.weight"] = torch.randn(fan_out, rank, generator=gen) * 0.2
+    out.mkdir(parents=True)
+    save_file(tensors, out / "adapter_model.safetensors")
+    (out / "adapter_config.json").write_text(json.dumps(dict(
+        peft_type="LORA", task_type="CAUSAL_LM", base_model_name_or_path=target, r=rank, lora_alpha=2 * rank,
+        lora_dropout=0.0, bias="none", fan_in_fan_out=False, target_modules=list(shapes))))
     return str(out)
 
 

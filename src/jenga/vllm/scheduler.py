@@ -27,7 +27,6 @@ def refuse_unsupported(vllm_config) -> None:
     checks = [
         (vllm_config.kv_transfer_config is not None,
          "KV connectors (offloading, disaggregated prefill, LMCache/NIXL transfers)"),
-        (vllm_config.lora_config is not None, "LoRA adapters"),
         (vllm_config.model_config.is_multimodal_model, "multimodal models (images are not part of jenga's "
                                                        "hashes inside vLLM yet)"),
         (vllm_config.model_config.is_encoder_decoder, "encoder-decoder models"),
