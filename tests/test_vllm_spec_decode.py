@@ -93,9 +93,8 @@ def test_tight_budget_preempts_evicts_and_equals_stock(runs):
 
 
 def test_drafts_are_proposed_accepted_and_rejected_as_with_stock(runs):
-    for stock, jenga in zip(runs["stock"], runs["jenga"], strict=True):
-        assert stock["draft_tokens"] > 0
-        assert 0 < stock["accepted_tokens"] < stock["draft_tokens"]  # both accept and reject paths ran
+    for counters in (*runs["stock"], *runs["jenga"]):
+        assert 0 < counters["accepted_tokens"] < counters["draft_tokens"]  # both accept and reject paths ran
     # same tokens and same prefix hits in the ample run: the same proposals and acceptances
     assert runs["jenga"][0] == runs["stock"][0]
 
