@@ -105,6 +105,36 @@ def draft_dir(target: str, root: Path, *, noise: float = 0.01) -> str:
     return str(out)
 
 
+def eagle_dir(target: str, root: Path) -> str:
+    """An EAGLE head for the tiny Llama ``target`` in vLLM's ``EagleLlamaForCausalLM`` format: the
+    target's embeddings, one decoder layer (a copy of the target's last, no input norm) and ``fc``
+    (the hidden-state half near identity).  Its proposals are random-quality: vLLM rejects them."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    out = root / (Path(target).name + "-eagle")
+    if (out / "config.json").exists():
+        return str(out)
+    cfg = json.loads((Path(target) / "config.json").read_text())
+    weights = load_file(Path(target) / "model.safetensors")
+    last, hidden = f"model.layers.{cfg['num_hidden_layers'] - 1}.", cfg["hidden_size"]
+    tensors = {"embed_tokens.weight": weights["model.embed_tokens.weight"].clone()}
+    tensors.update({k.replace(last, "layers.0."): v.clone() for k, v in weights.items()
+                    if k.startswith(last) and "input_layernorm" not in k})
+    gen = torch.Generator().manual_seed(3)
+    fc = torch.randn(hidden, 2 * hidden, generator=gen) * 0.01
+    fc[:, hidden:] += torch.eye(hidden)
+    tensors["fc.weight"] = fc
+    out.mkdir(parents=True)
+    save_file(tensors, out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 1,
+                                                 "architectures": ["EagleLlamaForCausalLM"]}))
+    for f in Path(target).glob("tok*"):
+        shutil.copy(f, out)
+    return str(out)
+
+
 def lora_dir(target: str, root: Path, name: str, *, seed: int, rank: int = 8) -> str:
     """A random LoRA adapter for ``target`` in PEFT's on-disk format (``adapter_config.json`` +
     ``adapter_model.safetensors``) on the attention projections q / k / v / o."""

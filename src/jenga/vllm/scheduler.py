@@ -20,7 +20,7 @@ from jenga.vllm.plan import layout_name, uniform_plan
 from jenga.vllm.specs import UnsupportedInVllm
 
 #: speculative methods verified against stock vLLM (greedy tokens, acceptance counters); None: no drafts
-SPEC_METHODS = (None, "ngram", "draft_model")
+SPEC_METHODS = (None, "ngram", "draft_model", "eagle")
 
 
 def spec_method(vllm_config) -> str | None:
@@ -38,7 +38,7 @@ def refuse_unsupported(vllm_config) -> None:
          "KV connectors (offloading, disaggregated prefill, LMCache/NIXL transfers)"),
         (spec_method(vllm_config) not in SPEC_METHODS,
          f"the speculative method {spec_method(vllm_config)!r} (verified against stock vLLM: "
-         f"{', '.join(m for m in SPEC_METHODS if m)}; EAGLE / MTP drafts are not yet)"),
+         f"{', '.join(m for m in SPEC_METHODS if m)}; EAGLE-3 / MTP drafts are not yet)"),
         (vllm_config.model_config.is_multimodal_model,
          "multimodal models (not yet verified against stock vLLM inside vLLM: jenga keys pages by vLLM's block "
          "hashes, which carry the images' hashes, but no image test has run with vLLM's CPU build)"),
