@@ -7,11 +7,13 @@ Needs the ``jenga[vllm]`` extra (``make test`` installs it into ``.venv``); runs
 Tiny random-weight models of ``tests/vllm_support.py``, greedy, 16 new tokens per request, the
 workloads of the vLLM tests: ``first`` + four ``shared`` prompts (one 150-token prefix) with
 ample memory, then ``pressure`` (eight prompts over two 200-token documents) at a budget that
-preempts (128 of vLLM's blocks for Gemma-3, 24 for Llama + draft).  Rows:
+preempts (128 of vLLM's blocks for Gemma-3, 24 for Llama + draft / EAGLE).  Rows:
 
 * ``ngram``: n-gram proposals (k = 3, lookup 1..3 tokens) on the tiny Gemma-3 (5 sliding : 1 full);
 * ``draft``: a separate draft model (the tiny Llama's weights plus noise 0.01, k = 3) on the tiny
-  Llama; with jenga the draft's layers live in jenga's pool next to the target's.
+  Llama; with jenga the draft's layers live in jenga's pool next to the target's;
+* ``eagle``: a one-layer EAGLE head on the tiny Llama (k = 3; random quality, so vLLM rejects
+  its proposals), its layer in jenga's pool likewise.
 
 Per row and engine: draft tokens proposed, accepted, acceptance rate (accepted / proposed, from
 vLLM's ``spec_decode_num_*`` counters), preemptions, and whether jenga's greedy tokens equal
@@ -36,6 +38,7 @@ def run_row(method: str, root: Path) -> list[dict]:
         allow_engines_after_numba,
         close,
         draft_dir,
+        eagle_dir,
         engine,
         greedy,
         model_dir,
@@ -48,9 +51,12 @@ def run_row(method: str, root: Path) -> list[dict]:
     if method == "ngram":
         path, tight = model_dir("gemma3", root), 128
         spec = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
-    else:
+    elif method == "draft":
         path, tight = model_dir("llama", root), 24
         spec = {"model": draft_dir(path, root), "num_speculative_tokens": K}
+    else:
+        path, tight = model_dir("llama", root), 24
+        spec = {"method": "eagle", "model": eagle_dir(path, root), "num_speculative_tokens": K}
     w = workloads()
     sets = {"ample": w["first"] + w["shared"][:4], "tight": w["pressure"]}
     rows, ref = [], {}
@@ -66,7 +72,7 @@ def run_row(method: str, root: Path) -> list[dict]:
             if not jenga:
                 ref[budget] = out
             rows.append(dict(method=method, budget=budget, engine="vLLM + jenga" if jenga else "vLLM",
-                             drafted=drafted, accepted=accepted, rate=accepted / drafted,
+                             drafted=drafted, accepted=accepted, rate=accepted / drafted if drafted else 0.0,
                              preemptions=scheduler(llm).num_preemptions if jenga else None,
                              equal=(out == ref[budget]) if jenga else None))
             close(llm)
@@ -91,7 +97,7 @@ def render(rows: list[dict], markdown: bool) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--markdown", action="store_true", help="print a markdown table")
-    ap.add_argument("--rows", default="ngram,draft", help="comma-separated: ngram, draft")
+    ap.add_argument("--rows", default="ngram,draft,eagle", help="comma-separated: ngram, draft, eagle")
     args = ap.parse_args(argv)
     rows = []
     with TemporaryDirectory() as tmp:

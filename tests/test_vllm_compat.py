@@ -124,13 +124,13 @@ def test_engine_start_refuses_what_jenga_cannot_serve_on_this_version(tmp_path_f
     ("model_config", "is_multimodal_model", True, "multimodal models"),
 ])
 def test_engine_start_refuses_each_unverified_feature_by_name(tmp_path_factory, part, field, value, named):
-    """n-gram and draft-model speculative decoding and LoRA start; what stays refused is named."""
+    """n-gram, draft-model and EAGLE speculative decoding start; what stays refused is named."""
     import copy
 
     from jenga.vllm.scheduler import refuse_unsupported
 
     cfg = copy.copy(async_config(model_dir("llama", tmp_path_factory.getbasetemp())))
-    for method in ("ngram", "draft_model"):
+    for method in ("ngram", "draft_model", "eagle"):
         cfg.speculative_config = SimpleNamespace(method=method)
         refuse_unsupported(cfg)
     cfg.speculative_config = None
