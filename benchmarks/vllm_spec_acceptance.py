@@ -12,7 +12,7 @@ preempts (128 of vLLM's blocks for Gemma-3, 24 for Llama + draft / EAGLE).  Rows
 * ``ngram``: n-gram proposals (k = 3, lookup 1..3 tokens) on the tiny Gemma-3 (5 sliding : 1 full);
 * ``draft``: a separate draft model (the tiny Llama's weights plus noise 0.01, k = 3) on the tiny
   Llama; with jenga the draft's layers live in jenga's pool next to the target's;
-* ``eagle``: a one-layer EAGLE head on the tiny Llama (k = 3; random quality, so vLLM rejects
+* ``eagle``: a one-layer EAGLE head on the tiny Llama (k = 3; random quality, so vLLM rejects most of
   its proposals), its layer in jenga's pool likewise.
 
 Per row and engine: draft tokens proposed, accepted, acceptance rate (accepted / proposed, from

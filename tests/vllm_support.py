@@ -108,7 +108,7 @@ def draft_dir(target: str, root: Path, *, noise: float = 0.01) -> str:
 def eagle_dir(target: str, root: Path) -> str:
     """An EAGLE head for the tiny Llama ``target`` in vLLM's ``EagleLlamaForCausalLM`` format: the
     target's embeddings, one decoder layer (a copy of the target's last, no input norm) and ``fc``
-    (the hidden-state half near identity).  Its proposals are random-quality: vLLM rejects them."""
+    (the hidden-state half near identity).  Its proposals are random-quality: vLLM rejects most."""
     import shutil
 
     from safetensors.torch import load_file, save_file
