@@ -59,7 +59,7 @@ test-vllm-versions: $(VLLM_STAMPS)
 	$(RUN_VLLM_VERSIONS)
 
 test-vllm-slow: $(STAMP)
-	$(PY) -m pytest -n 2 --dist loadgroup tests/test_vllm_server.py tests/test_vllm_tp.py
+	$(PY) -m pytest -n 2 --dist loadgroup tests/test_vllm_server.py tests/test_vllm_tp.py tests/test_vllm_spec_decode.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/manager_overhead.py

@@ -117,6 +117,19 @@ def _calibration() -> str:
     return markdown(fit(cells), held_out(cells))
 
 
+def _vllm_spec_acceptance() -> str:
+    sys.path.insert(0, str(README.parent / "benchmarks"))
+    import tempfile
+
+    import vllm_spec_acceptance as bench
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for method in ("ngram", "draft", "eagle"):
+            rows += bench.run_row(method, pathlib.Path(tmp))
+    return bench.render(rows, markdown=True)
+
+
 BLOCKS: dict[str, Block] = {
     "reproduce-closed-form": _reproduce("closed form", "Llama-4 context"),
     "plan-ministral": _plan("ministral-8b", "64GiB"),
@@ -126,6 +139,7 @@ BLOCKS: dict[str, Block] = {
     "simulate-gemma": _simulate("gemma-3-12b", "arxiv-qa", 40, 0.2, "jenga,paged,uniform"),
     "simulate-ministral": _simulate("ministral-8b", "arxiv-multiq", 36, 0.25, "jenga,paged,uniform"),
     "calibration": Block("python -m jenga.sim.fit", _calibration),
+    "vllmfeat": Block(".venv/bin/python benchmarks/vllm_spec_acceptance.py --markdown", _vllm_spec_acceptance),
 }
 #: Blocks make test re-renders (seconds each); the rest run under ``-m slow``.
 FAST = ("reproduce-closed-form", "plan-ministral")

@@ -153,6 +153,36 @@ def test_cache_aware_admission_reorders_through_the_adapter(tmp_path_factory):
     sched.kv_cache_manager.manager.check_integrity()
 
 
+@pytest.mark.parametrize(("part", "field", "value", "named"), [
+    ("speculative_config", None, SimpleNamespace(method="eagle3"), "speculative method 'eagle3'"),
+    ("speculative_config", None, SimpleNamespace(method="mtp"), "speculative method 'mtp'"),
+    ("kv_transfer_config", None, SimpleNamespace(kv_connector="OffloadingConnector"), "KV connectors"),
+    ("parallel_config", "pipeline_parallel_size", 2, "pipeline parallelism"),
+    ("parallel_config", "data_parallel_size", 2, "data parallelism"),
+    ("model_config", "is_multimodal_model", True, "multimodal models"),
+])
+def test_engine_start_refuses_each_unverified_feature_by_name(tmp_path_factory, part, field, value, named):
+    """n-gram, draft-model and EAGLE speculative decoding start; what stays refused is named."""
+    import copy
+
+    from jenga.vllm.scheduler import refuse_unsupported
+
+    cfg = copy.copy(async_config(model_dir("llama", tmp_path_factory.getbasetemp())))
+    for method in ("ngram", "draft_model", "eagle"):
+        cfg.speculative_config = SimpleNamespace(method=method)
+        refuse_unsupported(cfg)
+    cfg.speculative_config = None
+    if part == "model_config":  # properties of the HF config: a stand-in answering the two questions
+        value = SimpleNamespace(is_multimodal_model=value, is_encoder_decoder=cfg.model_config.is_encoder_decoder)
+    elif field is not None:  # a copy of the config's part with the field changed
+        changed = copy.copy(getattr(cfg, part))
+        setattr(changed, field, value)
+        value = changed
+    setattr(cfg, part, value)
+    with pytest.raises(compat.UnsupportedInVllm, match=named):
+        refuse_unsupported(cfg)
+
+
 def test_plugin_rewrites_the_planners_configs_with_this_versions_arguments(tmp_path_factory):
     """The engine core calls ``vllm.v1.engine.core.get_kv_cache_configs`` with 3 (0.32) or 4
     (0.33+) arguments; the plugin's wrapper gives jenga's engines the page-layer plan and leaves

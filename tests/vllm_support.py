@@ -9,6 +9,7 @@ manager behind the scheduler.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import random
 from pathlib import Path
@@ -86,6 +87,99 @@ def model_dir(family: str, root: Path) -> str:
     tf.PreTrainedTokenizerFast(tokenizer_object=tok.backend, bos_token="<bos>", eos_token="<eos>",
                                pad_token="<pad>").save_pretrained(out)
     return str(out)
+
+
+def draft_dir(target: str, root: Path, *, noise: float = 0.01) -> str:
+    """A draft model for ``target``: its weights plus seeded noise (same vocabulary and
+    tokenizer), so that some of its proposals are accepted and some rejected."""
+    out = root / (Path(target).name + "-draft")
+    if (out / "config.json").exists():
+        return str(out)
+    torch.manual_seed(1)
+    model = tf.AutoModelForCausalLM.from_pretrained(target)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * noise)
+    model.save_pretrained(out)
+    tf.AutoTokenizer.from_pretrained(target).save_pretrained(out)
+    return str(out)
+
+
+def eagle_dir(target: str, root: Path) -> str:
+    """An EAGLE head for the tiny Llama ``target`` in vLLM's ``EagleLlamaForCausalLM`` format: the
+    target's embeddings, one decoder layer (a copy of the target's last, no input norm) and ``fc``
+    (the hidden-state half near identity).  Its proposals are random-quality: vLLM rejects most."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    out = root / (Path(target).name + "-eagle")
+    if (out / "config.json").exists():
+        return str(out)
+    cfg = json.loads((Path(target) / "config.json").read_text())
+    weights = load_file(Path(target) / "model.safetensors")
+    last, hidden = f"model.layers.{cfg['num_hidden_layers'] - 1}.", cfg["hidden_size"]
+    tensors = {"embed_tokens.weight": weights["model.embed_tokens.weight"].clone()}
+    tensors.update({k.replace(last, "layers.0."): v.clone() for k, v in weights.items()
+                    if k.startswith(last) and "input_layernorm" not in k})
+    gen = torch.Generator().manual_seed(3)
+    fc = torch.randn(hidden, 2 * hidden, generator=gen) * 0.01
+    fc[:, hidden:] += torch.eye(hidden)
+    tensors["fc.weight"] = fc
+    out.mkdir(parents=True)
+    save_file(tensors, out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": 1,
+                                                 "architectures": ["EagleLlamaForCausalLM"]}))
+    for f in Path(target).glob("tok*"):
+        shutil.copy(f, out)
+    return str(out)
+
+
+def lora_dir(target: str, root: Path, name: str, *, seed: int, rank: int = 8) -> str:
+    """A random LoRA adapter for ``target`` in PEFT's on-disk format (``adapter_config.json`` +
+    ``adapter_model.safetensors``) on the attention projections q / k / v / o."""
+    from safetensors.torch import save_file
+
+    out = root / f"{Path(target).name}-lora-{name}"
+    if (out / "adapter_config.json").exists():
+        return str(out)
+    cfg = tf.AutoConfig.from_pretrained(target)
+    heads, kv, hd, hidden = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size
+    shapes = {"q_proj": (heads * hd, hidden), "k_proj": (kv * hd, hidden), "v_proj": (kv * hd, hidden),
+              "o_proj": (hidden, heads * hd)}
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for i in range(cfg.num_hidden_layers):
+        for proj, (fan_out, fan_in) in shapes.items():
+            key = f"base_model.model.model.layers.{i}.self_attn.{proj}"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(rank, fan_in, generator=gen) * 0.2
+            tensors[f"{key}.lora_B.weight"] = torch.randn(fan_out, rank, generator=gen) * 0.2
+    out.mkdir(parents=True)
+    save_file(tensors, out / "adapter_model.safetensors")
+    (out / "adapter_config.json").write_text(json.dumps(dict(
+        peft_type="LORA", task_type="CAUSAL_LM", base_model_name_or_path=target, r=rank, lora_alpha=2 * rank,
+        lora_dropout=0.0, bias="none", fan_in_fan_out=False, target_modules=list(shapes))))
+    return str(out)
+
+
+def allow_engines_after_numba() -> None:
+    """vLLM 0.32's CPU platform rebinds its kernel overrides at every engine start by scanning
+    every module with ``hasattr(value, "__dict__")``; llvmlite's library wrapper answers any
+    attribute (``__dict__`` included) with a function wrapper, so once vLLM's n-gram proposer has
+    imported numba, every later engine in the process fails to start.  Giving the wrapper an
+    empty ``__dict__`` answer (it caches looked-up names in a table) lets the scan pass it by."""
+    from llvmlite.binding import ffi
+
+    ffi.lib._fntab.setdefault("__dict__", {})
+
+
+def spec_stats(llm) -> dict[str, int]:
+    """vLLM's speculative-decoding counters of ``llm`` (``disable_log_stats=False``)."""
+    out = {}
+    for m in llm.get_metrics():
+        if m.name in ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens"):
+            out[m.name.split("num_")[1]] = int(m.value)
+    return out
 
 
 def engine(path: str, *, jenga: bool, num_blocks: int | None = None, **kw):

@@ -144,7 +144,10 @@ class JengaKVCacheAdapter:
 
     # ------------------------------------------------------------ sync
     @staticmethod
-    def _salt(request) -> str | None:
+    def cache_salt(request) -> str | None:
+        """The salt of jenga's own hashes for ``request`` (when vLLM's block hashes are not
+        used): its cache salt and its LoRA adapter, so no page is shared across tenants or
+        adapters (vLLM's own block hashes carry both as extra keys)."""
         lora = getattr(request, "lora_request", None)
         salt = request.cache_salt
         if lora is not None:
@@ -161,7 +164,7 @@ class JengaKVCacheAdapter:
                 mgr.add_request(request.request_id, request.all_token_ids, block_hashes=request.block_hashes,
                                 hash_block=hb)
             else:
-                mgr.add_request(request.request_id, request.all_token_ids, cache_salt=self._salt(request))
+                mgr.add_request(request.request_id, request.all_token_ids, cache_salt=self.cache_salt(request))
             req = mgr.view(request.request_id)
         return req
 

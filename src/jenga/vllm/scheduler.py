@@ -23,6 +23,15 @@ from jenga.vllm.specs import UnsupportedInVllm
 
 logger = init_logger("vllm.jenga")  # under vLLM's logger: its handlers and level
 
+#: speculative methods verified against stock vLLM (greedy tokens, acceptance counters); None: no drafts
+SPEC_METHODS = (None, "ngram", "draft_model", "eagle")
+
+
+def spec_method(vllm_config) -> str | None:
+    """vLLM's speculative method of this engine (``None`` without speculative decoding)."""
+    spec = vllm_config.speculative_config
+    return None if spec is None else spec.method
+
 
 def refuse_unsupported(vllm_config) -> None:
     """Raise ``UnsupportedInVllm`` naming the first vLLM feature jenga cannot serve
@@ -31,12 +40,18 @@ def refuse_unsupported(vllm_config) -> None:
     checks = [
         (vllm_config.kv_transfer_config is not None,
          "KV connectors (offloading, disaggregated prefill, LMCache/NIXL transfers)"),
-        (vllm_config.speculative_config is not None, "speculative decoding"),
-        (vllm_config.lora_config is not None, "LoRA adapters"),
-        (vllm_config.model_config.is_multimodal_model, "multimodal models (images are not part of jenga's "
-                                                       "hashes inside vLLM yet)"),
+        (spec_method(vllm_config) not in SPEC_METHODS,
+         f"the speculative method {spec_method(vllm_config)!r} (verified against stock vLLM: "
+         f"{', '.join(m for m in SPEC_METHODS if m)}; EAGLE-3 / MTP drafts are not yet)"),
+        (vllm_config.model_config.is_multimodal_model,
+         "multimodal models (not yet verified against stock vLLM inside vLLM: jenga keys pages by vLLM's block "
+         "hashes, which carry the images' hashes, but no image test has run with vLLM's CPU build)"),
         (vllm_config.model_config.is_encoder_decoder, "encoder-decoder models"),
-        (vllm_config.parallel_config.pipeline_parallel_size > 1, "pipeline parallelism"),
+        (vllm_config.parallel_config.pipeline_parallel_size > 1,
+         "pipeline parallelism (the scheduler's one jenga plan covers every layer; each stage would need the "
+         "page-layer layout of its own layers)"),
+        (vllm_config.parallel_config.data_parallel_size > 1,
+         "data parallelism (not yet verified against stock vLLM: one jenga scheduler per rank is untested)"),
         (vllm_config.parallel_config.decode_context_parallel_size > 1, "decode context parallelism"),
         (vllm_config.scheduler_config.watermark > 0, "a KV-cache watermark"),
         (getattr(vllm_config.cache_config, "use_replayssm", False),
