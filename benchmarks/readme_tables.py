@@ -146,7 +146,8 @@ def _script(name: str, *argv: str) -> Block:
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
             importlib.import_module(name).main(list(argv))
-        return buf.getvalue()
+        # the table's lines only: vLLM's engines log to stdout too
+        return "\n".join(line for line in buf.getvalue().splitlines() if line.startswith("|"))
     return Block(cmd, render)
 
 
