@@ -18,12 +18,12 @@ import pytest
 def pytest_collection_modifyitems(config, items) -> None:
     if not config.getoption("loadgroup", False):  # set on the workers of --dist loadgroup
         return
-    from _pytest.nodeid import NodeId
-
     for item in items:
         names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
                         for m in item.iter_markers("xdist_group")})
         if names and "@" not in item.nodeid:  # "path::name[params]@group", as xdist means it
+            from _pytest.nodeid import NodeId  # pytest 9 only (pytest 8 never gets here)
+
             old = item._id
             last = old.names[-1] + ("" if old.params is None else f"[{old.params}]") + "@" + "_".join(names)
             item._id = NodeId(path=old.path, names=(*old.names[:-1], last))
