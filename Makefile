@@ -12,15 +12,21 @@ VLLM_STAMPS := $(VLLM_VERSIONS:%=$(VLLM_ENVS)/%/.installed)
 VLLM_VERSION_TESTS := tests/test_vllm_drift.py tests/test_vllm_compat.py tests/test_vllm_async.py \
   tests/test_vllm_sched_families.py
 
-define RUN_VLLM_VERSIONS
-@for v in $(VLLM_VERSIONS); do \
-  VLLM_TARGET_DEVICE=cpu $(VLLM_ENVS)/$$v/bin/python -m pytest -n 0 -p no:randomly $(VLLM_VERSION_TESTS) \
+# START_VLLM_VERSIONS launches one pytest per extra vLLM version in the background (niced: they take
+# the cores the main pytest leaves idle, e.g. its last long vLLM group); WAIT_VLLM_VERSIONS waits for
+# them and shows each one's last line, or its whole log when it failed ($$rc: 1 if one failed)
+define START_VLLM_VERSIONS
+for v in $(VLLM_VERSIONS); do \
+  VLLM_TARGET_DEVICE=cpu nice -n 10 $(VLLM_ENVS)/$$v/bin/python -m pytest -n 0 -p no:randomly $(VLLM_VERSION_TESTS) \
     > $(VLLM_ENVS)/$$v/pytest.log 2>&1 & echo $$! > $(VLLM_ENVS)/$$v/pytest.pid; \
-done; \
+done
+endef
+
+define WAIT_VLLM_VERSIONS
 rc=0; for v in $(VLLM_VERSIONS); do \
   if wait $$(cat $(VLLM_ENVS)/$$v/pytest.pid); then echo "== vLLM $$v"; tail -n 1 $(VLLM_ENVS)/$$v/pytest.log; \
   else rc=1; echo "== vLLM $$v FAILED"; cat $(VLLM_ENVS)/$$v/pytest.log; fi; \
-done; exit $$rc
+done
 endef
 
 .PHONY: demo test test-vllm-slow test-vllm-versions vllm-envs lint bench clean
@@ -48,15 +54,18 @@ vllm-envs: $(VLLM_STAMPS)
 demo: $(STAMP)
 	$(VENV)/bin/jenga bench
 
+# the extra vLLM versions' scheduler tests run beside the main pytest (one shell: `wait` needs them as
+# its children); the main pytest's status wins, then theirs
 test: $(STAMP) $(VLLM_STAMPS)
 	$(VENV)/bin/ruff check src tests benchmarks
-	$(PY) -m pytest -n 2 --dist loadgroup -m 'not slow' tests
-	$(RUN_VLLM_VERSIONS)
+	@$(START_VLLM_VERSIONS); \
+	$(PY) -m pytest -n 2 --dist loadgroup -m 'not slow' tests; main=$$?; \
+	$(WAIT_VLLM_VERSIONS); [ $$main -eq 0 ] && [ $$rc -eq 0 ]
 
 # one pytest per extra vLLM version, with that version's python, the versions side by side (each
 # runs on one core); each one's output is shown when all are done
 test-vllm-versions: $(VLLM_STAMPS)
-	$(RUN_VLLM_VERSIONS)
+	@$(START_VLLM_VERSIONS); $(WAIT_VLLM_VERSIONS); exit $$rc
 
 test-vllm-slow: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadgroup tests/test_vllm_server.py tests/test_vllm_tp.py tests/test_vllm_spec_decode.py

@@ -110,6 +110,47 @@ def _plan(model: str, memory: str) -> Block:
     return Block(cmd, render)
 
 
+def _bench() -> Block:
+    """``jenga bench``'s counts (every run of the same code alike: scheduling never reads a sampled
+    token, EOS is ignored); its tokens/s stay in the README as measured, with date and commit."""
+    cmd = "jenga bench"
+
+    def render() -> str:
+        from jenga.units import fmt_bytes
+
+        res = _cli_json(cmd)["managers"]
+        j, p = res["jenga"], res["paged"]
+        rows = [("mean decode batch", "decode_batch_mean", "{:.1f}"), ("max running", "max_running", "{}"),
+                ("peak KV held", "peak_kv_used_bytes", "bytes"), ("peak KV needed", "peak_kv_needed_bytes", "bytes"),
+                ("mean waste", "waste_frac_mean", "pct"), ("preemptions", "preemptions", "{}"),
+                ("evicted pages", "evicted_pages", "{}"), ("steps", "steps", "{}")]
+        out = ["| metric | jenga | paged | jenga / paged |", "|---|---|---|---|"]
+        for label, key, f in rows:
+            cells = [fmt_bytes(m[key]) if f == "bytes" else f"{100 * m[key]:.1f} %" if f == "pct" else f.format(m[key])
+                     for m in (j, p)]
+            ratio = f"{j[key] / p[key]:.2f}x" if key == "decode_batch_mean" and p[key] else ""
+            out.append(f"| {label} | {cells[0]} | {cells[1]} | {ratio} |")
+        return "\n".join(out)
+    return Block(cmd, render)
+
+
+def _script(name: str, *argv: str) -> Block:
+    """The Markdown table ``benchmarks/NAME.py ARGV`` prints (run in this process; its stderr is progress)."""
+    cmd = f"python benchmarks/{name}.py " + " ".join(argv)
+
+    def render() -> str:
+        import contextlib
+        import importlib
+        import io
+
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            importlib.import_module(name).main(list(argv))
+        # the table's lines only: vLLM's engines log to stdout too
+        return "\n".join(line for line in buf.getvalue().splitlines() if line.startswith("|"))
+    return Block(cmd, render)
+
+
 def _calibration() -> str:
     from jenga.sim.fit import fit, held_out, markdown, record
 
@@ -140,6 +181,10 @@ BLOCKS: dict[str, Block] = {
     "simulate-ministral": _simulate("ministral-8b", "arxiv-multiq", 36, 0.25, "jenga,paged,uniform"),
     "calibration": Block("python -m jenga.sim.fit", _calibration),
     "vllmfeat": Block(".venv/bin/python benchmarks/vllm_spec_acceptance.py --markdown", _vllm_spec_acceptance),
+    "bench": _bench(),
+    "vs-vllm-main": _script("vs_vllm_manager", "--rows", "main", "--markdown", "--outcome"),
+    "vs-vllm-extra": _script("vs_vllm_manager", "--rows", "extra", "--markdown", "--outcome"),
+    "vllm-side-by-side": _script("vllm_side_by_side", "--markdown", "--outcome"),
 }
 #: Blocks make test re-renders (seconds each); the rest run under ``-m slow``.
 FAST = ("reproduce-closed-form", "plan-ministral")

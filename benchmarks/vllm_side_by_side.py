@@ -195,6 +195,8 @@ def main(argv=None) -> list:
     ap.add_argument("--quick", action="store_true", help="four articles / chats, three budgets (a smoke run)")
     ap.add_argument("--chunk", type=int, default=128, help="max_num_batched_tokens, both engines (0: vLLM's)")
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
+    ap.add_argument("--outcome", action="store_true", help="without tokens/s (every run of the same code prints "
+                    "the rest alike)")
     args = ap.parse_args(argv)
     _need_vllm()
     from vllm_support import close, engine, model_dir
@@ -214,27 +216,33 @@ def main(argv=None) -> list:
                 res[side] = run(llm, rounds_fn())
                 close(llm)
             table.append((name, family, blocks, res))
-            _print(table[-1:], args.markdown, head=len(table) == 1)
+            _print(table[-1:], args.markdown, head=len(table) == 1, outcome=args.outcome)
     return table
 
 
-def _print(table, markdown: bool, head: bool) -> None:
+TOKS_COL = 8  # tok/s: the only column that depends on the machine (left out by --outcome)
+
+
+def _print(table, markdown: bool, head: bool, outcome: bool = False) -> None:
     cols = ["workload", "model", "blocks", "engine", "hit rate", "prompt computed", "preempt", "peak run",
             "tok/s", "hits per round"]
-    if head:
-        print("| " + " | ".join(cols) + " |" if markdown else " ".join(f"{c:>15}" for c in cols[:9]) + "  rounds")
-        if markdown:
-            print("|" + "---|" * len(cols))
+    lines = [cols] if head else []
     for name, family, blocks, res in table:
         s, j = res["stock"], res["jenga"]
         for side, r in (("stock", s), ("jenga", j)):
-            cells = [name, family, str(blocks), side, f"{r['hit']:.1%}", f"{r['computed']}/{r['prompt']}",
-                     str(r["preempt"]), str(r["peak"]), f"{r['tps']:.1f}", r["rounds"]]
-            print("| " + " | ".join(cells) + " |" if markdown else " ".join(f"{c:>15}" for c in cells[:9])
-                  + "  " + cells[9])
-        cells = [name, family, str(blocks), "stock/jenga", "", ratio(s["computed"], j["computed"]), "",
-                 ratio(j["peak"], s["peak"]), ratio(j["tps"], s["tps"]) + " (j/s)", ""]
-        print("| " + " | ".join(cells) + " |" if markdown else " ".join(f"{c:>15}" for c in cells[:9]))
+            lines.append([name, family, str(blocks), side, f"{r['hit']:.1%}", f"{r['computed']}/{r['prompt']}",
+                          str(r["preempt"]), str(r["peak"]), f"{r['tps']:.1f}", r["rounds"]])
+        lines.append([name, family, str(blocks), "stock/jenga", "", ratio(s["computed"], j["computed"]), "",
+                      ratio(j["peak"], s["peak"]), ratio(j["tps"], s["tps"]) + " (j/s)", ""])
+    for k, cells in enumerate(lines):
+        if outcome:
+            cells = cells[:TOKS_COL] + cells[TOKS_COL + 1:]
+        if markdown:
+            print("| " + " | ".join(cells) + " |")
+            if head and k == 0:
+                print("|" + "---|" * len(cells))
+        else:
+            print(" ".join(f"{c:>15}" for c in cells[:-1]) + "  " + cells[-1])
     sys.stdout.flush()
 
 

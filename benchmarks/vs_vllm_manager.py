@@ -343,6 +343,8 @@ def fmt(res: dict) -> list[str]:
 HEADER = ["model:trace", "prefix hit vLLM / jenga (best; ceiling)", "jenga hit after preempt",
           "waste vLLM / jenga (+stranded)", "stranded / pool", "us/step vLLM / jenga", "jenga/vLLM time",
           "jenga GC ms", "preempt vLLM / jenga", "steps vLLM / jenga"]
+#: ``--outcome``: the columns every run of the same code prints alike (no times); the README's generated table
+OUTCOME_COLUMNS = (0, 1, 2, 3, 4, 8, 9)
 
 
 def main(argv=None) -> int:
@@ -366,6 +368,8 @@ def main(argv=None) -> int:
                    "and model (median, max)")
     p.add_argument("--checksum", action="store_true", help="print per row a CRC-32 of every jenga allocate's page "
                    "tables and one of the outcome columns (refactorings must leave both unchanged; times are off)")
+    p.add_argument("--outcome", action="store_true", help="only the columns that do not depend on the machine "
+                   "(hits, waste, preemptions, steps; no times)")
     p.add_argument("-v", "--verbose", action="store_true")
     a = p.parse_args(argv)
     if not a.no_vllm:
@@ -377,12 +381,15 @@ def main(argv=None) -> int:
             print("  ".join(micro(name, a)), flush=True)
         return 0
     rows = {"main": MAIN_ROWS, "extra": EXTRA_ROWS, "all": MAIN_ROWS + EXTRA_ROWS}.get(a.rows) or a.rows.split(",")
+    keep = OUTCOME_COLUMNS if a.outcome else range(len(HEADER))
+    header = [HEADER[i] for i in keep]
     table = []
     if a.markdown:  # row by row, as each finishes
-        print("| " + " | ".join(HEADER) + " |\n|" + "---|" * len(HEADER), flush=True)
+        print("| " + " | ".join(header) + " |\n|" + "---|" * len(header), flush=True)
     for row in rows:
         res = run_row(row, a, checksum=a.checksum)
-        table.append(fmt(res))
+        cells = fmt(res)
+        table.append([cells[i] for i in keep])
         print(f"{row}: {res['n']} requests, KV {res['memory'] / 2**30:.1f} GiB ({res['where']})", file=sys.stderr)
         if a.checksum:
             j = res["jenga"]
@@ -391,8 +398,8 @@ def main(argv=None) -> int:
         if a.markdown:
             print("| " + " | ".join(table[-1]) + " |", flush=True)
     if not a.markdown:
-        widths = [max(len(x[i]) for x in table + [HEADER]) for i in range(len(HEADER))]
-        for r in [HEADER] + table:
+        widths = [max(len(x[i]) for x in table + [header]) for i in range(len(header))]
+        for r in [header] + table:
             print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
     return 0
 

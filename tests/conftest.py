@@ -19,6 +19,9 @@ from jenga.core.specs import (
     VisionEmbeddingSpec,
 )
 
+#: ``--dist loadgroup`` under pytest 9 (see the module)
+pytest_plugins = ("xdist_groups",)
+
 # vLLM's CUDA wheels (the Makefile's 0.33 / 0.34 venvs) find no platform without a GPU; their
 # scheduler side runs on vLLM's CPU platform (set before any test module imports vLLM)
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")

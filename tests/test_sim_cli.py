@@ -45,6 +45,8 @@ def test_simulate_table(capsys):
 def test_reproduce_quick_json(capsys):
     assert main(["reproduce", "--quick", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
+    assert data["quick"] and "smoke run" in data["title"] and "NOT the paper's figures" in data["title"]
+    assert data["calibration"]["name"] and data["calibration"]["engines"]
     rows = data["rows"]
     sections = {r["section"] for r in rows}
     assert {"closed form", "Llama-4 context", "Ministral waste", "decode batch", "throughput H100",

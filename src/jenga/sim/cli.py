@@ -158,9 +158,10 @@ def run_reproduce(args) -> int:
         line.done, line.unit = len(todo), ""
     if args.json:
         from jenga.sim.calibration import FITTED
+        from jenga.sim.report import reproduce_title
 
-        print(json.dumps({"quick": args.quick, "calibration": FITTED.as_dict(), "rows": [r.as_dict() for r in rows]},
-                         indent=2))
+        print(json.dumps({"title": reproduce_title(args.quick), "quick": args.quick, "calibration": FITTED.as_dict(),
+                          "rows": [r.as_dict() for r in rows]}, indent=2))
     else:
         print_reproduce(rows, quick=args.quick)
     return 0
