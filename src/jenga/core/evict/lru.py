@@ -21,6 +21,7 @@ import numpy as np
 from jenga.core.alloc.allocator import CACHED, EvictionSource, LargePageAllocator
 from jenga.core.evict.fresh_run import FreshRun, push_back
 from jenga.core.evict.large import LargeEviction
+from jenga.core.evict.listener import EvictionListener
 from jenga.core.evict.run_heap import SMALL, RunHeap
 from jenga.core.flat_arrays import BULK, as_ids, largest_keys, view, zeros
 from jenga.core.policy.base import held_window_time
@@ -96,6 +97,7 @@ class PrefixEvictor(LargeEviction, EvictionSource):
         self._large_ver = zeros(a.num_large)
         self._large_heaps = [RunHeap(self._large_check, self._large_check_many, reads="ig") for _ in range(n)]
         self.num_evicted_pages = 0
+        self.listener: EvictionListener | None = None  # told of each eviction first (a host tier)
 
     def _large_check(self, large, t, n, v) -> bool:
         return self._large_ver[large] == v and self.alloc.in_e[large] == 1
@@ -242,6 +244,8 @@ class PrefixEvictor(LargeEviction, EvictionSource):
 
     def _drop_pages(self, group: int, pages: list[int]) -> None:
         """Forget cached ``pages`` (the allocator frees them next)."""
+        if self.listener is not None:
+            self.listener.evicting(group, pages)
         self.forget_many(group, pages)
         self.index.drop_many(group, pages)
         self.num_evicted_pages += len(pages)

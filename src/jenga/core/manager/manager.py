@@ -42,6 +42,9 @@ from jenga.core.prefix.index import PrefixIndex
 from jenga.core.request import GroupState, Request, RequestView
 from jenga.core.specs import LayerGroup, ModelSpec
 from jenga.core.tables import PageTables
+from jenga.core.tier.copy_plan import CopyPlan
+from jenga.core.tier.host_tier import HOST_POLICIES, HostTier
+from jenga.core.tier.tier_view import TierView
 from jenga.core.validation import TOKEN_ID_LIMIT, checked_images, checked_int, checked_salt, token_array
 from jenga.errors import (
     DuplicateRequestError,
@@ -80,9 +83,14 @@ class KVCacheManager:
     def __init__(self, model: ModelSpec, memory_bytes: int | str, *, tokens_per_page: int = 16,
                  enable_prefix_caching: bool = True, device: str = "cpu", max_lcm_ratio: float = 8.0,
                  fit_pages: bool = True, window_slack: int | None = None, out_of_window_age: int = OUT_OF_RANGE_AGE,
-                 eviction: str | None = None):
+                 eviction: str | None = None, host_memory_bytes: int | str | None = None,
+                 host_policy: str = "per-kind"):
         tokens_per_page = checked_int(tokens_per_page, "tokens_per_page")
         memory_bytes = parse_bytes(memory_bytes)  # an int, or "64GiB" like the CLI
+        if host_memory_bytes is not None:
+            host_memory_bytes = parse_bytes(host_memory_bytes)
+        if host_policy not in HOST_POLICIES:
+            raise InvalidArgumentError(f"unknown host_policy {host_policy!r}; choose one of {list(HOST_POLICIES)}")
         if window_slack is not None:
             window_slack = checked_int(window_slack, "window_slack", minimum=0)
         eviction = eviction or self.default_eviction
@@ -102,6 +110,13 @@ class KVCacheManager:
             raise InsufficientMemoryError(
                 f"{memory_bytes} bytes hold no large page of {self.large_page_bytes} bytes plus one slack "
                 f"page; give at least {2 * self.large_page_bytes} bytes")
+        num_host_large = 0
+        if host_memory_bytes is not None:
+            num_host_large = host_memory_bytes // self.large_page_bytes
+            if num_host_large < 1:
+                raise InsufficientMemoryError(
+                    f"host_memory_bytes={host_memory_bytes} holds no large page of {self.large_page_bytes} bytes; "
+                    f"give at least {self.large_page_bytes} bytes (or None for no host tier)")
         self.memory_bytes = memory_bytes
         # the parts, wired here: allocator, index, evictor (the allocator evicts through it), ledger
         alloc = LargePageAllocator([g.page_bytes for g in model.groups], num_large)
@@ -133,6 +148,12 @@ class KVCacheManager:
         self.first_hit_tokens = 0  # the same, first lookups only (not re-adds after a preemption)
         self.first_query_tokens = 0
         self._layout = None
+        self.host: HostTier | None = None  # the host tier (``host_memory_bytes``): :mod:`jenga.core.tier.host_tier`
+        self._host_hits: dict[object, int] = {}  # per looked-up request: hit tokens its promotions added
+        if num_host_large:
+            self.host = HostTier([g.page_bytes for g in model.groups], num_host_large, self.ledger, self.policies,
+                                 policy=host_policy)
+            evictor.listener = self.host
 
     # ----------------------------------------------------------- the parts
     @property
@@ -252,6 +273,8 @@ class KVCacheManager:
         top = min(len(req.tokens) - 1, len(req.tokens) // self.block * self.block)
         if max_tokens is not None:
             top = max(0, min(top, max_tokens))
+        if self.host is not None:
+            self._host_hits[request_id] = self._promote_hit(req, top)
         top = self.hasher.for_lookup(req, top, self.ledger)
         cand = self._fixed_point(req, top, self.policies, self.hasher.bound)
         self.junction.find(req, top, cand)
@@ -259,10 +282,50 @@ class KVCacheManager:
         self.ledger.record_hit(req, self.policies, self.junction.hit_of)  # held once anything else happens
         return cand
 
-    def _fixed_point(self, req: Request, cand: int, policies: list[Policy], bound: Policy | None = None) -> int:
+    def _promote_hit(self, req: Request, top: int) -> int:
+        """With a host tier: the longest hit over both tiers, its host pages promoted to the
+        device (the lookup that follows finds them there).  Returns the tokens that added."""
+        view = TierView(self.ledger, self.host.tables())
+        both = self.hasher.for_lookup(req, top, view)
+        cand = self._fixed_point(req, both, self.policies, self.hasher.bound, view)
+        junction = req.junction
+        self.junction.find(req, both, cand)
+        req.hit = cand
+        for pol, gs in zip(self.policies, req.groups, strict=True):
+            pol.hit(req, gs, self.junction.hit_of(pol, req), view)
+        req.groups = [GroupState() for _ in self.model.groups]
+        req.hit, req.junction = 0, junction
+        wanted, held = view.split()
+        host_tables = self.host.tables()
+        for pol in self.policies:  # pages found at allocate (images): promoted now too
+            dev, hosted = self.ledger.index_table(pol.gi), host_tables[pol.gi]
+            wanted += [(pol.gi, hosted[k]) for k in pol.side_keys(req) if k not in dev and k in hosted]
+        if not wanted:
+            return 0
+        device_only = self._fixed_point(req, self.hasher.for_lookup(req, top, self.ledger), self.policies,
+                                        self.hasher.bound)
+        self.host.promote(req.request_id, wanted, held)
+        return max(0, cand - device_only)
+
+    def take_copy_plan(self) -> CopyPlan:
+        """The device <-> host page copies recorded since the last call (:mod:`jenga.core.tier.copy_plan`):
+        the engine runs every demote, then every promote, before the forward of the step whose
+        allocations came before this call.  Empty without a host tier."""
+        if self.host is None:
+            return CopyPlan()
+        return self.host.take_copy_plan()
+
+    @property
+    def host_num_large(self) -> int:
+        """Large pages of the host tier (0 without one): ``KVLayout(model, host_num_large, device="cpu")``."""
+        return 0 if self.host is None else self.host.num_large
+
+    def _fixed_point(self, req: Request, cand: int, policies: list[Policy], bound: Policy | None = None,
+                     ops=None) -> int:
         """The longest prefix no longer than ``cand`` that every one of ``policies`` accepts;
-        ``bound``: a FullPolicy with all its pages below ``cand`` cached (``PromptHasher.for_lookup``)."""
-        ledger = self.ledger
+        ``bound``: a FullPolicy with all its pages below ``cand`` cached (``PromptHasher.for_lookup``);
+        ``ops``: the pages seen (the device ledger, or both tiers' ``TierView``)."""
+        ledger = self.ledger if ops is None else ops
         while True:
             start = cand
             for pol in policies:
@@ -342,6 +405,8 @@ class KVCacheManager:
             req.counted = True
             self.prefix_query_tokens += req.prompt_len
             self.prefix_hit_tokens += req.hit
+            if self.host is not None:
+                self.host.hit_tokens += min(req.hit, self._host_hits.pop(req.request_id, 0))
             if not req.repeat:
                 self.first_query_tokens += req.prompt_len
                 self.first_hit_tokens += req.hit
@@ -422,6 +487,7 @@ class KVCacheManager:
             for pol, gs in zip(self.policies, req.groups, strict=True):
                 pol.free(req, gs, ledger)
         del self.requests[request_id]
+        self._host_hits.pop(request_id, None)
         if req.tables is not None:
             self._allocated -= 1
         if self.caching and req.source_hashes is None:
@@ -484,7 +550,17 @@ class KVCacheManager:
         through the index): returns False and changes nothing then, else True.  With KV
         events on, it records one ``AllBlocksCleared``.
         """
-        return cache_control.reset_prefix_cache(self.alloc, self.index, self.evictor)
+        host = self.host
+        if host is None:
+            return cache_control.reset_prefix_cache(self.alloc, self.index, self.evictor)
+        host.listening = False  # a reset drops pages, it demotes none
+        try:
+            done = cache_control.reset_prefix_cache(self.alloc, self.index, self.evictor)
+        finally:
+            host.listening = True
+        if done:
+            host.reset()
+        return done
 
     def enable_kv_events(self) -> None:
         """Record KV events from now on (see ``jenga.core.prefix.events``); ``take_events`` returns them."""
@@ -527,6 +603,8 @@ class KVCacheManager:
         """Assert free + used + cached == total, refcounts match the tables, every cached
         page is indexed and keyed, and no page serves two owners."""
         check_manager(self)
+        if self.host is not None:
+            self.host.check()
 
     @property
     def layout(self):
