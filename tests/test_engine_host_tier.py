@@ -7,13 +7,14 @@ promoted back before the step's forward.  The tier's counters must show demotion
 and tokens served from host; greedy tokens equal the run without the tier and HF's ``generate``
 (logits to 1e-4).  Kinds: full + sliding attention (tiny Gemma-3), Mamba state checkpoints
 (tiny Jamba), vision-embedding pages (tiny Gemma-3 with images: the image is not encoded again),
-and preemption of requests holding promoted pages.
+and preemption: a request leaving with its promotion still planned, a running one holding promoted
+pages preempted and admitted again.
 """
 
 from __future__ import annotations
 
 import torch
-from test_engine_e2e import check_against_hf, rand_prompts
+from test_engine_e2e import check_against_hf, hf_twin, rand_prompts
 from test_engine_hybrid import assert_hf_equal
 from test_engine_vlm import check as check_vlm
 from test_engine_vlm import images, prompt
@@ -35,12 +36,12 @@ def two_rounds(llm, docs, params=GREEDY, seed=50):
     return outs
 
 
-def tier_moved(llm) -> dict:
+def tier_moved(llm, prefix_hit: bool = True) -> dict:
     st = llm.manager.stats()
     assert st.host_total_bytes > 0
     assert st.demotions > 0 and st.bytes_demoted > 0, "the small device pool should demote evicted pages"
     assert st.promotions > 0 and st.bytes_promoted > 0, "the second round should hit host pages"
-    assert st.host_hit_tokens > 0
+    assert (st.host_hit_tokens > 0) == prefix_hit  # an image's pages are no prefix hit
     pool = llm.host_pool.counters  # the engine copied exactly what the manager planned
     assert (pool.pages_demoted, pool.pages_promoted) == (st.demotions, st.promotions)
     assert (pool.bytes_demoted, pool.bytes_promoted) == (st.bytes_demoted, st.bytes_promoted)
@@ -96,23 +97,34 @@ def test_image_pages_are_promoted_not_encoded_again():
     assert runs[None][0].metrics.encoder_runs == 2  # without the tier the evicted image runs again
     llm, outs = runs["4MiB"]
     assert llm.metrics.encoder_runs == 1, "the image's embedding pages should come back from host"
-    tier_moved(llm)
+    tier_moved(llm, prefix_hit=False)
     same_tokens(runs[None][1], outs)
     check_vlm(llm, [first, again], outs)
 
 
-def test_preempted_requests_holding_promoted_pages():
-    docs = rand_prompts([120, 110, 130], seed=42)
-    kw = dict(kv_memory="1152KiB", max_num_batched_tokens=128)
-    params = SamplingParams(max_tokens=40, return_logits=True, ignore_eos=True)
-    llm = jenga.LLM("tiny-gemma3", host_kv_memory="4MiB", **kw)
-    base = jenga.LLM("tiny-gemma3", **kw)
-    for engine in (llm, base):  # the documents' pages: cached, then pushed to host by other prompts
+def test_preemption_with_promotions_pending_and_done():
+    """tiny-llama (full attention), a pool of ~1.5 of the batch's requests: a waiting request's lookup
+    promotes its host pages and the request may then not fit (it leaves with the copy still planned),
+    and a running one holding promoted pages is preempted by decode growth, freed and admitted again."""
+    docs = rand_prompts([100, 90, 110], seed=42)
+    kw = dict(kv_memory="640KiB", max_num_batched_tokens=64)
+    params = SamplingParams(max_tokens=60, return_logits=True, ignore_eos=True)
+    llm = jenga.LLM("tiny-llama", host_kv_memory="2MiB", **kw)
+    base = jenga.LLM("tiny-llama", **kw)
+    for engine in (llm, base):  # the documents' pages: cached, then pushed to host by two other prompts
         engine.generate(docs, SamplingParams(max_tokens=2))
-        engine.generate(rand_prompts([150, 150, 150], seed=43), SamplingParams(max_tokens=2))
+        engine.generate(rand_prompts([150, 150], seed=43), SamplingParams(max_tokens=2))
+    before = llm.manager.stats()
     batch = [d + q for d, q in zip(docs, rand_prompts([9, 9, 9], seed=44), strict=True)]
     got, want = llm.generate(batch, params), base.generate(batch, params)
-    assert llm.scheduler.stats.preemptions > 0, "decode growth should preempt"
-    assert any(o.num_preemptions for o in got)
-    tier_moved(llm)
+    assert any(o.num_preemptions for o in got), "decode growth should preempt"
+    st = tier_moved(llm)
+    assert st.promotions > before.promotions and st.host_hit_tokens > before.host_hit_tokens
     same_tokens(want, got)
+    hf = hf_twin(llm)
+    for out in got:  # ignore_eos: HF's forward over the whole sequence
+        seq = torch.tensor([out.prompt_token_ids + out.token_ids])
+        with torch.no_grad():
+            ref = hf(seq).logits[0, len(out.prompt_token_ids) - 1:-1]
+        assert out.token_ids == ref.argmax(-1).tolist()
+        torch.testing.assert_close(torch.stack(out.logits), ref, atol=1e-4, rtol=1e-4)
