@@ -49,7 +49,7 @@ class Breakdown(JengaSide):
         held, stranded = super().held_bytes()
         mgr, acc = self.mgr, self.acc
         acc["held"] += held
-        pb = mgr.alloc.page_bytes
+        pb = mgr.pool.page_bytes
         for req in mgr.requests.values():
             hi = req.num_computed + req.num_scheduled
             for gi, (g, gs) in enumerate(zip(mgr.model.groups, req.groups, strict=True)):

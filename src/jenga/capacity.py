@@ -59,11 +59,12 @@ def peak_pages(mgr, length: int) -> list[int]:
 def fits(mgr, pages: list[int]) -> bool:
     """Whether these small pages per group fit in the manager's large pages (and, for a
     static partition, in every group's share)."""
-    need = [cdiv(p, k) for p, k in zip(pages, mgr.alloc.k, strict=True)]
-    caps = getattr(mgr, "caps", None)
+    pool = mgr.pool
+    need = [cdiv(p, k) for p, k in zip(pages, pool.small_per_large, strict=True)]
+    caps = pool.large_page_caps
     if caps is not None and any(n > c for n, c in zip(need, caps, strict=True)):
         return False
-    return sum(need) <= mgr.alloc.num_large
+    return sum(need) <= pool.num_large_pages
 
 
 def max_context_tokens(mgr, limit: int = 1 << 40) -> int | None:

@@ -55,12 +55,12 @@ def plan_and_model(args) -> tuple[dict, object]:
         "groups": [{"name": g.name, "kind": g.kind, "layers": g.num_layers, "layer_ids": list(g.layers),
                     "page_bytes": g.page_bytes, "pad_bytes": g.pad_bytes, "tokens_per_page": g.tokens_per_page,
                     "small_pages_per_large": k}
-                   for g, k in zip(jenga.model.groups, jenga.alloc.k, strict=True)],
+                   for g, k in zip(jenga.model.groups, jenga.pool.small_per_large, strict=True)],
         "lcm_page_bytes": jenga.large_page_bytes,
         "raw_lcm_page_bytes": plan.raw_lcm_page_bytes if plan else jenga.large_page_bytes,
         "lcm_ratio": jenga.large_page_bytes / jenga.model.max_small_page_bytes,
         "pad_frac": plan.pad_frac if plan else 0.0,
-        "num_large_pages": jenga.alloc.num_large,
+        "num_large_pages": jenga.pool.num_large_pages,
         "short_tokens": args.short_tokens,
         # null: unbounded (every layer keeps only a window / chunk)
         "max_context_tokens": {n: max_context_tokens(m) for n, m in built.items()},

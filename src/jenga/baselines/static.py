@@ -47,7 +47,7 @@ class StaticManager(KVCacheManager):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         w = [g.page_bytes * WEIGHT.get(g.kind, 1.0) for g in self.model.groups]
-        n = self.alloc.num_large
+        n = self.pool.num_large_pages
         self.caps = [max(1, int(n * x / sum(w))) for x in w]
         self.alloc.caps = self.caps
         self.admission.caps = self.caps

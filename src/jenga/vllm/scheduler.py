@@ -61,7 +61,7 @@ def check_max_model_len_fits(mgr, max_model_len: int) -> None:
     if not fits(mgr, pages):
         longest = max_context_tokens(mgr)
         raise InsufficientMemoryError(
-            f"jenga.vllm: the KV budget ({mgr.alloc.num_large} large pages of {mgr.large_page_bytes} B) cannot hold "
+            f"jenga.vllm: the KV budget ({mgr.pool.num_large_pages} large pages of {mgr.large_page_bytes} B) cannot hold "
             f"one request of max_model_len={max_model_len} tokens (jenga's pages per group {pages}; about "
             f"{longest} tokens fit); give the KV cache more memory or lower max_model_len")
 

@@ -29,7 +29,13 @@ from jenga.errors import InvalidArgumentError, SequenceTooLongError
 
 
 def can_allocate(mgr, req: Request, num_new_tokens: int, num_lookahead: int) -> bool:
-    """``KVCacheManager.can_allocate`` for the live record ``req``."""
+    """``KVCacheManager.can_allocate`` for the live record ``req``.
+
+    Exact (the same count against free + evictable memory ``allocate`` makes) and without any
+    effect; token ids need not be known, so an admission check asks ``can_allocate(rid,
+    prompt_len + max_new_tokens - hit)`` for a whole sequence (sliding and chunked groups then
+    count every page, as one allocate of that length would hold them).  Raises like ``allocate``
+    on a bad count or a length past the model's maximum."""
     if num_new_tokens < 0 or num_lookahead < 0:
         raise InvalidArgumentError(f"request {req.request_id!r}: negative token count "
                                    f"({num_new_tokens}, lookahead {num_lookahead})")
@@ -59,7 +65,11 @@ def chunk_tokens(policies: list[Policy], req: Request, num_new_tokens: int, cach
 
 
 def reset_prefix_cache(alloc: LargePageAllocator, index: PrefixIndex, evictor: PrefixEvictor) -> bool:
-    """``KVCacheManager.reset_prefix_cache``."""
+    """``KVCacheManager.reset_prefix_cache``: every cached page becomes free, the index empties.
+
+    Like vLLM's, it refuses while any request holds pages (their pages are shared through the
+    index): returns False and changes nothing then, else True.  With KV events on, it records
+    one ``AllBlocksCleared``."""
     if any(alloc.used_small):
         return False
     events, index.events = index.events, None

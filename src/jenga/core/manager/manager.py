@@ -8,7 +8,7 @@ then take pages in the request-aware order; attention pages of full blocks of kn
 the prefix index at once, so a request admitted later in the same step shares them) -> the engine
 runs the step -> ``append_tokens`` (the remaining full pages join the index; pages that left the
 window or chunk go to the evictor) -> ``free``.  A step dropped before its commit unregisters
-what it would have filled (:mod:`jenga.core.manager.aborted_fill`).
+what it would have filled (:mod:`jenga.core.manager.commit`).
 
 The manager is a façade: it owns its parts and calls them.  The allocator (``alloc``) and its
 free pool; the prefix cache: the index, one policy per group, the evictor; the ledger of who holds
@@ -26,39 +26,37 @@ from jenga.core.alloc.allocator import LargePageAllocator
 from jenga.core.evict.lru import PrefixEvictor
 from jenga.core.evict.reuse import ReuseEvictor
 from jenga.core.manager import cache_control
-from jenga.core.manager.aborted_fill import abort_fill, aborted_fill
 from jenga.core.manager.accounting import ByteAccounting
 from jenga.core.manager.admission import Admission
+from jenga.core.manager.commit import StepCommit
+from jenga.core.manager.hit_counts import HitCounts
+from jenga.core.manager.intake import RequestIntake
 from jenga.core.manager.integrity import check_manager
 from jenga.core.manager.ledger import Grant, PageLedger
+from jenga.core.manager.lookup import PrefixLookup
+from jenga.core.manager.pool import PoolShape, large_page_count
 from jenga.core.manager.prompt_hashes import PromptHasher
-from jenga.core.manager.shared_recompute import Junction
 from jenga.core.manager.stats import CacheStats, collect_stats
 from jenga.core.pagesize import manager_page_plan, with_base_page
 from jenga.core.policy.registry import OUT_OF_RANGE_AGE, Policy, policy_for
 from jenga.core.prefix.events import EventLog, KVEvent
-from jenga.core.prefix.hashing import ImageRef, root_hash
+from jenga.core.prefix.hashing import ImageRef
 from jenga.core.prefix.index import PrefixIndex
 from jenga.core.request import GroupState, Request, RequestView
 from jenga.core.specs import LayerGroup, ModelSpec
 from jenga.core.tables import PageTables
 from jenga.core.tier.copy_plan import CopyPlan
-from jenga.core.tier.host_tier import HOST_POLICIES, HostTier
-from jenga.core.tier.tier_view import TierView
-from jenga.core.validation import TOKEN_ID_LIMIT, checked_images, checked_int, checked_salt, token_array
+from jenga.core.tier.host_tier import HOST_POLICIES, HostTier, host_page_count
+from jenga.core.validation import TOKEN_ID_LIMIT, checked_int, token_array
 from jenga.errors import (
-    DuplicateRequestError,
-    InsufficientMemoryError,
     InvalidArgumentError,
     SequenceTooLongError,
     UnknownRequestError,
 )
 from jenga.units import parse_bytes
 
-NEVER = 1 << 62
 #: eviction orders: plain LRU by (release time, -prefix length), or use-count classes
 EVICTORS = {"lru": PrefixEvictor, "reuse": ReuseEvictor}
-REPEAT_MEMO_SIZE = 256  # freed ids remembered as having run (a re-add is a repeat lookup)
 
 
 class KVCacheManager:
@@ -105,18 +103,8 @@ class KVCacheManager:
         self.caching = enable_prefix_caching
         self.device = device
         self.large_page_bytes = model.lcm_page_bytes
-        num_large = memory_bytes // self.large_page_bytes - 1
-        if num_large < 1:
-            raise InsufficientMemoryError(
-                f"{memory_bytes} bytes hold no large page of {self.large_page_bytes} bytes plus one slack "
-                f"page; give at least {2 * self.large_page_bytes} bytes")
-        num_host_large = 0
-        if host_memory_bytes is not None:
-            num_host_large = host_memory_bytes // self.large_page_bytes
-            if num_host_large < 1:
-                raise InsufficientMemoryError(
-                    f"host_memory_bytes={host_memory_bytes} holds no large page of {self.large_page_bytes} bytes; "
-                    f"give at least {self.large_page_bytes} bytes (or None for no host tier)")
+        num_large = large_page_count(memory_bytes, self.large_page_bytes)
+        num_host_large = 0 if host_memory_bytes is None else host_page_count(host_memory_bytes, self.large_page_bytes)
         self.memory_bytes = memory_bytes
         # the parts, wired here: allocator, index, evictor (the allocator evicts through it), ledger
         alloc = LargePageAllocator([g.page_bytes for g in model.groups], num_large)
@@ -135,48 +123,47 @@ class KVCacheManager:
             pol.set_window_slack(window_slack)
         self.admission = self.admission_class(self.policies, alloc, index, evictor, self.ledger, self.block)
         self.hasher = PromptHasher(self.policies, self.block)  # bounds how far a lookup hashes
-        self.junction = Junction(self.policies, self.block, self.caching, self.hasher.bound, self._fixed_point)
-        self.accounting = ByteAccounting(self.policies, self.ledger, model)
-        self.requests: dict[object, Request] = {}
-        self._allocated = 0  # live requests past their first allocate
-        self._max_tokens = model.max_model_len + 1
-        self._ran: dict[object, bool] = {}  # freed request ids that had run (their re-add is a repeat)
-        # images are text spans (must lie inside the prompt) when some group embeds them in-sequence
-        self._in_sequence_images = any(g.kind == "vision" for g in self.source_model.groups)
-        self.prefix_hit_tokens = 0
-        self.prefix_query_tokens = 0
-        self.first_hit_tokens = 0  # the same, first lookups only (not re-adds after a preemption)
-        self.first_query_tokens = 0
-        self._layout = None
-        self.host: HostTier | None = None  # the host tier (``host_memory_bytes``): :mod:`jenga.core.tier.host_tier`
-        self._host_hits: dict[object, int] = {}  # per looked-up request: hit tokens its promotions added
+        #: the host tier (``host_memory_bytes``; :mod:`jenga.core.tier.host_tier`): told of every eviction
+        self.host: HostTier | None = None
         if num_host_large:
             self.host = HostTier([g.page_bytes for g in model.groups], num_host_large, self.ledger, self.policies,
                                  policy=host_policy)
             evictor.listener = self.host
+        self.prefix_lookup = PrefixLookup(self.policies, self.block, self.caching, self.hasher, self.ledger,
+                                          self.host)
+        self.junction = self.prefix_lookup.junction  # where a state hit's cached attention prefix ends
+        self.step_commit = StepCommit(self.policies, self.ledger, self.hasher, index, self.block, self.caching)
+        self.accounting = ByteAccounting(self.policies, self.ledger, model)
+        self.requests: dict[object, Request] = {}
+        self._allocated = 0  # live requests past their first allocate
+        self._max_tokens = model.max_model_len + 1
+        self.hits = HitCounts()  # prompt tokens looked up / found cached
+        # images are text spans (must lie inside the prompt) when some group embeds them in-sequence
+        in_sequence = any(g.kind == "vision" for g in self.source_model.groups)
+        self.intake = RequestIntake(self.policies, self.block, self.caching, model.max_model_len, in_sequence,
+                                    self.hasher, self.hits)
+        self._layout = None
 
     # ----------------------------------------------------------- the parts
-    @property
-    def alloc(self) -> LargePageAllocator:
-        """The allocator (a lookup's pending hit is held first, as for ``index``, ``evictor``, ``ref``)."""
-        self.ledger.settle()
-        return self._alloc
+    def _settled(self, part):
+        self.ledger.settle()  # a lookup's pending hit is held first
+        return part
+
+    alloc = property(lambda self: self._settled(self._alloc), doc="The allocator (tests and checks).")
+    index = property(lambda self: self._settled(self._index), doc="The prefix index.")
+    evictor = property(lambda self: self._settled(self._evictor), doc="The evictor.")
+    ref = property(lambda self: self._settled(self.ledger.ref), doc="Per group and page: references (the ledger's).")
+    prefix_hit_tokens = property(lambda self: self.hits.hit_tokens, doc="Prompt tokens found cached (all lookups).")
+    prefix_query_tokens = property(lambda self: self.hits.query_tokens, doc="Prompt tokens looked up.")
+    first_hit_tokens = property(lambda self: self.hits.first_hit_tokens, doc="The same, first lookups only.")
+    first_query_tokens = property(lambda self: self.hits.first_query_tokens, doc="(not re-adds after a preemption)")
 
     @property
-    def index(self) -> PrefixIndex:
-        self.ledger.settle()
-        return self._index
-
-    @property
-    def evictor(self) -> PrefixEvictor:
-        self.ledger.settle()
-        return self._evictor
-
-    @property
-    def ref(self) -> list:
-        """Per group and page: references (the ledger's)."""
-        self.ledger.settle()
-        return self.ledger.ref
+    def pool(self) -> PoolShape:
+        """The page pool, read-only: large pages, their bytes, each group's carving and caps."""
+        a = self._alloc
+        return PoolShape(a.num_large, a.large_bytes, tuple(a.k), tuple(a.page_bytes),
+                         None if a.caps is None else tuple(a.caps))
 
     @property
     def now(self) -> int:
@@ -224,36 +211,8 @@ class KVCacheManager:
         (vLLM's ``request.block_hashes``).  The manager then keys its prefix index by those
         (every ``block // hash_block``-th one) and hashes nothing itself for this request;
         ``cache_salt`` and ``images`` must already be in them."""
-        step = 1
-        if block_hashes is not None:
-            hb = checked_int(hash_block if hash_block is not None else self.block, "hash_block")
-            if self.block % hb:
-                raise InvalidArgumentError(f"request {request_id!r}: hash_block {hb} does not divide the manager's "
-                                           f"block of {self.block} tokens")
-            step = self.block // hb
-        try:
-            live = request_id in self.requests
-        except TypeError:
-            raise InvalidArgumentError(f"request id {request_id!r} is not hashable") from None
-        if live:
-            raise DuplicateRequestError(f"request id {request_id!r} is already live")
-        tokens = token_array(prompt_token_ids, f"request {request_id!r} prompt")  # a copy: flat uint32
-        if not tokens:
-            raise InvalidArgumentError(f"request {request_id!r}: empty prompt")
-        if len(tokens) > self.model.max_model_len:
-            raise SequenceTooLongError(f"request {request_id!r}: prompt of {len(tokens)} tokens exceeds the "
-                                       f"model's max length {self.model.max_model_len}")
-        refs = [ImageRef(*img) for img in checked_images(images, len(tokens), self._in_sequence_images,
-                                                         f"request {request_id!r}")]
-        hashes: list[bytes] = []
-        root = root_hash(checked_salt(cache_salt)) if self.caching else b""
-        repeat = self._ran.pop(request_id, False)
-        if self.caching and block_hashes is None:
-            hashes = self.hasher.memo.recall(request_id, tokens, root, self.block, tuple(refs))  # the rest: lazily
-        req = Request(request_id, tokens, len(tokens), tuple(refs), hashes,
-                      [GroupState() for _ in self.model.groups])
-        req.salt_root, req.repeat = root, repeat
-        req.source_hashes, req.hash_step = block_hashes, step
+        req = self.intake.new_request(request_id, prompt_token_ids, images, cache_salt, block_hashes, hash_block,
+                                      self.requests)
         self.requests[request_id] = req
 
     def lookup(self, request_id: object, *, max_tokens: int | None = None) -> int:
@@ -267,71 +226,11 @@ class KVCacheManager:
         req = self._req(request_id)
         if req.tables is not None or req.num_scheduled:
             raise InvalidArgumentError(f"lookup of request {request_id!r} after its first allocate")
-        self._release_hit(req)
-        if not self.caching:
-            return 0
-        top = min(len(req.tokens) - 1, len(req.tokens) // self.block * self.block)
-        if max_tokens is not None:
-            top = max(0, min(top, max_tokens))
-        if self.host is not None:
-            self._host_hits[request_id] = self._promote_hit(req, top)
-        top = self.hasher.for_lookup(req, top, self.ledger)
-        cand = self._fixed_point(req, top, self.policies, self.hasher.bound)
-        self.junction.find(req, top, cand)
-        req.hit = req.num_computed = cand
-        self.ledger.record_hit(req, self.policies, self.junction.hit_of)  # held once anything else happens
-        return cand
+        return self.prefix_lookup.find(req, max_tokens)
 
-    def _promote_hit(self, req: Request, top: int) -> int:
-        """With a host tier: the longest hit over both tiers, its host pages promoted to the
-        device (the lookup that follows finds them there).  Returns the tokens that added."""
-        view = TierView(self.ledger, self.host.tables())
-        both = self.hasher.for_lookup(req, top, view)
-        cand = self._fixed_point(req, both, self.policies, self.hasher.bound, view)
-        junction = req.junction
-        self.junction.find(req, both, cand)
-        req.hit = cand
-        for pol, gs in zip(self.policies, req.groups, strict=True):
-            pol.hit(req, gs, self.junction.hit_of(pol, req), view)
-        req.groups = [GroupState() for _ in self.model.groups]
-        req.hit, req.junction = 0, junction
-        wanted, held = view.split()
-        host_tables = self.host.tables()
-        for pol in self.policies:  # pages found at allocate (images): promoted now too
-            dev, hosted = self.ledger.index_table(pol.gi), host_tables[pol.gi]
-            wanted += [(pol.gi, hosted[k]) for k in pol.side_keys(req) if k not in dev and k in hosted]
-        if not wanted:
-            return 0
-        device_only = self._fixed_point(req, self.hasher.for_lookup(req, top, self.ledger), self.policies,
-                                        self.hasher.bound)
-        self.host.promote(req.request_id, wanted, held)
-        return max(0, cand - device_only)
-
-    def take_copy_plan(self) -> CopyPlan:
-        """The device <-> host page copies recorded since the last call (:mod:`jenga.core.tier.copy_plan`):
-        the engine runs every demote, then every promote, before the forward of the step whose
-        allocations came before this call.  Empty without a host tier."""
-        if self.host is None:
-            return CopyPlan()
-        return self.host.take_copy_plan()
-
-    @property
-    def host_num_large(self) -> int:
-        """Large pages of the host tier (0 without one): ``KVLayout(model, host_num_large, device="cpu")``."""
-        return 0 if self.host is None else self.host.num_large
-
-    def _fixed_point(self, req: Request, cand: int, policies: list[Policy], bound: Policy | None = None,
-                     ops=None) -> int:
-        """The longest prefix no longer than ``cand`` that every one of ``policies`` accepts;
-        ``bound``: a FullPolicy with all its pages below ``cand`` cached (``PromptHasher.for_lookup``);
-        ``ops``: the pages seen (the device ledger, or both tiers' ``TierView``)."""
-        ledger = self.ledger if ops is None else ops
-        while True:
-            start = cand
-            for pol in policies:
-                cand = cand // pol.tpp * pol.tpp if pol is bound else pol.longest_prefix(req, cand, ledger)
-            if cand == start:
-                return cand
+    def _fixed_point(self, req: Request, cand: int, policies: list[Policy], bound: Policy | None = None) -> int:
+        """The longest prefix no longer than ``cand`` every one of ``policies`` accepts (``PrefixLookup``)."""
+        return self.prefix_lookup.fixed_point(req, cand, policies, bound)
 
     def allocate(self, request_id: object, num_new_tokens: int, *, num_lookahead: int = 0,
                  num_placeholders: int = 0) -> PageTables | None:
@@ -401,15 +300,9 @@ class KVCacheManager:
         events = self.index.events
         if events is not None:
             events.flush(req)  # pages registered at allocate
-        if not req.counted:
-            req.counted = True
-            self.prefix_query_tokens += req.prompt_len
-            self.prefix_hit_tokens += req.hit
-            if self.host is not None:
-                self.host.hit_tokens += min(req.hit, self._host_hits.pop(req.request_id, 0))
-            if not req.repeat:
-                self.first_query_tokens += req.prompt_len
-                self.first_hit_tokens += req.hit
+        if self.host is not None and not req.counted:
+            self.host.count_hit(req.request_id, req.hit)
+        self.hits.count(req)
         req.pins = []
         req.num_scheduled += n
         req.last_access = ledger.now
@@ -435,35 +328,13 @@ class KVCacheManager:
         if num_rejected and not 0 < num_rejected <= req.num_scheduled:
             raise InvalidArgumentError(f"request {request_id!r}: {num_rejected} rejected of "
                                        f"{req.num_scheduled} scheduled tokens")
-        tokens = req.tokens
         if type(token_ids) is not list or len(token_ids) != 1 or type(token_ids[0]) is not int \
                 or not 0 <= token_ids[0] < TOKEN_ID_LIMIT:  # one sampled id: the decode step
             token_ids = token_array(token_ids, f"request {request_id!r} append_tokens")
-        if len(tokens) + len(token_ids) > self._max_tokens:
+        if len(req.tokens) + len(token_ids) > self._max_tokens:
             raise SequenceTooLongError(f"request {request_id!r}: appending {len(token_ids)} tokens passes "
                                        f"the model's max length {self.model.max_model_len}")
-        ledger = self.ledger
-        aborted = aborted_fill(req, req.num_computed + req.num_scheduled - num_rejected, ledger) if num_rejected \
-            else None
-        tokens.extend(token_ids)
-        if aborted:
-            abort_fill(req, aborted, req.num_computed + req.num_scheduled - num_rejected, ledger)
-        computed = req.num_computed = req.num_computed + req.num_scheduled - num_rejected
-        req.num_scheduled = 0
-        if self.caching and computed >= (len(req.hashes) + 1) * self.block:
-            self.hasher.hash_upto(req, computed // self.block)  # the computed blocks join the index now
-        if computed >= req.next_event:
-            next_event = NEVER
-            for pol, gs in req.pairs or zip(self.policies, req.groups, strict=True):
-                pol.commit(req, gs, ledger)
-                next_event = min(next_event, pol.next_event(req, gs, ledger))
-            req.next_event = next_event
-            events = self.index.events
-            if events is not None:
-                events.flush(req)
-        t = req.tables
-        if t is not None:
-            t.num_computed, t.num_new = computed, 0
+        self.step_commit.commit(req, token_ids, num_rejected)
 
     def _active(self, req: Request) -> list[tuple[Policy, GroupState]]:
         """(policy, state) pairs with work after the first allocate: image groups only with images."""
@@ -474,10 +345,8 @@ class KVCacheManager:
     def free(self, request_id: object) -> None:
         """Drop the request; its registered pages stay cached (evictable), the rest are free."""
         req = self._req(request_id)
+        self.step_commit.drop(req)
         ledger = self.ledger
-        aborted = aborted_fill(req, req.num_computed, ledger) if req.num_scheduled else None
-        if aborted:
-            abort_fill(req, aborted, req.num_computed, ledger)
         if ledger.pending is req:
             ledger.forget_pending(req)
         elif req.pins:
@@ -487,27 +356,13 @@ class KVCacheManager:
             for pol, gs in zip(self.policies, req.groups, strict=True):
                 pol.free(req, gs, ledger)
         del self.requests[request_id]
-        self._host_hits.pop(request_id, None)
         if req.tables is not None:
             self._allocated -= 1
         if self.caching and req.source_hashes is None:
             self.hasher.memo.remember(request_id, req.tokens, req.hashes, req.salt_root, req.images)
-        if req.counted or req.repeat:
-            ran = self._ran
-            ran[request_id] = True
-            if len(ran) > REPEAT_MEMO_SIZE:
-                del ran[next(iter(ran))]  # the oldest
-
-    def _release_hit(self, req: Request) -> None:
-        """Let go of the hit the last lookup found (pending or held)."""
-        ledger = self.ledger
-        if ledger.pending is req:
-            ledger.forget_pending(req)
-        elif req.pins:
-            ledger.undo_holds(req.pins)
-        req.pins = []
-        req.groups = [GroupState() for _ in self.model.groups]
-        req.hit = req.num_computed = 0
+        self.hits.freed(req)
+        if self.host is not None:
+            self.host.forget(request_id)
 
     # ------------------------------------------------- scheduler queries (jenga.core.manager.cache_control)
     def shrink_hit(self, request_id: object, num_tokens: int) -> int:
@@ -526,15 +381,8 @@ class KVCacheManager:
         return self.lookup(request_id, max_tokens=num_tokens)
 
     def can_allocate(self, request_id: object, num_new_tokens: int, *, num_lookahead: int = 0) -> bool:
-        """Would ``allocate(request_id, num_new_tokens, num_lookahead=...)`` succeed now?
-
-        Exact (the same count against free + evictable memory ``allocate`` makes) and
-        without any effect; token ids need not be known, so an admission check asks
-        ``can_allocate(rid, prompt_len + max_new_tokens - hit)`` for a whole sequence
-        (sliding and chunked groups then count every page, as one allocate of that length
-        would hold them).  Raises like ``allocate`` on a bad count or a length past the
-        model's maximum.
-        """
+        """Would ``allocate(request_id, num_new_tokens, num_lookahead=...)`` succeed now?  Exact and
+        without any effect (``jenga.core.manager.cache_control.can_allocate``)."""
         return cache_control.can_allocate(self, self._req(request_id), num_new_tokens, num_lookahead)
 
     def chunk_tokens(self, request_id: object, num_new_tokens: int) -> int:
@@ -544,12 +392,8 @@ class KVCacheManager:
         return cache_control.chunk_tokens(self.policies, self._req(request_id), num_new_tokens, self.caching)
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached page (they become free) and empty the prefix index.
-
-        Like vLLM's, it refuses while any request holds pages (their pages are shared
-        through the index): returns False and changes nothing then, else True.  With KV
-        events on, it records one ``AllBlocksCleared``.
-        """
+        """Forget every cached page and empty the prefix index; False (nothing changed) while any
+        request holds pages (``jenga.core.manager.cache_control.reset_prefix_cache``)."""
         host = self.host
         if host is None:
             return cache_control.reset_prefix_cache(self.alloc, self.index, self.evictor)
@@ -562,6 +406,19 @@ class KVCacheManager:
             host.reset()
         return done
 
+    def take_copy_plan(self) -> CopyPlan:
+        """The device <-> host page copies recorded since the last call (:mod:`jenga.core.tier.copy_plan`):
+        the engine runs every demote, then every promote, before the forward of the step whose
+        allocations came before this call.  Empty without a host tier."""
+        if self.host is None:
+            return CopyPlan()
+        return self.host.take_copy_plan()
+
+    @property
+    def host_num_large(self) -> int:
+        """Large pages of the host tier (0 without one): ``KVLayout(model, host_num_large, device="cpu")``."""
+        return 0 if self.host is None else self.host.num_large
+
     def enable_kv_events(self) -> None:
         """Record KV events from now on (see ``jenga.core.prefix.events``); ``take_events`` returns them."""
         if self.index.events is None:
@@ -571,10 +428,7 @@ class KVCacheManager:
         """The KV events since the last call, oldest first ([] when not enabled)."""
         return cache_control.take_events(self.index, self.model, self.block)
 
-    @property
-    def total_bytes(self) -> int:
-        """Bytes of the large pages the budget holds."""
-        return self.alloc.num_large * self.alloc.large_bytes
+    total_bytes = property(lambda self: self.pool.total_bytes, doc="Bytes of the large pages the budget holds.")
 
     @property
     def used_bytes(self) -> int:
@@ -582,10 +436,8 @@ class KVCacheManager:
         alloc = self.alloc
         return sum(n * b for n, b in zip(alloc.used_small, alloc.page_bytes, strict=True))
 
-    @property
-    def usage(self) -> float:
-        """``used_bytes / total_bytes`` (vLLM's KV-cache usage: cached pages count as free)."""
-        return self.used_bytes / self.total_bytes
+    usage = property(lambda self: self.used_bytes / self.total_bytes,
+                     doc="``used_bytes / total_bytes`` (vLLM's KV-cache usage: cached pages count as free).")
 
     # ----------------------------------------------------------- reporting
     def request_accounting(self, req: Request) -> tuple[int, int, int, int]:

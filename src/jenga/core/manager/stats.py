@@ -128,7 +128,7 @@ def collect_stats(mgr) -> CacheStats:
                        padding, mgr.prefix_hit_tokens, mgr.prefix_query_tokens, len(mgr.requests),
                        mgr.evictor.num_evicted_pages, group_used, duplicate, mgr.first_hit_tokens,
                        mgr.first_query_tokens)
-    host = getattr(mgr, "host", None)  # baselines have no host tier
+    host = mgr.host
     if host is not None:
         stats.host_total_bytes, stats.host_used_bytes = host.total_bytes, host.used_bytes
         stats.promotions, stats.demotions = host.promotions, host.demotions

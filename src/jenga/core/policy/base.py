@@ -126,6 +126,10 @@ class Policy(ABC):
         self.tpp = group.tokens_per_page
         self.token_bytes = group.useful_page_bytes // group.tokens_per_page
 
+    def new_state(self) -> GroupState:
+        """A request's empty record in this group (before any lookup or allocate)."""
+        return GroupState()
+
     def set_window_slack(self, slack: int | None) -> None:
         """Tokens below a prompt's end whose window a sliding group keeps (``None``: its default)."""
 

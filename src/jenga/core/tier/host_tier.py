@@ -34,11 +34,22 @@ from jenga.core.flat_arrays import zeros
 from jenga.core.manager.ledger import Grant, PageLedger
 from jenga.core.prefix.index import PrefixIndex
 from jenga.core.tier.copy_plan import CopyPlan, PendingCopies
-from jenga.errors import InvalidArgumentError
+from jenga.errors import InsufficientMemoryError, InvalidArgumentError
 
 #: what a host tier keeps: the per-kind rule, or every evicted page of every group alike
 HOST_POLICIES = ("per-kind", "all-groups")
 UNLIMITED = 1 << 60
+
+
+def host_page_count(host_bytes: int, large_page_bytes: int) -> int:
+    """Large pages a host budget holds (no slack page: the host never carves past its pool)."""
+    if type(host_bytes) is not int or host_bytes < 0:
+        raise InvalidArgumentError(f"host_memory_bytes must be a byte count, got {host_bytes!r}")
+    n = host_bytes // large_page_bytes
+    if n < 1:
+        raise InsufficientMemoryError(f"host_memory_bytes={host_bytes} holds no large page of {large_page_bytes} "
+                                      f"bytes; give at least {large_page_bytes} bytes (or None: no host tier)")
+    return n
 
 
 class _HostEvictions(EvictionListener):
@@ -81,6 +92,7 @@ class HostTier(EvictionListener):
         self.listening = True
         self.promotions = self.demotions = self.bytes_promoted = self.bytes_demoted = 0
         self.hit_tokens = 0  # hit tokens served from host pages (counted at a request's first allocate)
+        self._gains: dict[object, int] = {}  # per looked-up request: tokens its promotions added to the hit
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -99,6 +111,22 @@ class HostTier(EvictionListener):
     def tables(self) -> list[dict[bytes, int]]:
         """Per group: the host index (read only)."""
         return self.index.table
+
+    # ------------------------------------------------------------------ hits served
+    def note_hit(self, request_id: object, gain: int) -> None:
+        """The last lookup of ``request_id`` found ``gain`` tokens more than the device alone held."""
+        if gain > 0:
+            self._gains[request_id] = gain
+        else:
+            self._gains.pop(request_id, None)
+
+    def count_hit(self, request_id: object, hit: int) -> None:
+        """The request's hit of ``hit`` tokens is final (its first allocate): count what the host served."""
+        self.hit_tokens += min(hit, self._gains.pop(request_id, 0))
+
+    def forget(self, request_id: object) -> None:
+        """The request was freed."""
+        self._gains.pop(request_id, None)
 
     # ------------------------------------------------------------------ demotion
     def _can_take(self, alloc: LargePageAllocator, group: int) -> bool:

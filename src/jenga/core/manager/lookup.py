@@ -1,0 +1,73 @@
+"""``PrefixLookup``: the longest prompt prefix every group can resume from, and its hold.
+
+Each group's policy proposes the longest valid hit no longer than a candidate
+(``Policy.longest_prefix``); the lookup iterates to the fixed point, the longest length every
+group accepts.  Before that the prompt hasher hashes only what a hit can reach and bounds the
+candidate by the first page the full-attention group misses (:mod:`jenga.core.manager.prompt_hashes`);
+after it the junction finder notes where the cached attention prefix ends past a state hit
+(:mod:`jenga.core.manager.shared_recompute`).  The hit's pages are recorded with the ledger and held
+once anything else happens (:mod:`jenga.core.manager.ledger`); a second lookup first lets go of them.
+"""
+
+from __future__ import annotations
+
+from jenga.core.manager.ledger import PageLedger
+from jenga.core.manager.prompt_hashes import PromptHasher
+from jenga.core.manager.shared_recompute import Junction
+from jenga.core.policy.base import PageOps, Policy
+from jenga.core.request import Request
+from jenga.core.tier.host_tier import HostTier
+from jenga.core.tier.promotion import promote_hit
+
+
+class PrefixLookup:
+    """Finds and holds a request's hit.  Owns the junction finder (it iterates the same fixed
+    point over the full-attention groups); the manager hands it the live record."""
+
+    def __init__(self, policies: list[Policy], block: int, caching: bool, hasher: PromptHasher,
+                 ledger: PageLedger, host: HostTier | None = None):
+        self.policies, self.block, self.caching = policies, block, caching
+        self.hasher, self.ledger = hasher, ledger
+        self.host = host  # a host tier: the hit over both tiers is promoted first (jenga.core.tier.promotion)
+        self.junction = Junction(policies, block, caching, hasher.bound, self.fixed_point)
+
+    def find(self, req: Request, max_tokens: int | None) -> int:
+        """Let go of the last hit, then find and record the new one (``KVCacheManager.lookup``)."""
+        self.release(req)
+        if not self.caching:
+            return 0
+        top = min(len(req.tokens) - 1, len(req.tokens) // self.block * self.block)
+        if max_tokens is not None:
+            top = max(0, min(top, max_tokens))
+        if self.host is not None:
+            promote_hit(self, self.host, req, top)
+        top = self.hasher.for_lookup(req, top, self.ledger)
+        cand = self.fixed_point(req, top, self.policies, self.hasher.bound)
+        self.junction.find(req, top, cand)
+        req.hit = req.num_computed = cand
+        self.ledger.record_hit(req, self.policies, self.junction.hit_of)  # held once anything else happens
+        return cand
+
+    def fixed_point(self, req: Request, cand: int, policies: list[Policy], bound: Policy | None = None,
+                    ops: PageOps | None = None) -> int:
+        """The longest prefix no longer than ``cand`` that every one of ``policies`` accepts;
+        ``bound``: a FullPolicy with all its pages below ``cand`` cached (``PromptHasher.for_lookup``);
+        ``ops``: the pages seen (default the device ledger; both tiers' ``TierView``)."""
+        ledger = self.ledger if ops is None else ops
+        while True:
+            start = cand
+            for pol in policies:
+                cand = cand // pol.tpp * pol.tpp if pol is bound else pol.longest_prefix(req, cand, ledger)
+            if cand == start:
+                return cand
+
+    def release(self, req: Request) -> None:
+        """Let go of the hit the last lookup found (pending or held); fresh group states."""
+        ledger = self.ledger
+        if ledger.pending is req:
+            ledger.forget_pending(req)
+        elif req.pins:
+            ledger.undo_holds(req.pins)
+        req.pins = []
+        req.groups = [pol.new_state() for pol in self.policies]
+        req.hit = req.num_computed = 0
