@@ -286,6 +286,11 @@ class PrefixEvictor(LargeEviction, EvictionSource):
             self._drop(group, found)
         return found
 
+    def evict_pages(self, group: int, pages: list[int]) -> None:
+        """Evict these CACHED pages of ``group`` now (a promoted copy nobody used: ``jenga.core.tier``)."""
+        for page in pages:
+            self._drop(group, page)
+
     def _drop(self, group: int, page: int) -> None:
         """Evict one CACHED page (its large page may stay carved)."""
         self._drop_pages(group, [page])

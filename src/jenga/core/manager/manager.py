@@ -362,7 +362,7 @@ class KVCacheManager:
             self.hasher.memo.remember(request_id, req.tokens, req.hashes, req.salt_root, req.images)
         self.hits.freed(req)
         if self.host is not None:
-            self.host.forget(request_id)
+            self.host.forget(request_id, req.tables is None)
 
     # ------------------------------------------------- scheduler queries (jenga.core.manager.cache_control)
     def shrink_hit(self, request_id: object, num_tokens: int) -> int:

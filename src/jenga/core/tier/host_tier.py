@@ -93,6 +93,7 @@ class HostTier(EvictionListener):
         self.promotions = self.demotions = self.bytes_promoted = self.bytes_demoted = 0
         self.hit_tokens = 0  # hit tokens served from host pages (counted at a request's first allocate)
         self._gains: dict[object, int] = {}  # per looked-up request: tokens its promotions added to the hit
+        self._promoted_by: dict[object, list[tuple[int, int]]] = {}  # (group, device page) per request, until a plan
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -124,9 +125,21 @@ class HostTier(EvictionListener):
         """The request's hit of ``hit`` tokens is final (its first allocate): count what the host served."""
         self.hit_tokens += min(hit, self._gains.pop(request_id, 0))
 
-    def forget(self, request_id: object) -> None:
-        """The request was freed."""
+    def forget(self, request_id: object, never_ran: bool) -> None:
+        """The request was freed.  When it ``never_ran`` (freed before its first allocate: an
+        admission that did not fit), the pages its lookup promoted that nobody holds and whose copy
+        has not been handed out yet are evicted again: their pair leaves the plan (no copy for a
+        hit nobody used; the host still has them) and the device gets its pages back."""
         self._gains.pop(request_id, None)
+        pages = self._promoted_by.pop(request_id, None)
+        if not pages or not never_ran:
+            return
+        dev = self.device
+        dev.settle()
+        promote = self.pending.promote
+        for g, page in pages:
+            if (g, page) in promote and dev.ref[g][page] == 0:
+                dev.evictor.evict_pages(g, [page])  # ``evicting`` drops the pair and unpins its source
 
     # ------------------------------------------------------------------ demotion
     def _can_take(self, alloc: LargePageAllocator, group: int) -> bool:
@@ -207,6 +220,7 @@ class HostTier(EvictionListener):
                 assert ok, f"group {g}: promoted key already on the device"
                 self.pending.promote[(g, page)] = h
                 promoted.append((g, page, self.prefix[g][h]))
+                self._promoted_by.setdefault(tag, []).append((g, page))
         finally:
             dev.grant(None)
         dev.undo_holds(log)
@@ -227,6 +241,7 @@ class HostTier(EvictionListener):
         for (g, _), h in promote.items():
             self._unpin(g, h, now)
         plan = self.pending.take()
+        self._promoted_by.clear()
         self.demotions += sum(len(a) for a in plan.demote.values())
         self.promotions += sum(len(a) for a in plan.promote.values())
         pb = self.page_bytes
@@ -240,6 +255,7 @@ class HostTier(EvictionListener):
         for (g, _), h in self.pending.promote.items():
             self._unpin(g, h, now)
         self.pending.take()
+        self._promoted_by.clear()
         ev = self.evictor
         while ev.evict_large() is not None:
             pass
