@@ -13,8 +13,10 @@ Columns: prefix hit = hit tokens / prompt tokens of first admissions; computed =
 computed over the whole run (re-admissions after a preemption included), in millions; promoted /
 demoted = GiB copied host -> device / device -> host over the run; host peak = the most host bytes
 holding content at a step's end; from host = hit tokens whose pages were promoted.  Every figure
-is a count of the deterministic run (no timing).  ``rows()`` returns the rows as dicts (the
-simulated throughput column is added on top of it).
+is a count of the deterministic run (no timing), but sim tok/s: output tokens per second of the
+run's steps priced by the simulator's cost model (the fitted v1 table, on the GPU of the device
+pool: H100, Jamba H200) with each step's copies on that GPU's host link, serial
+(:mod:`jenga.sim.step_clock`).  ``rows()`` returns the rows as dicts.
 
     .venv/bin/python benchmarks/host_tier.py --markdown
     .venv/bin/python benchmarks/host_tier.py --models llama-3.1-8b --traces articles64 --hosts 0,4
@@ -29,6 +31,9 @@ from manager_sides import JengaSide
 from manager_traces import TRACES, BlockTrie
 from vs_vllm_manager import MODELS, budget_of, simulate, trace_state
 
+from jenga.sim.calibration import FITTED
+from jenga.sim.setup import build_setup
+
 TIER_TRACES = ("articles64", "agent")  # 64 articles x 4 questions; growing multi-turn conversations
 HOSTS = (0, 2, 4, 8)  # host tier, multiples of the device pool
 POLICIES = ("per-kind", "all-groups")
@@ -41,16 +46,28 @@ class HostSide(JengaSide):
 
     name = "jenga"
 
-    def __init__(self, model, memory: int, host_bytes: int | None, host_policy: str):
+    def __init__(self, model, memory: int, host_bytes: int | None, host_policy: str, setup=None):
         from jenga import KVCacheManager
+        from jenga.sim.step_clock import StepClock
         self.mgr = KVCacheManager(model, memory, tokens_per_page=16, host_memory_bytes=host_bytes,
                                   host_policy=host_policy)
         self.crc = None
         self.allocs = 0
         self.host_peak = 0
+        self.clock = StepClock(setup, self.mgr.model)
+        self.pos = {}  # request -> tokens in context (its hit, then what the steps computed)
+
+    def add(self, rid, tokens) -> int:
+        self.pos[rid] = hit = super().add(rid, tokens)
+        return hit
+
+    def commit(self, rid, n, tok) -> None:
+        self.pos[rid] += n
+        self.clock.computed(self.pos[rid], n)
+        super().commit(rid, n, tok)
 
     def step(self) -> None:
-        self.mgr.take_copy_plan()
+        self.clock.step_done(self.mgr.take_copy_plan())  # closes the previous step
         host = self.mgr.host
         if host is not None:
             self.host_peak = max(self.host_peak, host.used_bytes)
@@ -64,7 +81,9 @@ def run(model_name: str, trace: str, host_mult: int, policy: str, budget: int = 
     memory, where = budget_of(model_name, None)
     reqs = TRACES[trace]()
     BlockTrie(reqs)  # block ids, for the loop's needed-bytes column
-    side = HostSide(model, memory, host_mult * memory or None, policy)
+    gpu, tp = where.split(" x TP")
+    setup = build_setup(model_name, gpu, int(tp), efficiency=FITTED.cost_kwargs("v1"))
+    side = HostSide(model, memory, host_mult * memory or None, policy, setup)
     m = simulate(side, model, reqs, budget, max_running, trace_state(reqs))
     side.step()
     s = side.mgr.stats()
@@ -72,7 +91,8 @@ def run(model_name: str, trace: str, host_mult: int, policy: str, budget: int = 
                 device_bytes=side.mgr.total_bytes, where=where, hit=m["hit"] / m["query"],
                 computed=m["query"] + m["requery"] - m["hit"] - m["rehit"], preempt=m["preempt"], steps=m["steps"],
                 promoted=s.bytes_promoted, demoted=s.bytes_demoted, host_total=s.host_total_bytes,
-                host_peak=side.host_peak, from_host=s.host_hit_tokens)
+                host_peak=side.host_peak, from_host=s.host_hit_tokens,
+                sim_tok_s=sum(r.output_len for r in reqs) / side.clock.seconds)
 
 
 def rows(models=MODELS, traces=TIER_TRACES, hosts=HOSTS, policies=POLICIES, progress=None) -> list[dict]:
@@ -90,14 +110,14 @@ def rows(models=MODELS, traces=TIER_TRACES, hosts=HOSTS, policies=POLICIES, prog
 
 
 HEADER = ["model", "trace", "host", "stored", "prefix hit", "computed M", "from host M", "promoted GiB",
-          "demoted GiB", "host peak GiB", "preempt"]
+          "demoted GiB", "host peak GiB", "preempt", "sim tok/s"]
 
 
 def fmt(r: dict) -> list[str]:
     host = "-" if not r["host"] else f"{r['host']}x ({r['host_total'] / GiB:.0f} GiB)"
     return [r["model"], r["trace"], host, r["policy"], f"{100 * r['hit']:.1f} %", f"{r['computed'] / 1e6:.2f}",
             f"{r['from_host'] / 1e6:.2f}", f"{r['promoted'] / GiB:.1f}", f"{r['demoted'] / GiB:.1f}",
-            f"{r['host_peak'] / GiB:.1f}", str(r["preempt"])]
+            f"{r['host_peak'] / GiB:.1f}", str(r["preempt"]), f"{r['sim_tok_s']:.0f}"]
 
 
 def main(argv=None) -> int:

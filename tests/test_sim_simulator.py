@@ -147,3 +147,25 @@ def test_host_tier_copies_priced_on_the_host_link():
     assert h.recompute_s > h.bytes_promoted / 55e9
     assert tier.makespan_s < base.makespan_s  # the copies cost less than the prefills they save
     assert tier.summary()["host_hit_tokens"] == h.host_hit_tokens and tier.finished == base.finished == len(w)
+
+
+def test_step_clock_prices_steps_and_copies():
+    """The clock a benchmark's own loop uses: a step costs the simulator's step time, plus its plan's
+    copies on the host link."""
+    import numpy as np
+
+    from jenga.core.tier.copy_plan import CopyPlan
+    from jenga.sim.step_clock import StepClock
+
+    setup = build_setup("llama-3.1-8b", memory_bytes=GiB)
+    clock = StepClock(setup, setup.model)
+    clock.computed(1000, 1000)  # a prefill chunk
+    clock.computed(50, 1)  # a decode
+    kv, flops = setup.coster.step(np.array([1000, 50]), np.array([1000, 1]), np.zeros(2, np.int64))
+    want = setup.cost.step_time(1000, 1, kv, attention_flops=flops, num_seqs=2)
+    assert clock.step_done() == pytest.approx(want)
+    plan = CopyPlan(demote={0: np.array([[3, 4]])}, promote={0: np.array([[4, 5], [6, 7]])})
+    page = setup.model.groups[0].page_bytes
+    assert clock.step_done(plan) == pytest.approx(3 * page / 55e9)  # copies only
+    assert clock.steps == 1 and clock.seconds == pytest.approx(want + 3 * page / 55e9)
+    assert clock.copies.bytes_promoted == 2 * page and clock.copies.bytes_demoted == page
