@@ -7,8 +7,8 @@ promoted back before the step's forward.  The tier's counters must show demotion
 and tokens served from host; greedy tokens equal the run without the tier and HF's ``generate``
 (logits to 1e-4).  Kinds: full + sliding attention (tiny Gemma-3), Mamba state checkpoints
 (tiny Jamba), vision-embedding pages (tiny Gemma-3 with images: the image is not encoded again),
-and preemption: a request leaving with its promotion still planned, a running one holding promoted
-pages preempted and admitted again.
+and preemption: a request leaving after its lookup promoted pages (before the copy ran), a running
+one holding promoted pages preempted and admitted again.
 """
 
 from __future__ import annotations
@@ -102,10 +102,11 @@ def test_image_pages_are_promoted_not_encoded_again():
     check_vlm(llm, [first, again], outs)
 
 
-def test_preemption_with_promotions_pending_and_done():
+def test_promotions_of_requests_that_leave_or_are_preempted():
     """tiny-llama (full attention), a pool of ~1.5 of the batch's requests: a waiting request's lookup
-    promotes its host pages and the request may then not fit (it leaves with the copy still planned),
-    and a running one holding promoted pages is preempted by decode growth, freed and admitted again."""
+    promotes its host pages, then its first chunk does not fit and it leaves before the step (the
+    manager gives the promotion back: no copy), and a running one holding promoted pages is
+    preempted by decode growth, freed and admitted again."""
     docs = rand_prompts([100, 90, 110], seed=42)
     kw = dict(kv_memory="640KiB", max_num_batched_tokens=64)
     params = SamplingParams(max_tokens=60, return_logits=True, ignore_eos=True)
