@@ -102,7 +102,7 @@ def test_image_pages_are_promoted_not_encoded_again():
     check_vlm(llm, [first, again], outs)
 
 
-def test_promotions_of_requests_that_leave_or_are_preempted():
+def test_promotions_of_requests_that_leave_or_are_preempted(monkeypatch):
     """tiny-llama (full attention), a pool of ~1.5 of the batch's requests: a waiting request's lookup
     promotes its host pages, then its first chunk does not fit and it leaves before the step (the
     manager gives the promotion back: no copy), and a running one holding promoted pages is
@@ -116,9 +116,13 @@ def test_promotions_of_requests_that_leave_or_are_preempted():
         engine.generate(docs, SamplingParams(max_tokens=2))
         engine.generate(rand_prompts([150, 150], seed=43), SamplingParams(max_tokens=2))
     before = llm.manager.stats()
+    left = []  # the scheduler's hook for an admission that did not fit
+    leave = llm.scheduler.leave
+    monkeypatch.setattr(llm.scheduler, "leave", lambda seq: (left.append(seq.request_id), leave(seq)))
     batch = [d + q for d, q in zip(docs, rand_prompts([9, 9, 9], seed=44), strict=True)]
     got, want = llm.generate(batch, params), base.generate(batch, params)
     assert any(o.num_preemptions for o in got), "decode growth should preempt"
+    assert left, "a request with host hits should have been looked up and not fit"
     st = tier_moved(llm)
     assert st.promotions > before.promotions and st.host_hit_tokens > before.host_hit_tokens
     same_tokens(want, got)
