@@ -4,13 +4,16 @@ It is the manager's part, built like the device tier from the same pieces: an LC
 its own large pages (the device's large-page size, so a host ``KVLayout`` addresses its pages as
 the device layout does), a prefix index keyed exactly like the device's (salts included), a plain
 LRU evictor and a ledger of references.  Every host page holds one key's content: it is CACHED
-(evictable) or, while a promote from it is pending, pinned (USED).
+(evictable) or, while a copy from or into it is pending, pinned (USED).
 
 *Demotion.*  The device evictor tells the tier (``EvictionListener``) of the cached pages it is
 about to drop.  A page whose key the host already holds costs nothing (the host copy is
 refreshed); a page its kind's policy says can still serve a hit (``Policy.demotable``; every page
 with ``policy="all-groups"``, what block-based offloaders store) gets a host page, taken in the
 host's own eviction order when the host is full, and a (device, host) pair in the pending plan.
+The host page stays pinned until the plan is taken (nothing may evict it before its copy ran;
+and a large page with a pinned page is not fully evictable, so the step's demotions fill it
+instead of each taking a large page of its own).
 Host pages keep the device key's (release time, -prefix length), so the host evicts the deepest
 page of the oldest prefix first, the device's prefix-subset order.
 
@@ -82,7 +85,7 @@ class HostTier(EvictionListener):
         alloc.evictor = evictor
         self.ledger = PageLedger(alloc, index, evictor, caching=True)
         n = len(page_bytes)
-        self._grant = Grant("host", [UNLIMITED] * n, [False] * n)
+        self._grant = Grant("host", [UNLIMITED] * n, [True] * n)  # free slots of carved pages first
         self.ledger.grant(self._grant)
         self.prefix = [zeros(num_large * k) for k in alloc.k]  # per host page: its prefix length
         self.device = device
@@ -180,11 +183,9 @@ class HostTier(EvictionListener):
         for page in fresh:
             if not self._can_take(alloc, group):
                 return  # every host page of this group is pinned: the rest are dropped
-            h = ledger.take(group)
+            h = ledger.take(group)  # pinned (USED) until the plan is taken: its copy has not run
             ledger.register(group, h, dev_keys[page])
-            prefix = -key_n[page]
-            self.prefix[group][h] = prefix
-            ledger.drop(group, h, now, prefix)
+            self.prefix[group][h] = -key_n[page]
             demote[(group, h)] = page
 
     # ------------------------------------------------------------------ promotion
@@ -236,10 +237,7 @@ class HostTier(EvictionListener):
     # ------------------------------------------------------------------ the plan
     def take_copy_plan(self) -> CopyPlan:
         """The pending copies; their host sources are unpinned and the counters advance."""
-        promote = self.pending.promote
-        now = self.device.now
-        for (g, _), h in promote.items():
-            self._unpin(g, h, now)
+        self._unpin_all()
         plan = self.pending.take()
         self._promoted_by.clear()
         self.demotions += sum(len(a) for a in plan.demote.values())
@@ -249,11 +247,17 @@ class HostTier(EvictionListener):
         self.bytes_promoted += sum(len(a) * pb[g] for g, a in plan.promote.items())
         return plan
 
-    def reset(self) -> None:
-        """Forget every host page and pending copy (after the device's ``reset_prefix_cache``)."""
+    def _unpin_all(self) -> None:
+        """Every pending copy's host page is let go of (CACHED once no other copy pins it)."""
         now = self.device.now
         for (g, _), h in self.pending.promote.items():
             self._unpin(g, h, now)
+        for (g, h) in self.pending.demote:
+            self._unpin(g, h, now)
+
+    def reset(self) -> None:
+        """Forget every host page and pending copy (after the device's ``reset_prefix_cache``)."""
+        self._unpin_all()
         self.pending.take()
         self._promoted_by.clear()
         ev = self.evictor
@@ -277,6 +281,7 @@ class HostTier(EvictionListener):
             assert self.device.index.key_of[g][d] == index.key_of[g][h], f"promote {g}:{h}->{d} keys differ"
         for (g, h) in self.pending.demote:
             assert index.is_registered(g, h), f"demote target {g}:{h} not indexed on the host"
+            pins[(g, h)] = pins.get((g, h), 0) + 1
         for g, st in enumerate(alloc.state):
             ref = ledger.ref[g]
             for page, s in enumerate(st):
