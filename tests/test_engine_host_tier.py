@@ -13,6 +13,7 @@ one holding promoted pages preempted and admitted again.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from test_engine_e2e import check_against_hf, hf_twin, rand_prompts
 from test_engine_hybrid import assert_hf_equal
@@ -21,6 +22,7 @@ from test_engine_vlm import images, prompt
 
 import jenga
 from jenga import SamplingParams
+from jenga.errors import InsufficientMemoryError, InvalidArgumentError
 
 torch.set_num_threads(1)
 GREEDY = SamplingParams(max_tokens=4, return_logits=True)
@@ -133,3 +135,13 @@ def test_promotions_of_requests_that_leave_or_are_preempted(monkeypatch):
             ref = hf(seq).logits[0, len(out.prompt_token_ids) - 1:-1]
         assert out.token_ids == ref.argmax(-1).tolist()
         torch.testing.assert_close(torch.stack(out.logits), ref, atol=1e-4, rtol=1e-4)
+
+
+def test_bad_host_tier_sizes_are_typed_errors():
+    with pytest.raises(InvalidArgumentError, match="byte size"):
+        jenga.LLM("tiny-llama", host_kv_memory="lots")
+    with pytest.raises(InsufficientMemoryError, match="host_memory_bytes"):
+        jenga.LLM("tiny-llama", host_kv_memory=1000)  # less than one large page
+    llm = jenga.LLM("tiny-llama", kv_memory="1MiB", host_kv_memory="1MiB")
+    assert llm.host_pool.layout.num_large == llm.manager.host_num_large == (1 << 20) // llm.manager.large_page_bytes
+    assert jenga.LLM("tiny-llama").host_pool is None

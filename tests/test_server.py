@@ -393,3 +393,7 @@ def test_host_tier_metrics(tiered):
     assert after[("jenga_kv_host_demotions_total", ())] == st.demotions  # the counters follow the manager's
     assert after[("jenga_kv_host_copied_bytes_total", (("direction", "promote"),))] == st.bytes_promoted
     integrity(tiered)
+    from jenga.server.cli import startup_line
+
+    line = startup_line(tiered.service.engine.llm, "tiny-llama")
+    assert line.endswith(f"host tier {(2 << 20) // (32 << 10)} large pages")  # 2 MiB of 32 KiB large pages

@@ -53,7 +53,8 @@ def build_app(args):
 
 def startup_line(llm, name: str) -> str:
     """What the KV cache holds, logged once at start: budget, large page, small pages per large
-    page of each group, the longest request and how many of the model's length fit at once."""
+    page of each group, the longest request and how many of the model's length fit at once (and
+    the host tier's large pages, with ``--host-kv-memory``)."""
     from jenga.capacity import max_concurrent_requests
     from jenga.units import fmt_bytes
 
@@ -64,7 +65,8 @@ def startup_line(llm, name: str) -> str:
     return (f"jenga serve: {name} on {llm.device}, manager {mgr.name}: KV budget {fmt_bytes(llm.kv_memory)} = "
             f"{mgr.pool.num_large_pages} large pages of {fmt_bytes(mgr.large_page_bytes)}; small pages per large page: "
             f"{groups}; longest request {limits.max_len} tokens; requests of the model's length ({n} tokens) "
-            f"that fit at once: {fit}")
+            f"that fit at once: {fit}"
+            + (f"; host tier {mgr.host_num_large} large pages" if mgr.host_num_large else ""))
 
 
 def run_serve(args) -> int:
