@@ -34,7 +34,7 @@ from vs_vllm_manager import MODELS, budget_of, simulate, trace_state
 from jenga.sim.calibration import FITTED
 from jenga.sim.setup import build_setup
 
-TIER_TRACES = ("articles64", "agent")  # 64 articles x 4 questions; growing multi-turn conversations
+TIER_TRACES = ("articles64", "chats64")  # 64 articles x 4 questions; 64 growing chats of 8 turns
 HOSTS = (0, 2, 4, 8)  # host tier, multiples of the device pool
 POLICIES = ("per-kind", "all-groups")
 GiB = 2**30
@@ -120,6 +120,14 @@ def fmt(r: dict) -> list[str]:
             f"{r['host_peak'] / GiB:.1f}", str(r["preempt"]), f"{r['sim_tok_s']:.0f}"]
 
 
+def markdown_header() -> str:
+    return "| " + " | ".join(HEADER) + " |\n|" + "---|" * len(HEADER)
+
+
+def markdown_row(r: dict) -> str:
+    return "| " + " | ".join(fmt(r)) + " |"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(MODELS))
@@ -130,13 +138,13 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     table = []
     if a.markdown:
-        print("| " + " | ".join(HEADER) + " |\n|" + "---|" * len(HEADER), flush=True)
+        print(markdown_header(), flush=True)
 
     def progress(r):
         table.append(fmt(r))
         print(f"{r['model']}:{r['trace']} device {r['device_bytes'] / GiB:.1f} GiB ({r['where']})", file=sys.stderr)
         if a.markdown:
-            print("| " + " | ".join(table[-1]) + " |", flush=True)
+            print(markdown_row(r), flush=True)
     rows(a.models.split(","), a.traces.split(","), [int(x) for x in a.hosts.split(",")], a.policies.split(","),
          progress)
     if not a.markdown:

@@ -110,6 +110,17 @@ def _plan(model: str, memory: str) -> Block:
     return Block(cmd, render)
 
 
+def _host_tier(traces: str, hosts: str) -> Block:
+    cmd = f"python benchmarks/host_tier.py --traces {traces} --hosts {hosts} --markdown"
+
+    def render() -> str:
+        import host_tier
+
+        rows = host_tier.rows(traces=traces.split(","), hosts=[int(x) for x in hosts.split(",")])
+        return "\n".join([host_tier.markdown_header()] + [host_tier.markdown_row(r) for r in rows])
+    return Block(cmd, render)
+
+
 def _calibration() -> str:
     from jenga.sim.fit import fit, held_out, markdown, record
 
@@ -126,6 +137,7 @@ BLOCKS: dict[str, Block] = {
     "simulate-gemma": _simulate("gemma-3-12b", "arxiv-qa", 40, 0.2, "jenga,paged,uniform"),
     "simulate-ministral": _simulate("ministral-8b", "arxiv-multiq", 36, 0.25, "jenga,paged,uniform"),
     "calibration": Block("python -m jenga.sim.fit", _calibration),
+    "host-tier": _host_tier("articles64", "0,4"),
 }
 #: Blocks make test re-renders (seconds each); the rest run under ``-m slow``.
 FAST = ("reproduce-closed-form", "plan-ministral")

@@ -394,17 +394,9 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> bool:
         """Forget every cached page and empty the prefix index; False (nothing changed) while any
         request holds pages (``jenga.core.manager.cache_control.reset_prefix_cache``)."""
-        host = self.host
-        if host is None:
+        def reset() -> bool:
             return cache_control.reset_prefix_cache(self.alloc, self.index, self.evictor)
-        host.listening = False  # a reset drops pages, it demotes none
-        try:
-            done = cache_control.reset_prefix_cache(self.alloc, self.index, self.evictor)
-        finally:
-            host.listening = True
-        if done:
-            host.reset()
-        return done
+        return reset() if self.host is None else self.host.reset_with(reset)
 
     def take_copy_plan(self) -> CopyPlan:
         """The device <-> host page copies recorded since the last call (:mod:`jenga.core.tier.copy_plan`):

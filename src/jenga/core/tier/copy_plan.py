@@ -42,9 +42,8 @@ class CopyPlan:
 
 
 class PendingCopies:
-    """The pairs recorded since the last plan.  A demote is keyed by its host page (a host page
-    evicted and written again in the same step keeps only its last source), a promote by its
-    device page (a promoted page evicted before the step needs no copy)."""
+    """The pairs recorded since the last plan: a demote keyed by its host page, a promote by its
+    device page (a promoted page the device evicts again before the plan is taken loses its pair)."""
 
     def __init__(self, page_bytes: list[int]):
         self.page_bytes = page_bytes

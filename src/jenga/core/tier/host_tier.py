@@ -55,19 +55,6 @@ def host_page_count(host_bytes: int, large_page_bytes: int) -> int:
     return n
 
 
-class _HostEvictions(EvictionListener):
-    """A host page evicted before the plan is taken drops the demote that would have filled it."""
-
-    def __init__(self, pending: PendingCopies):
-        self.pending = pending
-
-    def evicting(self, group: int, pages: list[int]) -> None:
-        demote = self.pending.demote
-        if demote:
-            for page in pages:
-                demote.pop((group, page), None)
-
-
 class HostTier(EvictionListener):
     """The host tier of one manager (module doc).  ``device``: the device tier's ledger (whose
     ``alloc``, ``index`` and ``evictor`` it reads); ``policies``: the device groups' policies."""
@@ -91,7 +78,6 @@ class HostTier(EvictionListener):
         self.device = device
         self.policies = policies
         self.pending = PendingCopies(page_bytes)
-        evictor.listener = _HostEvictions(self.pending)
         self.listening = True
         self.promotions = self.demotions = self.bytes_promoted = self.bytes_demoted = 0
         self.hit_tokens = 0  # hit tokens served from host pages (counted at a request's first allocate)
@@ -254,6 +240,18 @@ class HostTier(EvictionListener):
             self._unpin(g, h, now)
         for (g, h) in self.pending.demote:
             self._unpin(g, h, now)
+
+    def reset_with(self, device_reset) -> bool:
+        """``KVCacheManager.reset_prefix_cache``: ``device_reset()`` (a reset drops pages, it
+        demotes none), then, when it was done, every host page and pending copy is forgotten."""
+        self.listening = False
+        try:
+            done = device_reset()
+        finally:
+            self.listening = True
+        if done:
+            self.reset()
+        return done
 
     def reset(self) -> None:
         """Forget every host page and pending copy (after the device's ``reset_prefix_cache``)."""
