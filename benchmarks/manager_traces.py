@@ -110,6 +110,13 @@ def agent_conversations(sessions: int = 16, turns: int = 8, seed: int = 0) -> li
     return _conversations("g", sessions, turns, (1000, 1001), (300, 1501), 100, seed, 9, shared_start=True)
 
 
+def growing_chats(sessions: int = 64, turns: int = 8, seed: int = 0) -> list[TraceRequest]:
+    """Many growing chats at once, more than the pool holds: ``sessions`` conversations of
+    U(2k, 6k)-token starts and U(500, 2000)-token turns (100-token answers), served round-robin
+    (each turn re-sends the whole conversation so far), one arrival per step."""
+    return _conversations("c", sessions, turns, (2000, 6001), (500, 2001), 100, seed, 10)
+
+
 def _conversations(tag: str, sessions: int, turns: int, first: tuple[int, int], step: tuple[int, int], out: int,
                    seed: int, kind: int, shared_start: bool = False) -> list[TraceRequest]:
     rng = np.random.default_rng([seed, kind])
@@ -136,7 +143,7 @@ TRACES = {
     "short": short_prompts, "articles16": lambda **kw: articles(16, **kw),
     "articles64": lambda **kw: articles(64, **kw), "long": long_prompts,
     "hybrid-short": short_hybrid_prompts, "round-robin": round_robin_sessions,
-    "agent": agent_conversations, "mamba-prefix": mamba_shared_prefix,
+    "agent": agent_conversations, "mamba-prefix": mamba_shared_prefix, "chats64": growing_chats,
 }
 
 

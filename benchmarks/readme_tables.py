@@ -151,6 +151,17 @@ def _script(name: str, *argv: str) -> Block:
     return Block(cmd, render)
 
 
+def _host_tier(traces: str, hosts: str) -> Block:
+    cmd = f"python benchmarks/host_tier.py --traces {traces} --hosts {hosts} --markdown"
+
+    def render() -> str:
+        import host_tier
+
+        rows = host_tier.rows(traces=traces.split(","), hosts=[int(x) for x in hosts.split(",")])
+        return "\n".join([host_tier.markdown_header()] + [host_tier.markdown_row(r) for r in rows])
+    return Block(cmd, render)
+
+
 def _calibration() -> str:
     from jenga.sim.fit import fit, held_out, markdown, record
 
@@ -185,6 +196,7 @@ BLOCKS: dict[str, Block] = {
     "vs-vllm-main": _script("vs_vllm_manager", "--rows", "main", "--markdown", "--outcome"),
     "vs-vllm-extra": _script("vs_vllm_manager", "--rows", "extra", "--markdown", "--outcome"),
     "vllm-side-by-side": _script("vllm_side_by_side", "--markdown", "--outcome"),
+    "host-tier": _host_tier("articles64", "0,4"),
 }
 #: Blocks make test re-renders (seconds each); the rest run under ``-m slow``.
 FAST = ("reproduce-closed-form", "plan-ministral")

@@ -45,3 +45,20 @@ def test_bench_hybrid_three_managers(capsys):
     for res in data["managers"].values():
         assert res["output_tokens"] == 16 and res["tokens_per_s"] > 0
     assert data["managers"]["jenga"]["prefix_hit_rate"] > 0  # the shared prefix's state checkpoint is reused
+
+
+def test_bench_host_tier(capsys):
+    """--host-kv-memory: the tier's counters over the timed part, in the JSON and the table."""
+    from jenga.bench import _print_table
+
+    assert main(["bench", "--requests", "6", "--prompt-min", "80", "--prompt-max", "120", "--output-len", "2",
+                 "--kv-memory", "2MiB", "--shared-prefix", "48", "--host-kv-memory", "4MiB", "--managers", "jenga",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    res = data["managers"]["jenga"]
+    assert 0 < res["host_total_bytes"] <= 4 << 20
+    assert res["demotions"] > 0 and res["bytes_demoted"] > 0  # the 2 MiB pool evicts; evicted prefixes are kept
+    assert res["host_hit_tokens"] >= 0 and res["promotions"] >= 0
+    _print_table(data)
+    out = capsys.readouterr().out
+    assert "host hit tokens" in out and "bytes demoted" in out

@@ -74,3 +74,18 @@ def test_simulate_prints_progress_lines_off_a_terminal(capsys, monkeypatch):
     captured = capsys.readouterr()
     assert re.search(r"^jenga simulate: jenga 4/4 requests, \d+ s$", captured.err, re.M)
     assert captured.out.lstrip().startswith("{")  # stdout stays JSON
+
+
+@pytest.mark.parametrize("command", ["serve", "bench", "simulate"])
+def test_host_tier_option(capsys, monkeypatch, command):
+    text = _help(capsys, monkeypatch, command)
+    assert re.search(r"--host-kv-memory \w+ a host-memory KV tier", text), command
+    args = build_parser().parse_args([command, *(["tiny-llama"] if command == "serve" else []),
+                                      "--host-kv-memory", "4x" if command == "simulate" else "64MiB"])
+    assert args.host_kv_memory == ("4x" if command == "simulate" else "64MiB")
+    assert build_parser().parse_args([command, *(["tiny-llama"] if command == "serve" else [])]).host_kv_memory is None
+
+
+def test_simulate_rejects_a_bad_host_tier_size(capsys):
+    assert main(["simulate", "--model", "llama-3.1-8b", "--requests", "2", "--host-kv-memory=-2x"]) == 2
+    assert "--host-kv-memory" in capsys.readouterr().err

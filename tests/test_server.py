@@ -361,3 +361,39 @@ def test_each_api_key_has_its_own_prefix_cache(guarded):
 
     hits(KEY)
     assert hits(KEY2) == 0 and hits(KEY) > 0 and hits(KEY2) > 0
+
+
+@pytest.fixture(scope="module")
+def tiered():
+    """tiny-llama with a device pool of about two 100-token prompts and a host tier behind it."""
+    llm = jenga.LLM("tiny-llama", kv_memory="512KiB", host_kv_memory="2MiB", max_num_seqs=1)
+    with BackgroundServer(create_app(llm, model_name="tiny-llama")) as srv:
+        yield srv
+
+
+def test_host_tier_metrics(tiered):
+    before = scrape(tiered)
+    gen = torch.Generator().manual_seed(5)
+    docs = [torch.randint(3, 500, (100,), generator=gen).tolist() for _ in range(4)]
+    c = client(tiered)
+    for ids in docs + docs[:1]:  # the first prompt's pages were pushed to host by the next three
+        c.completions.create(model="tiny-llama", prompt=ids, max_tokens=2, temperature=0)
+    after = wait_idle(tiered)
+
+    def moved(name, labels=()):
+        return after[(name, labels)] - before.get((name, labels), 0)
+
+    assert after[("jenga_kv_host_total_bytes", ())] > 0
+    assert 0 < after[("jenga_kv_host_used_bytes", ())] <= after[("jenga_kv_host_total_bytes", ())]
+    assert moved("jenga_kv_host_demotions_total") > 0 and moved("jenga_kv_host_promotions_total") > 0
+    assert moved("jenga_kv_host_copied_bytes_total", (("direction", "demote"),)) > 0
+    assert moved("jenga_kv_host_copied_bytes_total", (("direction", "promote"),)) > 0
+    assert moved("jenga_prefix_host_hit_tokens_total") >= 96
+    st = tiered.service.engine.call(lambda llm: llm.manager.stats()).result(10)
+    assert after[("jenga_kv_host_demotions_total", ())] == st.demotions  # the counters follow the manager's
+    assert after[("jenga_kv_host_copied_bytes_total", (("direction", "promote"),))] == st.bytes_promoted
+    integrity(tiered)
+    from jenga.server.cli import startup_line
+
+    line = startup_line(tiered.service.engine.llm, "tiny-llama")
+    assert line.endswith(f"host tier {(2 << 20) // (32 << 10)} large pages")  # 2 MiB of 32 KiB large pages

@@ -63,3 +63,17 @@ def test_reproduce_quick_json(capsys):
     assert sum("[v0]" in r["what"] for r in thr) == 3 and sum("[v1]" in r["what"] for r in thr) == 3
     assert all("vs vLLM v" in r["note"] for r in thr[:-1])
     assert [r["paper"] for r in rows if r["section"] == "throughput L4"].count("OOM") == 1
+
+
+def test_simulate_host_tier_json_and_table(capsys):
+    """--host-kv-memory 2x: a tier of twice the device pool; its figures in the JSON and a second table."""
+    args = ["simulate", "--model", "llama-3.1-8b", "--workload", "mmlu-pro", "--requests", "6", "--manager", "jenga",
+            "--host-kv-memory", "2x"]
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["host_memory_bytes"] == 2 * data["memory_bytes"]
+    s = data["managers"]["jenga"]
+    assert 0 < s["host_total_bytes"] <= data["host_memory_bytes"]
+    assert {"host_hit_tokens", "bytes_demoted", "bytes_promoted", "host_copy_s", "host_recompute_s"} <= set(s)
+    assert main(args) == 0
+    assert "host KV tier" in capsys.readouterr().out

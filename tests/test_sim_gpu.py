@@ -7,6 +7,7 @@ import pytest
 from jenga.core.specs import ModelSpec
 from jenga.sim.gpu import (
     DEFAULT_ACTIVATION_RESERVE_BYTES,
+    GH200_144GB,
     GPUS,
     H100_80GB,
     H200_141GB,
@@ -50,7 +51,7 @@ def llama8(dtype="bf16"):
 # ----------------------------------------------------------------------------------------- GPUs
 
 def test_gpu_names_and_lookup():
-    assert set(GPUS) == {"h100-80gb", "l4-24gb", "h200-141gb"}
+    assert set(GPUS) == {"h100-80gb", "l4-24gb", "h200-141gb", "gh200-144gb"}
     assert get_gpu("H100-80GB") is H100_80GB
     with pytest.raises(UnknownGPUError) as e:
         get_gpu("a100")
@@ -189,6 +190,18 @@ def test_llama4_table2_context_lengths():
         total = 8 * memory_budget(get_gpu(name), w, tp=8, activation_reserve_bytes=int(17.5e9))
         assert total / 196_608 == pytest.approx(vllm_len, rel=0.05)
         assert (total - 36 * 8192 * 4096) / (12 * 4096) == pytest.approx(jenga_len, rel=0.05)
+
+
+def test_host_links():
+    """PCIe Gen5 x16 for H100 / H200 (55 GB/s effective), Gen4 for L4, NVLink-C2C for GH200."""
+    assert H100_80GB.host_link_bytes_per_s == pytest.approx(55e9)
+    assert H200_141GB.host_link_bytes_per_s == H100_80GB.host_link_bytes_per_s
+    assert L4_24GB.host_link_bytes_per_s == pytest.approx(H100_80GB.host_link_bytes_per_s / 2)
+    assert GH200_144GB.host_link_bytes_per_s == pytest.approx(450e9 * 55 / 64)
+    cm = CostModel(H100_80GB, llama8())
+    assert cm.host_copy_time(0) == 0.0
+    assert cm.host_copy_time(55e9) == pytest.approx(1.0)
+    assert CostModel(H100_80GB, llama8(), tp=2).host_copy_time(55e9) == pytest.approx(0.5)  # one link per GPU
 
 
 # --------------------------------------------------------------------------------- cost model

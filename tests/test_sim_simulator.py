@@ -126,3 +126,46 @@ def test_closed_form_numbers_pinned():
     assert f"{100 * swa_waste('ministral-8b'):.2f}" == "56.25"
     rows = {r.what: r for r in closed_form()}
     assert all(r.ours == r.paper for r in rows.values()), rows
+
+
+def test_host_tier_copies_priced_on_the_host_link():
+    """8 documents of 1,000 tokens asked twice, round robin, on a pool of about three: the host tier turns the
+    second round's misses into promotions, each step's copies cost bytes / 55 GB/s (H100's PCIe
+    Gen5 host link), and copying the hits back is cheaper than prefilling them again."""
+    setup = build_setup("llama-3.1-8b", memory_bytes=3 * 1096 * (128 << 10))  # 128 KiB per token
+    w = Workload([SimRequest(f"q{i}", 0.5 * i, 1050, 8, prefix_id=f"doc{i % 8}", prefix_len=1000) for i in range(16)],
+                 WorkloadInfo("articles", 0))
+    cfg = dict(max_num_batched_tokens=2048, max_num_seqs=4, check_integrity=True)
+    base = Simulator(setup, SimConfig(**cfg)).run(w, "jenga")
+    tier = Simulator(setup, SimConfig(host_memory_bytes=4 * setup.memory_bytes, **cfg)).run(w, "jenga")
+    h = tier.host
+    assert base.host is None and "host_copy_s" not in base.summary()
+    assert h.bytes_demoted > 0 and h.bytes_promoted > 0 and h.host_hit_tokens > 0
+    assert h.copy_s == pytest.approx((h.bytes_demoted + h.bytes_promoted) / 55e9)
+    assert 0 < h.host_peak_used_bytes <= h.host_total_bytes <= 4 * setup.memory_bytes
+    assert tier.prefix_hit_rate > base.prefix_hit_rate and tier.prefill_tokens < base.prefill_tokens
+    assert h.recompute_s > h.bytes_promoted / 55e9
+    assert tier.makespan_s < base.makespan_s  # the copies cost less than the prefills they save
+    assert tier.summary()["host_hit_tokens"] == h.host_hit_tokens and tier.finished == base.finished == len(w)
+
+
+def test_step_clock_prices_steps_and_copies():
+    """The clock a benchmark's own loop uses: a step costs the simulator's step time, plus its plan's
+    copies on the host link."""
+    import numpy as np
+
+    from jenga.core.tier.copy_plan import CopyPlan
+    from jenga.sim.step_clock import StepClock
+
+    setup = build_setup("llama-3.1-8b", memory_bytes=GiB)
+    clock = StepClock(setup, setup.model)
+    clock.computed(1000, 1000)  # a prefill chunk
+    clock.computed(50, 1)  # a decode
+    kv, flops = setup.coster.step(np.array([1000, 50]), np.array([1000, 1]), np.zeros(2, np.int64))
+    want = setup.cost.step_time(1000, 1, kv, attention_flops=flops, num_seqs=2)
+    assert clock.step_done() == pytest.approx(want)
+    plan = CopyPlan(demote={0: np.array([[3, 4]])}, promote={0: np.array([[4, 5], [6, 7]])})
+    page = setup.model.groups[0].page_bytes
+    assert clock.step_done(plan) == pytest.approx(3 * page / 55e9)  # copies only
+    assert clock.steps == 1 and clock.seconds == pytest.approx(want + 3 * page / 55e9)
+    assert clock.copies.bytes_promoted == 2 * page and clock.copies.bytes_demoted == page

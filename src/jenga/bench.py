@@ -27,6 +27,10 @@ DEFAULTS = dict(model="tiny-gemma3", kv_memory="12MiB", requests=48, prompt_min=
                 threads=1, device="cpu", dtype="fp32")
 
 
+#: the manager's host-tier counters a bench run reports (differences over the timed part)
+HOST_COUNTERS = ("host_hit_tokens", "promotions", "demotions", "bytes_promoted", "bytes_demoted")
+
+
 @dataclass
 class Workload:
     prompts: list[list[int]]
@@ -78,7 +82,8 @@ def run_engine(name: str, args, work: Workload, progress=None, *, track_kv_stats
     llm = LLM(args.model, manager=name, kv_memory=args.kv_memory, random_weights=True, seed=args.seed,
               device=args.device, dtype=args.dtype,
               max_num_batched_tokens=args.max_num_batched_tokens, track_kv_stats=track_kv_stats,
-              state_checkpoint_interval=getattr(args, "state_checkpoint_interval", None))
+              state_checkpoint_interval=getattr(args, "state_checkpoint_interval", None),
+              host_kv_memory=getattr(args, "host_kv_memory", None))
     params = SamplingParams(max_tokens=work.output_len, ignore_eos=True)
     llm.generate([list(range(3, 40)), list(range(50, 70))], SamplingParams(max_tokens=4, ignore_eos=True))
     llm.reset_metrics()
@@ -97,7 +102,10 @@ def run_engine(name: str, args, work: Workload, progress=None, *, track_kv_stats
     wall = time.perf_counter() - t0
     m, s, st = llm.metrics, llm.scheduler.stats, llm.manager.stats()
     queries = st.prefix_query_tokens - st0.prefix_query_tokens
+    host = {} if llm.host_pool is None else {
+        key: getattr(st, key) - getattr(st0, key) for key in HOST_COUNTERS} | {"host_total_bytes": st.host_total_bytes}
     return {
+        **host,
         "wall_s": wall,
         "tokens_per_s": m.output_tokens / wall,
         "requests_per_s": m.finished / wall,
@@ -130,6 +138,8 @@ def check_args(args) -> None:
         checked_int(getattr(args, field), "--" + field.replace("_", "-"))
     checked_int(args.shared_prefix, "--shared-prefix", minimum=0)
     parse_bytes(args.kv_memory)
+    if getattr(args, "host_kv_memory", None) is not None:
+        parse_bytes(args.host_kv_memory)
     names = [n.strip() for n in args.managers.split(",") if n.strip()]
     bad = [n for n in names if n not in MANAGER_NAMES] or ([] if names else ["(none)"])
     if bad:
@@ -205,6 +215,9 @@ def _print_table(data: dict) -> None:
             ("mean waste", "waste_frac_mean", "pct", False), ("preemptions", "preemptions", "{}", False),
             ("prefix hit rate", "prefix_hit_rate", "pct", False), ("evicted pages", "evicted_pages", "{}", False),
             ("steps", "steps", "{}", False), ("wall time", "wall_s", "{:.1f} s", False)]
+    if all("host_hit_tokens" in r for r in res.values()):  # --host-kv-memory
+        rows += [("host tier", "host_total_bytes", "bytes", False), ("host hit tokens", "host_hit_tokens", "{}", False),
+                 ("bytes demoted", "bytes_demoted", "bytes", False), ("bytes promoted", "bytes_promoted", "bytes", False)]
     for label, key, fmt, ratio in rows:
         cells = []
         for name in res:
@@ -239,6 +252,8 @@ def add_bench_parser(subparsers) -> None:
     p.add_argument("--model", default=d["model"], help="built-in tiny model ({tiny}) or a local HF model "
                    "directory (random weights either way)")
     p.add_argument("--kv-memory", default=d["kv_memory"], help="KV cache budget, e.g. 24MiB")
+    p.add_argument("--host-kv-memory", default=None, metavar="SIZE",
+                   help="a host-memory KV tier behind the device pool, e.g. 48MiB (default: none)")
     p.add_argument("--requests", type=int, default=d["requests"], help="number of requests")
     p.add_argument("--prompt-min", type=int, default=d["prompt_min"], help="shortest prompt (tokens)")
     p.add_argument("--prompt-max", type=int, default=d["prompt_max"], help="longest prompt (tokens)")

@@ -27,6 +27,19 @@ def parse_bytes(text: str | int) -> int:
     return value
 
 
+def parse_bytes_or_multiple(text: str | int, base: int) -> int:
+    """``parse_bytes(text)``, or ``N x base`` for ``"Nx"`` (e.g. a host tier ``"4x"`` the device pool)."""
+    if isinstance(text, str) and text.strip().lower().endswith("x"):
+        try:
+            factor = float(text.strip()[:-1])
+        except ValueError:
+            factor = -1.0
+        if factor <= 0:
+            raise InvalidArgumentError(f"cannot read {text!r} as a multiple; use e.g. 4x")
+        return int(factor * base)
+    return parse_bytes(text)
+
+
 def fmt_bytes(n: float) -> str:
     for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if abs(n) >= size:

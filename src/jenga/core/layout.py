@@ -23,15 +23,17 @@ TORCH_DTYPES = {
 class KVLayout:
     """One ``uint8`` buffer of ``(num_large + 1) * S`` bytes and views into it.
 
-    ``layer_slot[l] = (group index, j)`` for every layer the model spec lists.
+    ``layer_slot[l] = (group index, j)`` for every layer the model spec lists.  ``pin_memory``
+    (a host buffer beside a CUDA device: the host tier) page-locks the buffer for non-blocking copies.
     """
 
-    def __init__(self, model: ModelSpec, num_large: int, *, device: str | torch.device = "cpu"):
+    def __init__(self, model: ModelSpec, num_large: int, *, device: str | torch.device = "cpu",
+                 pin_memory: bool = False):
         self.model = model
         self.large_bytes = model.lcm_page_bytes
         self.num_large = num_large
         self.total_bytes = (num_large + 1) * self.large_bytes  # + one slack large page
-        self.buffer = torch.zeros(self.total_bytes, dtype=torch.uint8, device=device)
+        self.buffer = torch.zeros(self.total_bytes, dtype=torch.uint8, device=device, pin_memory=pin_memory)
         self.layer_slot: dict[tuple[str, int], tuple[int, int]] = {}
         for gi, g in enumerate(model.groups):
             for j, layer in enumerate(g.layers):

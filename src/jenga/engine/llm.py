@@ -38,6 +38,7 @@ from jenga.core.validation import checked_token_ids
 from jenga.engine.cross_attention import CrossAttentionKV
 from jenga.engine.devices import checked_device
 from jenga.engine.generation_config import GenerationDefaults, load_generation_defaults
+from jenga.engine.host_pool import HostKVPool
 from jenga.engine.metrics import EngineMetrics
 from jenga.engine.model_runner import ModelRunner
 from jenga.engine.multimodal import attach_images
@@ -121,7 +122,9 @@ class LLM:
     chunk that touches an image).  ``speculative_model`` (a draft: directory or tiny name, random
     weights seeded ``speculative_seed``, default ``seed + 1``, when ``random_weights`` or tiny) with
     ``num_speculative_tokens`` drafts per step, both caches in one jenga pool
-    (:mod:`jenga.engine.speculative`).
+    (:mod:`jenga.engine.speculative`).  ``host_kv_memory`` (bytes or a string; default none): a
+    host-memory tier the manager demotes evicted pages to and promotes hits from; the engine runs
+    each step's copies before its forward (:mod:`jenga.engine.host_pool`).
     """
 
     def __init__(self, model: str | Path, *, manager: str = "jenga", kv_memory: str | int = "64MiB",
@@ -131,7 +134,7 @@ class LLM:
                  manager_kwargs: dict | None = None, tokenizer: TextTokenizer | None = None,
                  state_checkpoint_interval: int | None = None, mm_embedding_cache: bool = True,
                  speculative_model: str | Path | None = None, num_speculative_tokens: int = 3,
-                 speculative_seed: int | None = None):
+                 speculative_seed: int | None = None, host_kv_memory: str | int | None = None):
         from jenga.baselines import make_manager
         from jenga.core.specs import ModelSpec
 
@@ -157,9 +160,12 @@ class LLM:
             spec = spec.combine(draft_spec)
         self.spec = spec
         self.kv_memory = parse_bytes(kv_memory)
+        tier = {} if host_kv_memory is None else {"host_memory_bytes": parse_bytes(host_kv_memory)}
         self.manager = make_manager(manager, spec, self.kv_memory, tokens_per_page=tokens_per_page,
                                     enable_prefix_caching=enable_prefix_caching, device=str(self.device),
-                                    **(manager_kwargs or {}))
+                                    **tier, **(manager_kwargs or {}))
+        self.host_pool = None if not tier else HostKVPool(self.manager.model, self.manager.layout,
+                                                          self.manager.host_num_large)
         vision = cross = None
         if vlm and getattr(self.model, "cross_attention_layers", None):  # Llama-3.2-Vision: image K/V pages
             cross = CrossAttentionKV(self.model, self.manager, device=self.device)
@@ -290,6 +296,8 @@ class LLM:
     def _step(self) -> list[Seq]:
         t0 = time.perf_counter()
         plan = self._plan = self.scheduler.schedule()
+        if self.host_pool is not None:  # the tiers' copies of this step's allocations, before its forward
+            self.host_pool.execute(self.manager.take_copy_plan())
         m = self.metrics
         if self.track_kv_stats:
             st = self.manager.stats()

@@ -16,6 +16,8 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="name clients put in 'model' (default: MODEL)")
     p.add_argument("--kv-memory", default="256MiB", help="KV cache budget, e.g. 2GiB")
+    p.add_argument("--host-kv-memory", default=None,
+                   help="a host-memory KV tier behind the device pool, e.g. 8GiB (default: none)")
     p.add_argument("--manager", default="jenga", help="KV-cache manager: {managers}")
     p.add_argument("--tokens-per-page", type=int, default=16)
     p.add_argument("--max-num-seqs", type=int, default=64, help="most requests in the running batch")
@@ -42,7 +44,8 @@ def build_app(args):
         raise InvalidArgumentError(f"--max-waiting must be >= 1, got {args.max_waiting}")
     llm = LLM(args.model, manager=args.manager, kv_memory=args.kv_memory, tokens_per_page=args.tokens_per_page,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              random_weights=args.random_weights, dtype=args.dtype, device=args.device, seed=args.seed)
+              random_weights=args.random_weights, dtype=args.dtype, device=args.device, seed=args.seed,
+              host_kv_memory=args.host_kv_memory)
     keys = [k.strip() for k in (args.api_key or os.environ.get("JENGA_API_KEY") or "").split(",") if k.strip()]
     return create_app(llm, model_name=args.served_model_name or args.model, api_key=keys,
                       max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes)
@@ -50,7 +53,8 @@ def build_app(args):
 
 def startup_line(llm, name: str) -> str:
     """What the KV cache holds, logged once at start: budget, large page, small pages per large
-    page of each group, the longest request and how many of the model's length fit at once."""
+    page of each group, the longest request and how many of the model's length fit at once (and
+    the host tier's large pages, with ``--host-kv-memory``)."""
     from jenga.capacity import max_concurrent_requests
     from jenga.units import fmt_bytes
 
@@ -61,7 +65,8 @@ def startup_line(llm, name: str) -> str:
     return (f"jenga serve: {name} on {llm.device}, manager {mgr.name}: KV budget {fmt_bytes(llm.kv_memory)} = "
             f"{mgr.pool.num_large_pages} large pages of {fmt_bytes(mgr.large_page_bytes)}; small pages per large page: "
             f"{groups}; longest request {limits.max_len} tokens; requests of the model's length ({n} tokens) "
-            f"that fit at once: {fit}")
+            f"that fit at once: {fit}"
+            + (f"; host tier {mgr.host_num_large} large pages" if mgr.host_num_large else ""))
 
 
 def run_serve(args) -> int:

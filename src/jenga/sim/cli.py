@@ -38,6 +38,9 @@ def add_sim_parsers(sub) -> None:
                         "prefill-only steps)")
     p.add_argument("--max-num-seqs", type=int, default=256, help="most running requests per step")
     p.add_argument("--no-prefix-caching", action="store_true", help="turn prefix caching off")
+    p.add_argument("--host-kv-memory", default=None, metavar="SIZE",
+                   help="a host-memory KV tier (jenga's manager): bytes such as 64GiB, or Nx the device pool "
+                        "(4x); its copies cost the GPU's host link bandwidth per step")
     p.add_argument("--record-every", type=int, default=1, help="record memory stats every N steps")
     p.add_argument("--calibration", choices=("fitted", "roofline"), default="fitted", metavar="TABLE",
                    help="cost model efficiencies: fitted (jenga.sim.calibration, the engine of --scheduler: "
@@ -97,8 +100,17 @@ def run_simulate(args) -> int:
         from jenga.sched.v0_scheduler import v0_token_budget
 
         budget = max(budget, v0_token_budget(setup.target.max_model_len))
+    host = None
+    if args.host_kv_memory is not None:
+        from jenga.units import parse_bytes_or_multiple
+
+        try:
+            host = parse_bytes_or_multiple(args.host_kv_memory, setup.memory_bytes)
+        except InvalidArgumentError as e:
+            print(f"jenga simulate: --host-kv-memory: {e}", file=sys.stderr)
+            return 2
     cfg = SimConfig(max_num_batched_tokens=budget, max_num_seqs=args.max_num_seqs, seed=args.seed,
-                    scheduler=args.scheduler,
+                    scheduler=args.scheduler, host_memory_bytes=host,
                     enable_prefix_caching=not args.no_prefix_caching, record_every=max(1, args.record_every))
     sim = Simulator(setup, cfg)
     unavailable: dict[str, str] = {}
@@ -119,7 +131,7 @@ def run_simulate(args) -> int:
         return 2
     meta = {"model": setup.model.name, "workload": w.info.name, "gpu": setup.gpu, "tp": setup.tp,
             "requests": len(w), "seed": args.seed, "rate": None if math.isinf(args.rate) else args.rate,
-            "memory_bytes": setup.memory_bytes, "draft": draft,
+            "memory_bytes": setup.memory_bytes, "host_memory_bytes": host, "draft": draft,
             "calibration": {"engine": engine, **calibration.as_dict()}}
     if args.plot:
         from jenga.sim.plot import plot_timeline

@@ -1,7 +1,8 @@
 """GPU datasheet constants, the KV memory budget and a roofline step-time model.
 
 * :class:`GPUSpec` / :func:`get_gpu` — public datasheet numbers (dense tensor-core peaks,
-  HBM bandwidth, interconnect) for the GPUs of the paper's §7 (H100 80 GB, L4 24 GB, H200 141 GB).
+  HBM bandwidth, interconnect, host link) for the GPUs of the paper's §7 (H100 80 GB, L4 24 GB,
+  H200 141 GB) and GH200 (a host tier over NVLink-C2C).
 * :class:`~jenga.sim.model_cost.ModelCost` (in :mod:`jenga.sim.model_cost`) — parameter counts
   and weight bytes estimated from a Hugging Face ``config.json``; the input to :class:`CostModel`.
 * :class:`CostModel` — seconds for one engine step:
@@ -51,6 +52,12 @@ class GPUSpec:
     above the marketing figure in decimal GB.  ``interconnect_bytes_per_s`` is the
     per-direction GPU-to-GPU bandwidth used for tensor-parallel all-reduce, and
     ``allreduce_latency_s`` a rough fixed cost per all-reduce call (NCCL, small messages).
+
+    ``host_link_bytes_per_s`` is the effective per-direction bandwidth between one GPU and host
+    memory (the host KV tier's copies): :data:`HOST_LINK_EFFICIENCY` x the datasheet figure of the
+    link each GPU sits on -- PCIe Gen5 x16 (64 GB/s per direction) for H100 / H200 SXM in HGX
+    hosts, PCIe Gen4 x16 (32 GB/s per direction) for L4 (and A100 PCIe), NVLink-C2C (900 GB/s
+    total = 450 GB/s per direction) for GH200.
     """
 
     name: str
@@ -60,6 +67,7 @@ class GPUSpec:
     peak_flops_fp8: float
     interconnect_bytes_per_s: float
     allreduce_latency_s: float
+    host_link_bytes_per_s: float = 0.0
     source: str = field(default="", compare=False)
 
     def peak_flops(self, dtype: str = "bf16") -> float:
@@ -67,25 +75,41 @@ class GPUSpec:
         return self.peak_flops_fp8 if dtype in ("fp8", "int8") else self.peak_flops_bf16
 
 
+#: Share of a host link's datasheet per-direction bandwidth that pinned-memory copies of KV pages
+#: reach: 55 GB/s of PCIe Gen5 x16's 64 GB/s, the effective figure host-offload write-ups quote
+#: for H100 hosts (a guess for the other links, which get the same ratio).
+HOST_LINK_EFFICIENCY = 55 / 64
+
 #: NVIDIA H100 SXM5 80 GB (H100 datasheet): HBM3 3.35 TB/s; 989 TFLOPS dense bf16
 #: (1,979 with sparsity); 1,979 TFLOPS dense fp8; NVLink 4 900 GB/s total = 450 GB/s per
 #: direction.  Driver-reported memory 81,559 MiB (80 GB marketing).  Paper §7 main GPU.
 H100_80GB = GPUSpec("h100-80gb", 81_559 * _MIB, 3.35e12, 989.4e12, 1978.9e12, 450e9, 8e-6,
+                    host_link_bytes_per_s=64e9 * HOST_LINK_EFFICIENCY,
                     source="NVIDIA H100 Tensor Core GPU datasheet (SXM5)")
 
 #: NVIDIA L4 24 GB (L4 datasheet): GDDR6 300 GB/s; 121 TFLOPS dense bf16 (242 sparse);
 #: 242.5 TFLOPS dense fp8 (485 sparse); PCIe Gen4 x16, 64 GB/s total = 32 GB/s per direction
 #: (no NVLink).  Driver-reported memory 23,034 MiB (24 GB marketing).  Paper §7 second GPU.
 L4_24GB = GPUSpec("l4-24gb", 23_034 * _MIB, 300e9, 121e12, 242.5e12, 32e9, 20e-6,
+                  host_link_bytes_per_s=32e9 * HOST_LINK_EFFICIENCY,
                   source="NVIDIA L4 Tensor Core GPU datasheet")
 
 #: NVIDIA H200 SXM 141 GB (H200 datasheet): HBM3e 4.8 TB/s; same tensor cores as H100 SXM
 #: (989 TFLOPS dense bf16, 1,979 dense fp8); NVLink 900 GB/s total.  Driver-reported memory
 #: 143,771 MiB (141 GB marketing).  Used for the Llama 4 context-length run (paper Table 2).
 H200_141GB = GPUSpec("h200-141gb", 143_771 * _MIB, 4.8e12, 989.4e12, 1978.9e12, 450e9, 8e-6,
+                     host_link_bytes_per_s=64e9 * HOST_LINK_EFFICIENCY,
                      source="NVIDIA H200 Tensor Core GPU datasheet (SXM)")
 
-GPUS: dict[str, GPUSpec] = {g.name: g for g in (H100_80GB, L4_24GB, H200_141GB)}
+#: NVIDIA GH200 Grace Hopper Superchip, 144 GB HBM3e (GH200 datasheet): 4.9 TB/s; the H100's tensor
+#: cores (989 TFLOPS dense bf16, 1,979 dense fp8); NVLink 4 900 GB/s total to other GPUs; the GPU
+#: reaches the Grace CPU's LPDDR5X over NVLink-C2C, 900 GB/s total = 450 GB/s per direction.  Memory
+#: is the datasheet's 144 GB (decimal): no driver-reported figure is in this table's sources.
+GH200_144GB = GPUSpec("gh200-144gb", 144 * 10**9, 4.9e12, 989.4e12, 1978.9e12, 450e9, 8e-6,
+                      host_link_bytes_per_s=450e9 * HOST_LINK_EFFICIENCY,
+                      source="NVIDIA GH200 Grace Hopper Superchip datasheet (144 GB HBM3e)")
+
+GPUS: dict[str, GPUSpec] = {g.name: g for g in (H100_80GB, L4_24GB, H200_141GB, GH200_144GB)}
 
 
 def get_gpu(name: str) -> GPUSpec:
@@ -187,6 +211,13 @@ class CostModel:
                              f"{self.mfu}, {self.bandwidth_efficiency}")
         if self.step_overhead_s < 0 or self.per_seq_overhead_s < 0:
             raise ValueError("overheads must be non-negative")
+
+    def host_copy_time(self, nbytes: float) -> float:
+        """Seconds to move ``nbytes`` (whole model, all TP ranks) between the GPUs and host memory in
+        one direction: each GPU copies its ``1/tp`` share over its own host link."""
+        if nbytes <= 0:
+            return 0.0
+        return nbytes / self.tp / self.gpu.host_link_bytes_per_s
 
     def allreduce_time(self, num_tokens: int) -> float:
         """TP all-reduce cost: 2 per layer of ``tokens x hidden`` bf16 activations (ring: 2(t-1)/t)."""

@@ -63,9 +63,38 @@ def print_simulate(results: dict[str, SimResult], meta: dict, console=None) -> N
             if name != "jenga" and s["throughput_req_s"]:
                 con.print(f"jenga / {name}: throughput {j['throughput_req_s'] / s['throughput_req_s']:.2f}x, "
                           f"decode batch {j['decode_batch_mean'] / max(s['decode_batch_mean'], 1e-9):.2f}x")
+    print_host_tier(results, con)
     for name, r in results.items():
         for rid, why in list(r.rejected.items())[:3]:
             con.print(f"[yellow]{name}: rejected {rid}: {why}[/yellow]")
+
+
+#: Columns of the host-tier table (``--host-kv-memory``): (summary key, header, format).
+HOST_COLUMNS = (
+    ("host_total_bytes", "host GiB", "{:.2f}"),
+    ("host_peak_used_bytes", "host peak GiB", "{:.2f}"),
+    ("host_hit_tokens", "host hit tok", "{}"),
+    ("bytes_demoted", "demoted GiB", "{:.2f}"),
+    ("bytes_promoted", "promoted GiB", "{:.2f}"),
+    ("host_copy_s", "copy s", "{:.3f}"),
+    ("host_recompute_s", "recompute s", "{:.3f}"),
+)
+
+
+def print_host_tier(results: dict[str, SimResult], con) -> None:
+    """The host tier's copies per manager next to what recomputing its hits would cost (when it ran)."""
+    from rich.table import Table
+
+    rows = {name: r.summary() for name, r in results.items() if r.host is not None}
+    if not rows:
+        return
+    t = Table(title="host KV tier: copies (serial, on the host link) vs recomputing the tokens served from host")
+    t.add_column("manager")
+    for _, head, _ in HOST_COLUMNS:
+        t.add_column(head, justify="right")
+    for name, s in rows.items():
+        t.add_row(name, *(fmt.format(s[k] / 2**30 if "GiB" in head else s[k]) for k, head, fmt in HOST_COLUMNS))
+    con.print(t)
 
 
 def reproduce_title(quick: bool) -> str:

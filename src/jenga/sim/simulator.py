@@ -18,6 +18,12 @@ Contract of :meth:`Simulator.run` (one manager, one trace):
 * Requests that can never fit (longer than the model's max length, or bigger than the whole
   cache) are rejected with a reason and counted, never retried forever.
 * Every ``record_every`` steps the manager's ``stats()`` is recorded (:class:`StepRecord`).
+* Host tier (``host_memory_bytes``): after each ``schedule`` the manager's copy plan is taken and
+  its bytes cost :meth:`CostModel.host_copy_time` per direction, demotes then promotes, added to the
+  step **without overlap** (the engine issues both on the compute stream before the forward, so
+  this is the serial cost, an upper bound for an engine that overlaps them).  Against it the
+  result sets ``host_recompute_s``: what prefilling the tokens served from host would have cost
+  (one prefill of that many tokens with no earlier context, a lower bound on recomputing them).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from jenga.sched.sampling_params import SamplingParams
 from jenga.sched.sequence import Sequence
 from jenga.sim.batching import SCHEDULERS, ManagerView
 from jenga.sim.gpu import TERMS
+from jenga.sim.host_copies import HostTierTotals
 from jenga.sim.setup import Setup, build_setup
 from jenga.sim.workloads import FIRST_TOKEN_ID, SimRequest, Workload, _stable_int
 
@@ -56,6 +63,8 @@ class SimConfig:
     check_integrity: bool = False
     max_lcm_ratio: float = 8.0
     record_terms: bool = False  # keep every step's CostModel.terms (SimResult.step_terms), for calibration
+    host_memory_bytes: int | None = None  # a host KV tier of this many bytes (jenga's manager), None: none
+    manager_kwargs: dict = field(default_factory=dict)  # extra keyword arguments for every manager
 
 
 @dataclass(slots=True)
@@ -114,6 +123,7 @@ class SimResult:
     wall_s: float = 0.0
     step_terms: np.ndarray | None = field(default=None, repr=False)  # steps x TERMS (record_terms)
     prefill_tokens: int = 0  # prompt (and recomputed) tokens the steps computed: prefix hits are not in it
+    host: HostTierTotals | None = None  # the host tier's copies and their cost (host_memory_bytes)
 
     def summary(self) -> dict:
         lat, ttft = self.latencies_s, self.ttfts_s
@@ -136,6 +146,7 @@ class SimResult:
             "finished": self.finished, "rejected": len(self.rejected), "requests": self.num_requests,
             "makespan_s": span, "memory_bytes": self.memory_bytes, "wall_s": self.wall_s,
             "prefill_tokens": self.prefill_tokens,
+            **(self.host.summary() if self.host is not None else {}),
         }
 
 
@@ -149,9 +160,12 @@ class Simulator:
     def make_manager(self, name: str):
         from jenga.baselines import make_manager
         c = self.cfg
-        kw = dict(tokens_per_page=c.tokens_per_page, enable_prefix_caching=c.enable_prefix_caching)
+        kw = dict(tokens_per_page=c.tokens_per_page, enable_prefix_caching=c.enable_prefix_caching,
+                  **c.manager_kwargs)
         if name == "jenga":
             kw["max_lcm_ratio"] = c.max_lcm_ratio
+        if c.host_memory_bytes:
+            kw["host_memory_bytes"] = c.host_memory_bytes
         return make_manager(name, self.setup.model, self.setup.memory_bytes, **kw)
 
     def _track(self, r: SimRequest, k: int, acceptance: float) -> _Track:
@@ -200,6 +214,7 @@ class Simulator:
         now, i, steps, idle, max_conc, out_tokens, prefill_tokens = 0.0, 0, 0, 0, 0, 0, 0
         n_rej_seen = 0
         terms: list | None = [] if c.record_terms else None
+        host = HostTierTotals(mgr.model, st.cost) if c.host_memory_bytes else None
         while i < len(arrivals) or sched.has_unfinished:
             while i < len(arrivals) and arrivals[i].arrival_s <= now:
                 r = arrivals[i]
@@ -217,6 +232,8 @@ class Simulator:
                 now = max(now, arrivals[i].arrival_s)
                 continue
             plan = sched.schedule()
+            if host is not None:  # the tiers' copies of this step's allocations, before its forward
+                now += host.take(mgr.take_copy_plan())
             if len(sched.rejected) > n_rej_seen:
                 for rid in list(sched.rejected)[n_rej_seen:]:
                     rejected[rid] = sched.rejected[rid]
@@ -265,17 +282,19 @@ class Simulator:
             if progress and finished:
                 progress(len(finished))
             if steps % c.record_every == 0 or not sched.has_unfinished:
-                timeline.append(self._record(mgr, steps, now, sched, n_dec, plan, tracks))
+                timeline.append(self._record(mgr, steps, now, sched, n_dec, plan, tracks, host))
                 if c.check_integrity:
                     mgr.check_integrity()
         lat = np.array([t.finish_s - t.req.arrival_s for t in done])
         ttft = np.array([t.first_token_s - t.req.arrival_s for t in done])
         s = mgr.stats()
+        if host is not None:
+            host.close(s)
         return SimResult(manager, st.model.name, info.name, st.memory_bytes, len(arrivals), len(done), rejected,
                          out_tokens, now - (arrivals[0].arrival_s if arrivals else 0.0), lat, ttft,
                          decode_batches, timeline, sched.stats.preemptions, steps, max_conc, s.prefix_hit_rate,
                          _time.perf_counter() - wall0, None if terms is None else np.array(terms).reshape(-1, len(TERMS)),
-                         prefill_tokens)
+                         prefill_tokens, host)
 
     def _arrays(self, items, tracks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         end = np.fromiter((it.start + it.num_tokens for it in items), np.int64, len(items))
@@ -324,8 +343,10 @@ class Simulator:
                 t += (k - 1) * st.draft_cost.step_time(0, n_dec, dkv1, attention_flops=dfl1, num_seqs=n_dec)
         return t
 
-    def _record(self, mgr, step, now, sched, n_dec, plan, tracks) -> StepRecord:
+    def _record(self, mgr, step, now, sched, n_dec, plan, tracks, host=None) -> StepRecord:
         s = mgr.stats()
+        if host is not None:
+            host.observe(s)
         running = sched.running
         end = np.fromiter((seq.num_computed for seq in running), np.int64, len(running))
         img = np.fromiter((tracks[seq.request_id].img_tokens for seq in running), np.int64, len(running))

@@ -21,6 +21,7 @@ import numpy as np
 from jenga.core.alloc.allocator import CACHED, EvictionSource, LargePageAllocator
 from jenga.core.evict.fresh_run import FreshRun, push_back
 from jenga.core.evict.large import LargeEviction
+from jenga.core.evict.listener import EvictionListener
 from jenga.core.evict.run_heap import SMALL, RunHeap
 from jenga.core.flat_arrays import BULK, as_ids, largest_keys, view, zeros
 from jenga.core.policy.base import held_window_time
@@ -94,6 +95,7 @@ class PrefixEvictor(EvictionSource):
         # per group: the order of fully evictable large pages, and evicting many at once
         self.large = LargeEviction(allocator, index, self._drop_pages)
         self.num_evicted_pages = 0
+        self.listener: EvictionListener | None = None  # told of each eviction first (a host tier)
 
     # ------------------------------------------------------------ page moves
     def add(self, group: int, page: int, last_access: int, prefix_len: int) -> None:
@@ -235,6 +237,8 @@ class PrefixEvictor(EvictionSource):
 
     def _drop_pages(self, group: int, pages: list[int]) -> None:
         """Forget cached ``pages`` (the allocator frees them next)."""
+        if self.listener is not None:
+            self.listener.evicting(group, pages)
         self.forget_many(group, pages)
         self.index.drop_many(group, pages)
         self.num_evicted_pages += len(pages)
@@ -277,7 +281,7 @@ class PrefixEvictor(EvictionSource):
 
     def evict_page(self, group: int, page: int) -> None:
         """Evict CACHED ``page`` now, out of order: a live page took over its key (a duplicate,
-        ``PageLedger.register``)."""
+        ``PageLedger.register``), or a promoted copy nobody used (``jenga.core.tier``)."""
         self._drop(group, page)
 
     def _drop(self, group: int, page: int) -> None:

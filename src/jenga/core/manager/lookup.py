@@ -15,9 +15,11 @@ from jenga.core.manager.ledger import PageLedger
 from jenga.core.manager.miss_reasons import MissReasons
 from jenga.core.manager.prompt_hashes import PromptHasher
 from jenga.core.manager.shared_recompute import Junction
-from jenga.core.policy.base import Policy
+from jenga.core.policy.base import PageOps, Policy
 from jenga.core.prefix.index import PrefixIndex
 from jenga.core.request import Request
+from jenga.core.tier.host_tier import HostTier
+from jenga.core.tier.promotion import promote_hit
 
 
 class PrefixLookup:
@@ -26,9 +28,10 @@ class PrefixLookup:
     missed, :mod:`jenga.core.manager.miss_reasons`); the manager hands it the live record."""
 
     def __init__(self, policies: list[Policy], block: int, caching: bool, hasher: PromptHasher,
-                 ledger: PageLedger, index: PrefixIndex):
+                 ledger: PageLedger, index: PrefixIndex, host: HostTier | None = None):
         self.policies, self.block, self.caching = policies, block, caching
         self.hasher, self.ledger, self.index = hasher, ledger, index
+        self.host = host  # a host tier: the hit over both tiers is promoted first (jenga.core.tier.promotion)
         self.junction = Junction(policies, block, caching, hasher.bound, self.fixed_point)
         self.misses = MissReasons(block)
 
@@ -38,6 +41,8 @@ class PrefixLookup:
         if not self.caching:
             return 0
         top = self.top(req, max_tokens)
+        if self.host is not None:
+            promote_hit(self, self.host, req, top)
         reach = self.hasher.for_lookup(req, top, self.ledger)
         cand = self.fixed_point(req, reach, self.policies, self.hasher.bound)
         self.junction.find(req, reach, cand)
@@ -48,7 +53,8 @@ class PrefixLookup:
         return cand
 
     def peek(self, req: Request, max_tokens: int | None) -> int:
-        """What ``find`` would answer now, read only: nothing held, recorded or counted."""
+        """What ``find`` would answer now, read only: nothing held, recorded or counted (device
+        tier only: a hit on host pages needs a promotion, which ``find`` plans)."""
         reach = self.hasher.for_lookup(req, self.top(req, max_tokens), self.ledger)
         return self.fixed_point(req, reach, self.policies, self.hasher.bound)
 
@@ -57,10 +63,12 @@ class PrefixLookup:
         top = min(len(req.tokens) - 1, len(req.tokens) // self.block * self.block)
         return top if max_tokens is None else max(0, min(top, max_tokens))
 
-    def fixed_point(self, req: Request, cand: int, policies: list[Policy], bound: Policy | None = None) -> int:
+    def fixed_point(self, req: Request, cand: int, policies: list[Policy], bound: Policy | None = None,
+                    ops: PageOps | None = None) -> int:
         """The longest prefix no longer than ``cand`` that every one of ``policies`` accepts;
-        ``bound``: a FullPolicy with all its pages below ``cand`` cached (``PromptHasher.for_lookup``)."""
-        ledger = self.ledger
+        ``bound``: a FullPolicy with all its pages below ``cand`` cached (``PromptHasher.for_lookup``);
+        ``ops``: the pages seen (default the device ledger; both tiers' ``TierView``)."""
+        ledger = self.ledger if ops is None else ops
         while True:
             start = cand
             for pol in policies:

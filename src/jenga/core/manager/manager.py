@@ -45,6 +45,8 @@ from jenga.core.prefix.index import PrefixIndex
 from jenga.core.request import GroupState, Request, RequestView
 from jenga.core.specs import LayerGroup, ModelSpec
 from jenga.core.tables import PageTables
+from jenga.core.tier.copy_plan import CopyPlan
+from jenga.core.tier.host_tier import HOST_POLICIES, HostTier, host_page_count
 from jenga.core.validation import TOKEN_ID_LIMIT, checked_int, token_array
 from jenga.errors import InvalidArgumentError, SequenceTooLongError, UnknownRequestError
 from jenga.units import parse_bytes
@@ -75,9 +77,14 @@ class KVCacheManager:
     def __init__(self, model: ModelSpec, memory_bytes: int | str, *, tokens_per_page: int = 16,
                  enable_prefix_caching: bool = True, device: str = "cpu", max_lcm_ratio: float = 8.0,
                  fit_pages: bool = True, window_slack: int | None = None, out_of_window_age: int = OUT_OF_RANGE_AGE,
-                 eviction: str | None = None):
+                 eviction: str | None = None, host_memory_bytes: int | str | None = None,
+                 host_policy: str = "per-kind"):
         tokens_per_page = checked_int(tokens_per_page, "tokens_per_page")
         memory_bytes = parse_bytes(memory_bytes)  # an int, or "64GiB" like the CLI
+        if host_memory_bytes is not None:
+            host_memory_bytes = parse_bytes(host_memory_bytes)
+        if host_policy not in HOST_POLICIES:
+            raise InvalidArgumentError(f"unknown host_policy {host_policy!r}; choose one of {list(HOST_POLICIES)}")
         if window_slack is not None:
             window_slack = checked_int(window_slack, "window_slack", minimum=0)
         eviction = eviction or self.default_eviction
@@ -93,6 +100,7 @@ class KVCacheManager:
         self.device = device
         self.large_page_bytes = model.lcm_page_bytes
         num_large = large_page_count(memory_bytes, self.large_page_bytes)
+        num_host_large = 0 if host_memory_bytes is None else host_page_count(host_memory_bytes, self.large_page_bytes)
         self.memory_bytes = memory_bytes
         # the parts, wired here: allocator, index, evictor (the allocator evicts through it), ledger
         alloc = LargePageAllocator([g.page_bytes for g in model.groups], num_large)
@@ -111,7 +119,14 @@ class KVCacheManager:
             pol.set_window_slack(window_slack)
         self.admission = self.admission_class(self.policies, alloc, index, evictor, self.ledger, self.block)
         self.hasher = PromptHasher(self.policies, self.block)  # bounds how far a lookup hashes
-        self.prefix_lookup = PrefixLookup(self.policies, self.block, self.caching, self.hasher, self.ledger, index)
+        #: the host tier (``host_memory_bytes``; :mod:`jenga.core.tier.host_tier`): told of every eviction
+        self.host: HostTier | None = None
+        if num_host_large:
+            self.host = HostTier([g.page_bytes for g in model.groups], num_host_large, self.ledger, self.policies,
+                                 policy=host_policy)
+            evictor.listener = self.host
+        self.prefix_lookup = PrefixLookup(self.policies, self.block, self.caching, self.hasher, self.ledger, index,
+                                          self.host)
         self.junction = self.prefix_lookup.junction  # where a state hit's cached attention prefix ends
         self.step_commit = StepCommit(self.policies, self.ledger, self.hasher, index, self.block, self.caching)
         self.accounting = ByteAccounting(self.policies, self.ledger, model)
@@ -282,6 +297,8 @@ class KVCacheManager:
         events = self.index.events
         if events is not None:
             events.flush(req)  # pages registered at allocate
+        if self.host is not None and not req.counted:
+            self.host.count_hit(req.request_id, req.hit)
         self.hits.count(req)
         req.pins = []
         req.num_scheduled += n
@@ -335,6 +352,8 @@ class KVCacheManager:
         if self.caching and req.source_hashes is None:
             self.hasher.memo.remember(request_id, req.tokens, req.hashes, req.salt_root, req.images)
         self.hits.freed(req)
+        if self.host is not None:
+            self.host.forget(request_id, req.tables is None)
 
     # ------------------------------------------------- scheduler queries (jenga.core.manager.cache_control)
     def shrink_hit(self, request_id: object, num_tokens: int) -> int:
@@ -363,7 +382,22 @@ class KVCacheManager:
     def reset_prefix_cache(self) -> bool:
         """Forget every cached page and empty the prefix index; False (nothing changed) while any
         request holds pages (``jenga.core.manager.cache_control.reset_prefix_cache``)."""
-        return cache_control.reset_prefix_cache(self.alloc, self.index, self.evictor)
+        def reset() -> bool:
+            return cache_control.reset_prefix_cache(self.alloc, self.index, self.evictor)
+        return reset() if self.host is None else self.host.reset_with(reset)
+
+    def take_copy_plan(self) -> CopyPlan:
+        """The device <-> host page copies recorded since the last call (:mod:`jenga.core.tier.copy_plan`):
+        the engine runs every demote, then every promote, before the forward of the step whose
+        allocations came before this call.  Empty without a host tier."""
+        if self.host is None:
+            return CopyPlan()
+        return self.host.take_copy_plan()
+
+    @property
+    def host_num_large(self) -> int:
+        """Large pages of the host tier (0 without one): ``KVLayout(model, host_num_large, device="cpu")``."""
+        return 0 if self.host is None else self.host.num_large
 
     def enable_kv_events(self) -> None:
         """Record KV events from now on (see ``jenga.core.prefix.events``); ``take_events`` returns them."""
@@ -398,6 +432,8 @@ class KVCacheManager:
         """Assert free + used + cached == total, refcounts match the tables, every cached
         page is indexed and keyed, and no page serves two owners."""
         check_manager(self)
+        if self.host is not None:
+            self.host.check()
 
     @property
     def layout(self):

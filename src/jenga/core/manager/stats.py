@@ -38,6 +38,13 @@ class CacheStats:
     first_query_tokens: int = 0
     #: prompt tokens a hit could have covered, by why it did not (jenga.core.manager.miss_reasons)
     prefix_miss_tokens: dict[str, int] = field(default_factory=dict)
+    host_total_bytes: int = 0  # the host tier (0 without one)
+    host_used_bytes: int = 0  # host pages holding content
+    promotions: int = 0  # pages copied host -> device (in plans taken)
+    demotions: int = 0  # pages copied device -> host (in plans taken)
+    bytes_promoted: int = 0
+    bytes_demoted: int = 0
+    host_hit_tokens: int = 0  # hit tokens whose pages were promoted from the host tier
 
     @property
     def stranded_bytes(self) -> int:
@@ -119,7 +126,14 @@ def collect_stats(mgr) -> CacheStats:
         partial += max(0, held - need - stale - pad)
     shared, duplicate = mgr.sharing_accounting()
     needed = max(0, needed - shared - duplicate)
-    return CacheStats(total, used, cached, total - used - cached, needed, carved_free, partial, stale_bytes,
-                      padding, mgr.prefix_hit_tokens, mgr.prefix_query_tokens, len(mgr.requests),
-                      mgr.evictor.num_evicted_pages, group_used, duplicate, mgr.first_hit_tokens,
-                      mgr.first_query_tokens, dict(mgr.hits.miss_tokens))
+    stats = CacheStats(total, used, cached, total - used - cached, needed, carved_free, partial, stale_bytes,
+                       padding, mgr.prefix_hit_tokens, mgr.prefix_query_tokens, len(mgr.requests),
+                       mgr.evictor.num_evicted_pages, group_used, duplicate, mgr.first_hit_tokens,
+                       mgr.first_query_tokens, dict(mgr.hits.miss_tokens))
+    host = mgr.host
+    if host is not None:
+        stats.host_total_bytes, stats.host_used_bytes = host.total_bytes, host.used_bytes
+        stats.promotions, stats.demotions = host.promotions, host.demotions
+        stats.bytes_promoted, stats.bytes_demoted = host.bytes_promoted, host.bytes_demoted
+        stats.host_hit_tokens = host.hit_tokens
+    return stats

@@ -148,6 +148,19 @@ class Policy(ABC):
         """Held pages of ``req`` whose content another held page has (duplicate prefix copies)."""
         return 0
 
+    def demotable(self, release_times, aged_below: int):
+        """Which of this group's evicted cached pages (released at ``release_times``, an int
+        array) can still serve a hit, so a host tier keeps them (a bool array).  Pages released
+        before ``aged_below`` left a window or chunk while their request ran on (no hit reads them
+        except one ending right there).  Default: every page (a state checkpoint, an image's pages:
+        only pages that serve a hit are ever registered)."""
+        return release_times == release_times
+
+    def side_keys(self, req: Request) -> list[bytes]:
+        """Keys a request may hit outside its text prefix, found at allocate rather than by
+        ``lookup`` (an image's pages); a host tier promotes them at lookup.  Default: none."""
+        return []
+
     def first_needed(self, pos: int) -> int | None:
         """Token kinds: the lowest token position a token at ``pos`` reads (a window's or chunk's
         start).  Other kinds (state, image): ``None``."""

@@ -21,6 +21,10 @@ class ImagePolicy(Policy):
     def longest_prefix(self, req: Request, cand: int, ops: PageOps) -> int:
         return cand  # independent of the text prefix
 
+    def side_keys(self, req: Request) -> list[bytes]:
+        """Every page key of every image of the request."""
+        return [image_key(req.salt_root, img, i) for img in req.images for i in range(cdiv(img.num_tokens, self.tpp))]
+
     def image_len(self, img: ImageRef) -> int:
         """One prefix length for every page of an image: the text position where the image
         ends, so images line up with the text around them and leave whole."""

@@ -20,6 +20,11 @@ class FullPolicy(Policy):
         """Lowest token position a token at ``pos`` reads."""
         return 0
 
+    def demotable(self, release_times, aged_below: int):
+        """Pages released while their request still ran (a window before a branch point, every
+        full-attention page) serve hits; pages aged out of a window or chunk do not."""
+        return release_times >= aged_below
+
     def keep_from(self, pos: int) -> int:
         """Lowest token position a request that computed ``pos`` tokens still holds."""
         return self.first_needed(pos)

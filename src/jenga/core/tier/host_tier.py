@@ -1,0 +1,292 @@
+"""``HostTier``: a second tier of KV pages in host memory, one per manager (``host_memory_bytes``).
+
+It is the manager's part, built like the device tier from the same pieces: an LCM allocator of
+its own large pages (the device's large-page size, so a host ``KVLayout`` addresses its pages as
+the device layout does), a prefix index keyed exactly like the device's (salts included), a plain
+LRU evictor and a ledger of references.  Every host page holds one key's content: it is CACHED
+(evictable) or, while a copy from or into it is pending, pinned (USED).
+
+*Demotion.*  The device evictor tells the tier (``EvictionListener``) of the cached pages it is
+about to drop.  A page whose key the host already holds costs nothing (the host copy is
+refreshed); a page its kind's policy says can still serve a hit (``Policy.demotable``; every page
+with ``policy="all-groups"``, what block-based offloaders store) gets a host page, taken in the
+host's own eviction order when the host is full, and a (device, host) pair in the pending plan.
+The host page stays pinned until the plan is taken (nothing may evict it before its copy ran;
+and a large page with a pinned page is not fully evictable, so the step's demotions fill it
+instead of each taking a large page of its own).
+Host pages keep the device key's (release time, -prefix length), so the host evicts the deepest
+page of the oldest prefix first, the device's prefix-subset order.
+
+*Promotion.*  ``lookup`` sees both tiers (``jenga.core.tier.tier_view``); the host pages its hit
+needs are copied back before the hit is held: each gets a fresh device page registered under its
+key (pairs (host, device) in the plan), while the hit's device pages are held so that the
+promotion cannot evict them.  The host keeps its copy (an inclusive tier: demoting that page
+again costs no copy); it stays pinned until the plan is taken.  A promoted page the device evicts
+before the plan is taken loses its pair (nothing read it) and unpins its source.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jenga.core.alloc.allocator import LargePageAllocator
+from jenga.core.alloc.page_states import CACHED, FREE, USED
+from jenga.core.evict.listener import EvictionListener
+from jenga.core.evict.lru import PrefixEvictor
+from jenga.core.flat_arrays import zeros
+from jenga.core.manager.ledger import Grant, PageLedger
+from jenga.core.prefix.index import PrefixIndex
+from jenga.core.tier.copy_plan import CopyPlan, PendingCopies
+from jenga.errors import InsufficientMemoryError, InvalidArgumentError
+
+#: what a host tier keeps: the per-kind rule, or every evicted page of every group alike
+HOST_POLICIES = ("per-kind", "all-groups")
+UNLIMITED = 1 << 60
+
+
+def host_page_count(host_bytes: int, large_page_bytes: int) -> int:
+    """Large pages a host budget holds (no slack page: the host never carves past its pool)."""
+    if type(host_bytes) is not int or host_bytes < 0:
+        raise InvalidArgumentError(f"host_memory_bytes must be a byte count, got {host_bytes!r}")
+    n = host_bytes // large_page_bytes
+    if n < 1:
+        raise InsufficientMemoryError(f"host_memory_bytes={host_bytes} holds no large page of {large_page_bytes} "
+                                      f"bytes; give at least {large_page_bytes} bytes (or None: no host tier)")
+    return n
+
+
+class HostTier(EvictionListener):
+    """The host tier of one manager (module doc).  ``device``: the device tier's ledger (whose
+    ``alloc``, ``index`` and ``evictor`` it reads); ``policies``: the device groups' policies."""
+
+    def __init__(self, page_bytes: list[int], num_large: int, device: PageLedger, policies: list, *,
+                 policy: str = "per-kind"):
+        if policy not in HOST_POLICIES:
+            raise InvalidArgumentError(f"unknown host_policy {policy!r}; choose one of {list(HOST_POLICIES)}")
+        self.policy = policy
+        self.page_bytes = page_bytes
+        self.alloc = alloc = LargePageAllocator(page_bytes, num_large)
+        self.index = index = PrefixIndex(len(page_bytes))
+        index.track_pages([num_large * k for k in alloc.k])
+        self.evictor = evictor = PrefixEvictor(alloc, index)
+        alloc.evictor = evictor
+        self.ledger = PageLedger(alloc, index, evictor, caching=True)
+        n = len(page_bytes)
+        self._grant = Grant("host", [UNLIMITED] * n, [True] * n)  # free slots of carved pages first
+        self.ledger.grant(self._grant)
+        self.prefix = [zeros(num_large * k) for k in alloc.k]  # per host page: its prefix length
+        self.device = device
+        self.policies = policies
+        self.pending = PendingCopies(page_bytes)
+        self.listening = True
+        self.promotions = self.demotions = self.bytes_promoted = self.bytes_demoted = 0
+        self.hit_tokens = 0  # hit tokens served from host pages (counted at a request's first allocate)
+        self._gains: dict[object, int] = {}  # per looked-up request: tokens its promotions added to the hit
+        self._promoted_by: dict[object, list[tuple[int, int]]] = {}  # (group, device page) per request, until a plan
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def num_large(self) -> int:
+        return self.alloc.num_large
+
+    @property
+    def total_bytes(self) -> int:
+        return self.alloc.num_large * self.alloc.large_bytes
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of host pages holding content (cached or pinned)."""
+        return sum((self.alloc.used_small[g] + len(self.evictor.keys[g])) * b for g, b in enumerate(self.page_bytes))
+
+    def tables(self) -> list[dict[bytes, int]]:
+        """Per group: the host index (read only)."""
+        return self.index.table
+
+    # ------------------------------------------------------------------ hits served
+    def note_hit(self, request_id: object, gain: int) -> None:
+        """The last lookup of ``request_id`` found ``gain`` tokens more than the device alone held."""
+        if gain > 0:
+            self._gains[request_id] = gain
+        else:
+            self._gains.pop(request_id, None)
+
+    def count_hit(self, request_id: object, hit: int) -> None:
+        """The request's hit of ``hit`` tokens is final (its first allocate): count what the host served."""
+        self.hit_tokens += min(hit, self._gains.pop(request_id, 0))
+
+    def forget(self, request_id: object, never_ran: bool) -> None:
+        """The request was freed.  When it ``never_ran`` (freed before its first allocate: an
+        admission that did not fit), the pages its lookup promoted that nobody holds and whose copy
+        has not been handed out yet are evicted again: their pair leaves the plan (no copy for a
+        hit nobody used; the host still has them) and the device gets its pages back."""
+        self._gains.pop(request_id, None)
+        pages = self._promoted_by.pop(request_id, None)
+        if not pages or not never_ran:
+            return
+        dev = self.device
+        dev.settle()
+        promote = self.pending.promote
+        for g, page in pages:
+            if (g, page) in promote and dev.ref[g][page] == 0:
+                dev.evictor.evict_page(g, page)  # ``evicting`` drops the pair and unpins its source
+
+    # ------------------------------------------------------------------ demotion
+    def _can_take(self, alloc: LargePageAllocator, group: int) -> bool:
+        s = alloc.supply()
+        return s.free_small[group] > 0 or s.cached_small[group] > 0 or s.whole_large > 0
+
+    def evicting(self, group: int, pages: list[int]) -> None:
+        """The device evicts ``pages`` of ``group`` (``EvictionListener``): demote what serves hits."""
+        if not self.listening:
+            return
+        dev = self.device
+        dev_keys, now = dev.index.keys[group], dev.now
+        promote, host_table = self.pending.promote, self.index.table[group]
+        keep: list[int] = []
+        fresh: list[int] = []
+        for page in pages:
+            h = promote.pop((group, page), None)
+            if h is not None:  # its copy never ran: the host still has the content
+                self._unpin(group, h, now)
+                continue
+            if dev_keys[page] in host_table:
+                keep.append(page)
+            else:
+                fresh.append(page)
+        key_t, key_n = dev.evictor.key_t[group], dev.evictor.key_n[group]
+        if keep:  # the host copy is refreshed: it was just in use
+            self.ledger.retime_keys(group, [dev_keys[p] for p in keep], [-key_n[p] for p in keep], now)
+        if not fresh:
+            return
+        if self.policy == "per-kind":
+            ids = np.asarray(fresh, dtype=np.int64)
+            ts = dev.evictor.release_times(group, ids, np.asarray([key_t[p] for p in fresh], dtype=np.int64))
+            age = dev.out_of_range_age
+            aged_below = now - age // 2 if age > 0 else -UNLIMITED
+            mask = self.policies[group].demotable(np.asarray(ts, dtype=np.int64), aged_below)
+            fresh = [p for p, m in zip(fresh, mask.tolist(), strict=True) if m]
+        ledger, alloc, demote = self.ledger, self.alloc, self.pending.demote
+        for page in fresh:
+            if not self._can_take(alloc, group):
+                return  # every host page of this group is pinned: the rest are dropped
+            h = ledger.take(group)  # pinned (USED) until the plan is taken: its copy has not run
+            ledger.register(group, h, dev_keys[page])
+            self.prefix[group][h] = -key_n[page]
+            demote[(group, h)] = page
+
+    # ------------------------------------------------------------------ promotion
+    def promote(self, tag: object, wanted: list[tuple[int, int]], held: dict[int, list[int]]) -> int:
+        """Copy the host pages ``wanted`` ((group, host page), in hit order) to fresh device pages
+        registered under their keys; ``held``: per group, the hit's device pages, kept from
+        eviction meanwhile.  Stops at the first group the device cannot give a page (the hit the
+        lookup then finds is shorter).  Returns how many pages were promoted."""
+        dev, ledger = self.device, self.ledger
+        now = dev.now
+        wanted = list(dict.fromkeys(wanted))
+        for g, h in wanted:
+            ledger.hold(g, h)  # pinned: a demotion below cannot take it
+        dev.settle()
+        log = dev.start_log()
+        try:
+            for g, pages in held.items():
+                if pages:
+                    dev.hold_run(g, pages)
+        finally:
+            dev.end_log()
+        n = len(wanted)
+        promoted: list[tuple[int, int, int]] = []
+        key_of = self.index.key_of
+        dev.grant(Grant(tag, [UNLIMITED] * len(self.page_bytes), [False] * len(self.page_bytes)))
+        try:
+            for i, (g, h) in enumerate(wanted):
+                if not self._can_take(dev.alloc, g):
+                    n = i
+                    break
+                page = dev.take(g)
+                ok = dev.register(g, page, key_of[g][h])
+                assert ok, f"group {g}: promoted key already on the device"
+                self.pending.promote[(g, page)] = h
+                promoted.append((g, page, self.prefix[g][h]))
+                self._promoted_by.setdefault(tag, []).append((g, page))
+        finally:
+            dev.grant(None)
+        dev.undo_holds(log)
+        for g, page, prefix in promoted:
+            dev.drop(g, page, now, prefix)
+        for g, h in wanted[n:]:
+            self._unpin(g, h, now)
+        return n
+
+    def _unpin(self, group: int, h: int, now: int) -> None:
+        self.ledger.drop(group, h, now, self.prefix[group][h])
+
+    # ------------------------------------------------------------------ the plan
+    def take_copy_plan(self) -> CopyPlan:
+        """The pending copies; their host sources are unpinned and the counters advance."""
+        self._unpin_all()
+        plan = self.pending.take()
+        self._promoted_by.clear()
+        self.demotions += sum(len(a) for a in plan.demote.values())
+        self.promotions += sum(len(a) for a in plan.promote.values())
+        pb = self.page_bytes
+        self.bytes_demoted += sum(len(a) * pb[g] for g, a in plan.demote.items())
+        self.bytes_promoted += sum(len(a) * pb[g] for g, a in plan.promote.items())
+        return plan
+
+    def _unpin_all(self) -> None:
+        """Every pending copy's host page is let go of (CACHED once no other copy pins it)."""
+        now = self.device.now
+        for (g, _), h in self.pending.promote.items():
+            self._unpin(g, h, now)
+        for (g, h) in self.pending.demote:
+            self._unpin(g, h, now)
+
+    def reset_with(self, device_reset) -> bool:
+        """``KVCacheManager.reset_prefix_cache``: ``device_reset()`` (a reset drops pages, it
+        demotes none), then, when it was done, every host page and pending copy is forgotten."""
+        self.listening = False
+        try:
+            done = device_reset()
+        finally:
+            self.listening = True
+        if done:
+            self.reset()
+        return done
+
+    def reset(self) -> None:
+        """Forget every host page and pending copy (after the device's ``reset_prefix_cache``)."""
+        self._unpin_all()
+        self.pending.take()
+        self._promoted_by.clear()
+        ev = self.evictor
+        while ev.evict_large() is not None:
+            pass
+        for g in range(len(self.page_bytes)):
+            while ev.evict_small(g) is not None:
+                pass
+
+    # ------------------------------------------------------------------ integrity
+    def check(self) -> None:
+        """Recount the host tier: allocator, evictor, pins == pending promotes, every page with
+        content indexed, every pending pair on pages that still hold its key."""
+        alloc, index, ledger = self.alloc, self.index, self.ledger
+        alloc.check_integrity()
+        self.evictor.check()
+        pins: dict[tuple[int, int], int] = {}
+        for (g, d), h in self.pending.promote.items():
+            pins[(g, h)] = pins.get((g, h), 0) + 1
+            assert self.device.index.is_registered(g, d), f"promote target {g}:{d} not indexed on the device"
+            assert self.device.index.key_of[g][d] == index.key_of[g][h], f"promote {g}:{h}->{d} keys differ"
+        for (g, h) in self.pending.demote:
+            assert index.is_registered(g, h), f"demote target {g}:{h} not indexed on the host"
+            pins[(g, h)] = pins.get((g, h), 0) + 1
+        for g, st in enumerate(alloc.state):
+            ref = ledger.ref[g]
+            for page, s in enumerate(st):
+                assert ref[page] == pins.get((g, page), 0), f"host page {g}:{page}: {ref[page]} pins"
+                if s == FREE:
+                    assert not index.is_registered(g, page), f"host page {g}:{page} FREE but indexed"
+                else:
+                    assert s in (USED, CACHED) and index.is_registered(g, page), f"host page {g}:{page} unindexed"
+            for key, page in index.table[g].items():
+                assert index.key_of[g][page] == key, f"host index of group {g} inconsistent at page {page}"

@@ -1,0 +1,45 @@
+"""A lookup with a host tier: the longest hit over both tiers, its host pages promoted first.
+
+``promote_hit`` runs the lookup's own steps (hash what a hit can reach, the fixed point over every
+group, the junction, each policy's ``hit``) through a ``TierView``, where a key in either tier
+counts and host pages come back as ``~page``: joint consistency across groups holds over the two
+tiers together (a hit is only as long as every group finds its pages in some tier).  The host
+pages that hit needs, and the pages of images the request shows (found at allocate, so promoted
+now: ``Policy.side_keys``), are copied to the device (``HostTier.promote``); the lookup that
+follows then finds the whole hit on the device and holds it as usual.  Nothing of the request's
+record changes here.
+"""
+
+from __future__ import annotations
+
+from jenga.core.request import Request
+from jenga.core.tier.host_tier import HostTier
+from jenga.core.tier.tier_view import TierView
+
+
+def promote_hit(lookup, host: HostTier, req: Request, top: int) -> int:
+    """Promote the host pages of ``req``'s longest hit over both tiers (at most ``top`` tokens)
+    for ``lookup`` (a ``PrefixLookup``); records the tokens that adds to the device's own hit
+    with ``host.note_hit``.  Returns how many pages were promoted."""
+    policies, hasher, junction, ledger = lookup.policies, lookup.hasher, lookup.junction, lookup.ledger
+    view = TierView(ledger, host.tables())
+    both = hasher.for_lookup(req, top, view)
+    cand = lookup.fixed_point(req, both, policies, hasher.bound, view)
+    saved_junction = req.junction
+    junction.find(req, both, cand)
+    req.hit = cand
+    for pol, gs in zip(policies, req.groups, strict=True):
+        pol.hit(req, gs, junction.hit_of(pol, req), view)
+    req.groups = [pol.new_state() for pol in policies]
+    req.hit, req.junction = 0, saved_junction
+    wanted, held = view.split()
+    hosted_tables = host.tables()
+    for pol in policies:
+        dev, hosted = ledger.index_table(pol.gi), hosted_tables[pol.gi]
+        wanted += [(pol.gi, hosted[k]) for k in pol.side_keys(req) if k not in dev and k in hosted]
+    if not wanted:
+        host.note_hit(req.request_id, 0)
+        return 0
+    device_only = lookup.fixed_point(req, hasher.for_lookup(req, top, ledger), policies, hasher.bound)
+    host.note_hit(req.request_id, cand - device_only)
+    return host.promote(req.request_id, wanted, held)
