@@ -126,3 +126,18 @@ def test_uniform_layout_state_blocks_equal_stock(runs):
     assert sched.jenga.stats().prefix_hit_tokens >= 6 * 96
     assert sched.jenga.used_bytes == 0
     sched.jenga.check_integrity()
+
+
+def test_no_state_below_the_hybrid_block(runs):
+    """Why the side-by-side hybrid row (prompts shorter than one block) gets no hit on either
+    engine (README, the hybrid row): vLLM hashes at its Mamba block, so its scheduler takes no
+    fine-grained hits and ends no prefill step below the block, and jenga's state checkpoints
+    sit on the same block."""
+    if runs["family"] != "qwen3_next":
+        pytest.skip("run on Qwen3-Next")
+    sched, block = runs["ample"], FAMILIES["qwen3_next"][3]
+    mamba = [g.kv_cache_spec.block_size for g in sched.kv_cache_config.kv_cache_groups
+             if hasattr(g.kv_cache_spec, "mamba_cache_mode")]
+    assert mamba == [block] and sched.cache_config.block_size == block
+    assert sched.hash_block_size == block and not sched.mamba_partial_cache_hit
+    assert sched.jenga.block == block
