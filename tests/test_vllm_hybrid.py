@@ -20,6 +20,8 @@ under pressure is asserted on Falcon-H1 (fp32)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from vllm_support import (
     check_ample,
@@ -141,3 +143,20 @@ def test_no_state_below_the_hybrid_block(runs):
     assert mamba == [block] and sched.cache_config.block_size == block
     assert sched.hash_block_size == block and not sched.mamba_partial_cache_hit
     assert sched.jenga.block == block
+
+
+def test_sub_block_hits_lost_is_named_at_start():
+    """A hash block finer than the align-mode Mamba block (``prefix_match_unit``) gets the start-up
+    warning (stock takes sub-block state hits there, jenga does not: the ``hybrid32`` bench row);
+    vLLM's default hash block (the Mamba block) and prefix caching off get none."""
+    import torch
+    from vllm.v1 import kv_cache_interface as kvi
+
+    from jenga.vllm.scheduler import sub_block_hits_lost
+
+    attn = kvi.FullAttentionSpec(block_size=96, num_kv_heads=1, head_size=8, dtype=torch.bfloat16)
+    state = kvi.MambaSpec(block_size=96, shapes=((4,),), dtypes=(torch.bfloat16,), mamba_cache_mode="align")
+    cfg = SimpleNamespace(kv_cache_groups=[kvi.KVCacheGroupSpec(["a"], attn), kvi.KVCacheGroupSpec(["m"], state)])
+    assert "prefix_match_unit=32 is finer than the Mamba block [96]" in sub_block_hits_lost(cfg, 32, True)
+    assert sub_block_hits_lost(cfg, 96, True) is None
+    assert sub_block_hits_lost(cfg, 32, False) is None
