@@ -2,7 +2,7 @@
 
 Needs the ``jenga[vllm]`` extra (``make test`` installs it into ``.venv``); runs on CPU:
 
-    .venv/bin/python benchmarks/vllm_side_by_side.py [--rows articles,hybrid,chat,control] [--quick]
+    .venv/bin/python benchmarks/vllm_side_by_side.py [--rows articles,hybrid,hybrid32,chat,control] [--quick]
 
 Workloads (tiny random-weight models, greedy, 16 new tokens per request).  Requests come in
 rounds: a round starts once the previous one is done, so what a round finds cached is what
@@ -13,6 +13,7 @@ the previous rounds left under pressure.
   the article).  Budgets from about two articles' worth of vLLM's blocks to all six;
 * ``hybrid`` (b): Qwen3-Next (3 Gated DeltaNet : 1 attention, bf16; vLLM makes its hybrid
   block 96 tokens), short prompts (a 64-token system prompt and a question) below one block;
+  ``hybrid32``: the same with ``prefix_match_unit=32`` on both engines (vLLM's sub-block hits);
 * ``chat`` (c): Gemma-3 text, six conversations growing by one turn per round (the previous
   prompt, its answer and a new message);
 * ``control`` (d): Llama (every layer full attention), the articles workload at the tightest
@@ -165,6 +166,8 @@ def rows(quick: bool) -> dict:
     return {
         "articles": ("gemma3", {}, art, budgets[:2] + budgets[-1:] if quick else budgets),
         "hybrid": ("qwen3_next", qwen, lambda: short_prompts(1, 4, 8), [36]),
+        # the same with vLLM's sub-block prefix hits on (a 32-token hash block below the 96-token one)
+        "hybrid32": ("qwen3_next", {**qwen, "prefix_match_unit": 32}, lambda: short_prompts(1, 4, 8), [36]),
         "chat": ("gemma3", {}, lambda: Chat(2, n, 5).rounds(), [3 * per_article]),
         "control": ("llama", {}, art, [2 * 14]),  # two articles' worth (one group of both layers)
     }
@@ -190,7 +193,7 @@ def ratio(a: float, b: float) -> str:
 
 def main(argv=None) -> list:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", default="articles,hybrid,chat,control", help="comma-separated rows to run")
+    ap.add_argument("--rows", default="articles,hybrid,hybrid32,chat,control", help="comma-separated rows to run")
     ap.add_argument("--blocks", type=int, default=None, help="one budget (vLLM blocks) for every row instead")
     ap.add_argument("--quick", action="store_true", help="four articles / chats, three budgets (a smoke run)")
     ap.add_argument("--chunk", type=int, default=128, help="max_num_batched_tokens, both engines (0: vLLM's)")

@@ -20,6 +20,8 @@ under pressure is asserted on Falcon-H1 (fp32)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 from vllm_support import (
     check_ample,
@@ -126,3 +128,35 @@ def test_uniform_layout_state_blocks_equal_stock(runs):
     assert sched.jenga.stats().prefix_hit_tokens >= 6 * 96
     assert sched.jenga.used_bytes == 0
     sched.jenga.check_integrity()
+
+
+def test_no_state_below_the_hybrid_block(runs):
+    """Why the side-by-side hybrid row (prompts shorter than one block) gets no hit on either
+    engine (README, the hybrid row): vLLM hashes at its Mamba block, so its scheduler takes no
+    fine-grained hits and ends no prefill step below the block, and jenga's state checkpoints
+    sit on the same block."""
+    if runs["family"] != "qwen3_next":
+        pytest.skip("run on Qwen3-Next")
+    sched, block = runs["ample"], FAMILIES["qwen3_next"][3]
+    mamba = [g.kv_cache_spec.block_size for g in sched.kv_cache_config.kv_cache_groups
+             if hasattr(g.kv_cache_spec, "mamba_cache_mode")]
+    assert mamba == [block] and sched.cache_config.block_size == block
+    assert sched.hash_block_size == block and not sched.mamba_partial_cache_hit
+    assert sched.jenga.block == block
+
+
+def test_sub_block_hits_lost_is_named_at_start():
+    """A hash block finer than the align-mode Mamba block (``prefix_match_unit``) gets the start-up
+    warning (stock takes sub-block state hits there, jenga does not: the ``hybrid32`` bench row);
+    vLLM's default hash block (the Mamba block) and prefix caching off get none."""
+    import torch
+    from vllm.v1 import kv_cache_interface as kvi
+
+    from jenga.vllm.scheduler import sub_block_hits_lost
+
+    attn = kvi.FullAttentionSpec(block_size=96, num_kv_heads=1, head_size=8, dtype=torch.bfloat16)
+    state = kvi.MambaSpec(block_size=96, shapes=((4,),), dtypes=(torch.bfloat16,), mamba_cache_mode="align")
+    cfg = SimpleNamespace(kv_cache_groups=[kvi.KVCacheGroupSpec(["a"], attn), kvi.KVCacheGroupSpec(["m"], state)])
+    assert "prefix_match_unit=32 is finer than the Mamba block [96]" in sub_block_hits_lost(cfg, 32, True)
+    assert sub_block_hits_lost(cfg, 96, True) is None
+    assert sub_block_hits_lost(cfg, 32, False) is None

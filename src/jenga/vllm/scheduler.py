@@ -9,6 +9,7 @@ vLLM features jenga does not cover are refused here, at engine start, by name.
 from __future__ import annotations
 
 from vllm.logger import init_logger
+from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -85,6 +86,19 @@ def check_max_model_len_fits(mgr, max_model_len: int) -> None:
             f"{longest} tokens fit); give the KV cache more memory or lower max_model_len")
 
 
+def sub_block_hits_lost(kv_cache_config, hash_block_size: int, enable_caching: bool) -> str | None:
+    """Why jenga takes fewer prefix hits than stock vLLM here, or None: with a hash block finer
+    than an align-mode Mamba block (``prefix_match_unit``), stock vLLM resumes states inside
+    the block by copy-on-write; jenga's state checkpoints sit on whole blocks only (README,
+    the Mamba-hybrid side-by-side rows)."""
+    if not (enable_caching and partial_hash_hits_enabled(kv_cache_config.kv_cache_groups, hash_block_size)):
+        return None
+    blocks = sorted({g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups
+                     if getattr(g.kv_cache_spec, "mamba_cache_mode", None) == "align"})
+    return (f"jenga.vllm: prefix_match_unit={hash_block_size} is finer than the Mamba block {blocks}; stock vLLM "
+            "takes sub-block state hits there (copy-on-write), jenga only whole-block ones: expect fewer hits")
+
+
 class JengaScheduler(Scheduler):
     """vLLM's ``Scheduler`` whose ``kv_cache_manager`` is a jenga adapter."""
 
@@ -110,6 +124,9 @@ class JengaScheduler(Scheduler):
             hash_block_size=self.hash_block_size)
         check_max_model_len_fits(self.kv_cache_manager.manager, self.max_model_len)
         logger.info("%s", startup_line(self.kv_cache_manager.manager))
+        lost = sub_block_hits_lost(kv_cache_config, self.hash_block_size, self.cache_config.enable_prefix_caching)
+        if lost:
+            logger.warning("%s", lost)
         # jenga's gauges on vLLM's /metrics (jenga.vllm.metrics), refreshed with vLLM's own stats
         self.snapshots = Snapshots() if self.log_stats else None
         if self.snapshots is not None:
