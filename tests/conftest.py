@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 
 from jenga.core.manager.manager import KVCacheManager
@@ -141,10 +142,8 @@ def snapshot(mgr: KVCacheManager) -> dict:
             lookahead=r.num_lookahead, hit=r.hit, pins=sorted(r.pins, key=repr),
             # block hashes are a lazily filled cache of (tokens, salt, images): compare those
             salt=r.salt_root, images=r.images,
-            groups=[dict(pages=list(gs.pages), registered=gs.registered, released=gs.released,
-                         image_pages=copy.deepcopy(gs.image_pages), pending=dict(gs.pending),
-                         to_fill=set(gs.to_fill), initialized=gs.initialized, work=gs.work, read=gs.read,
-                         read_pos=gs.read_pos, checkpoints=dict(gs.checkpoints))
+            # each kind's record has its own fields (``Policy.new_state``): all of them but the table
+            groups=[{f.name: copy.deepcopy(getattr(gs, f.name)) for f in dataclasses.fields(gs) if f.name != "table"}
                     for gs in r.groups],
             tables=None if r.tables is None else (r.tables.num_computed, r.tables.num_new, r.tables.num_lookahead),
         )

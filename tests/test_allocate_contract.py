@@ -36,7 +36,9 @@ def spec_of(name: str) -> ModelSpec:
 
 
 def snapshot(mgr) -> tuple:
-    tables = {rid: (r.num_computed, [list(gs.pages) for gs in r.groups]) for rid, r in mgr.requests.items()}
+    # token groups' pages (each kind's record has its own fields: ``Policy.new_state``)
+    tables = {rid: (r.num_computed, [list(getattr(gs, "pages", ())) for gs in r.groups])
+              for rid, r in mgr.requests.items()}
     return mgr.stats(), mgr.alloc.supply(), len(mgr.index), tables
 
 

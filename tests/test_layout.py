@@ -106,8 +106,10 @@ def test_views_write_read_dense_equal_and_disjoint():
     ranges = []
     for req in mgr.requests.values():
         for gi, gs in enumerate(req.groups):
-            held = [p for p in gs.pages if p is not None] + [p for p in (gs.work,) if p is not None]
-            held += list(gs.checkpoints.values())
+            # each kind's record has its own fields: token pages, or a state's work page and checkpoints
+            held = [p for p in getattr(gs, "pages", ()) if p is not None]
+            held += [p for p in (getattr(gs, "work", None),) if p is not None]
+            held += list(getattr(gs, "checkpoints", {}).values())
             ranges += [lay.byte_range(gi, p) for p in held]
     ranges.sort()
     assert ranges, "no pages held"

@@ -60,7 +60,7 @@ def test_register_many_equals_one_at_a_time(seed):
 
 @pytest.mark.parametrize("seed", range(30))
 def test_count_and_uncount_of_a_long_run_equal_one_at_a_time(seed):
-    """``count_uses`` / ``uncount_uses`` of runs past ``BULK`` (numpy) end as ``count_use`` /
+    """``count_use_many`` / ``uncount_use_many`` of runs past ``BULK`` (numpy) end as ``count_use`` /
     ``uncount_use`` page by page: per-page counts, never below 0, and ``uses`` untouched (it
     holds the keys no longer registered only)."""
     rng = random.Random(seed)
@@ -81,23 +81,23 @@ def test_count_and_uncount_of_a_long_run_equal_one_at_a_time(seed):
     for _ in range(12):
         if held and rng.random() < 0.4:
             run = held.pop(rng.randrange(len(held)))
-            bulk.uncount_uses(0, run)
+            bulk.uncount_use_many(0, run)
             for page in run:
                 single.uncount_use(0, page)
         else:
             run = rng.sample(pages, rng.randrange(65, 200))
             held.append(run)
-            bulk.count_uses(0, run)
+            bulk.count_use_many(0, run)
             for page in run:
                 single.count_use(0, page)
         assert _state(bulk) == _state(single)
     for run in held:  # every hold taken back: counts down to 0 and below
-        bulk.uncount_uses(0, run)
+        bulk.uncount_use_many(0, run)
         for page in run:
             single.uncount_use(0, page)
         assert _state(bulk) == _state(single)
     extra = rng.sample(pages, 100)  # uncounted below zero: page count 0, not counted
-    bulk.uncount_uses(0, extra)
+    bulk.uncount_use_many(0, extra)
     for page in extra:
         single.uncount_use(0, page)
     assert _state(bulk) == _state(single)

@@ -57,11 +57,8 @@ def workload_kv_bytes(spec, work: Workload) -> int:
     for p in work.prompts:
         n = len(p) + work.output_len
         for g in spec.groups:
-            keep = n
-            if getattr(g.spec, "window", None):
-                keep = min(n, g.spec.window)
-            elif getattr(g.spec, "chunk", None):
-                keep = min(n, g.spec.chunk)
+            window, chunk = g.spec.span()
+            keep = min(n, window or chunk or n)
             total += keep * g.spec.bytes_per_token() * g.num_layers + (g.useful_page_bytes if not g.spec.per_token
                                                                        else 0)  # one running state
     return total

@@ -11,25 +11,13 @@ Cross-checked against real allocations in ``tests/test_capacity.py``.
 
 from __future__ import annotations
 
-from math import lcm
-
-from jenga.core.policy.registry import FullPolicy, MambaPolicy, cdiv
+from jenga.core.policy.registry import cdiv
 
 
 def pages_for_context(mgr, length: int) -> list[int]:
     """Small pages each group of ``mgr`` holds for one request of ``length`` tokens that is
-    about to compute its next token."""
-    out = []
-    for pol in mgr.policies:
-        if isinstance(pol, FullPolicy):
-            hi = length // pol.tpp  # page of the next token
-            lo = pol.keep_from(length) // pol.tpp
-            out.append(hi - lo + 1)
-        elif isinstance(pol, MambaPolicy):
-            out.append(1)
-        else:
-            out.append(0)  # image kinds: no images in a text-only request
-    return out
+    about to compute its next token (``Policy.context_pages``)."""
+    return [pol.context_pages(length) for pol in mgr.policies]
 
 
 def peak_pages(mgr, length: int) -> list[int]:
@@ -40,20 +28,8 @@ def peak_pages(mgr, length: int) -> list[int]:
     sliding group, ``lcm(chunk, page)`` for a chunked one), so the last ``P`` lengths hold the
     peak; within one chunk the count only grows, so a chunked group's peak is at ``length`` or
     a chunk's last token.  Summed over groups whose peaks may fall on different lengths, this
-    is an upper bound on what one step holds (exact for one windowed kind)."""
-    out = pages_for_context(mgr, length)
-    for gi, pol in enumerate(mgr.policies):
-        if not isinstance(pol, FullPolicy) or type(pol).first_needed is FullPolicy.first_needed:
-            continue
-        tpp = pol.tpp
-        chunk = getattr(pol.group.spec, "chunk", None)
-        if chunk:
-            cands = range(length - length % chunk - 1, max(-1, length - lcm(chunk, tpp)), -chunk)
-        else:
-            cands = range(max(0, length - tpp + 1), length)
-        for n in cands:
-            out[gi] = max(out[gi], n // tpp - pol.keep_from(n) // tpp + 1)
-    return out
+    is an upper bound on what one step holds (exact for one windowed kind; ``Policy.peak_pages``)."""
+    return [pol.peak_pages(length) for pol in mgr.policies]
 
 
 def fits(mgr, pages: list[int]) -> bool:

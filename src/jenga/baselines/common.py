@@ -1,15 +1,40 @@
-"""What baselines share: measuring waste against the real model's needs."""
+"""What baselines share: measuring waste against the real model's needs.
+
+A baseline keeps more than the model reads (every token of a sliding layer, a padded state) or
+pads more; its waste is the bytes it holds minus what the *real* model needs.  The real model's
+record of a request is built per spec type (``TRUE_RECORD``): token kinds hold the tokens their
+policy says the next step reads (the rest of the computed tokens are stale), a state kind one
+state once started, cross attention every image once started; vision embeddings are outside
+the KV pool in these baselines.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from jenga.core.manager.manager import KVCacheManager
 from jenga.core.pagesize import with_base_page
-from jenga.core.policy.registry import FullPolicy, Policy, policy_for
-from jenga.core.request import GroupState, Request
-from jenga.core.specs import CrossAttentionSpec, MambaSpec, ModelSpec, VisionEmbeddingSpec
+from jenga.core.policy.registry import Policy, policy_for
+from jenga.core.request import CheckpointState, GroupState, ImageState, Request, TokenState
+from jenga.core.specs import AttentionSpec, CrossAttentionSpec, MambaSpec, ModelSpec, VisionEmbeddingSpec
+
+#: spec type -> (the real model's record of a request, started or not; whether the group keeps
+#: tokens, so computed tokens it does not need are stale), or None: not in the KV pool here
+TRUE_RECORD: dict[type, tuple[Callable[[Request, bool], GroupState], bool] | None] = {
+    AttentionSpec: (lambda req, started: TokenState(), True),
+    CrossAttentionSpec: (lambda req, started: ImageState(
+        image_pages={j: [] for j in range(len(req.images))} if started else {}), False),
+    MambaSpec: (lambda req, started: CheckpointState(work=0 if started else None), False),
+    VisionEmbeddingSpec: None,
+}
 
 
-class TrueNeedsMixin(KVCacheManager):
+def true_record(spec: object) -> tuple[Callable[[Request, bool], GroupState], bool] | None:
+    """``TRUE_RECORD``'s entry for the spec's type (its nearest registered base)."""
+    return next(TRUE_RECORD[cls] for cls in type(spec).__mro__ if cls in TRUE_RECORD)
+
+
+class TrueNeedsManager(KVCacheManager):
     """Waste of a baseline = bytes it holds - bytes the *real* model needs (every
     baseline keeps more, or pads more, than the model reads)."""
     default_eviction = "lru"  # the systems these baselines stand for evict LRU
@@ -18,22 +43,19 @@ class TrueNeedsMixin(KVCacheManager):
         self.true_model = with_base_page(model, tokens_per_page)
         self.true_policies: list[Policy] = [policy_for(i, g, tokens_per_page)
                                             for i, g in enumerate(self.true_model.groups)]
+        self.true_records = [true_record(pol.group.spec) for pol in self.true_policies]
 
     def request_accounting(self, req: Request) -> tuple[int, int, int, int]:
         held, _, _, padding = super().request_accounting(req)
         needed = stale = 0
         started = req.tables is not None
-        for pol in self.true_policies:
-            spec = pol.group.spec
-            gs = GroupState()
-            if isinstance(spec, VisionEmbeddingSpec):
+        for pol, record in zip(self.true_policies, self.true_records, strict=True):
+            if record is None:
                 continue  # outside the KV pool in these baselines
-            if isinstance(spec, MambaSpec):
-                gs.work = 0 if started else None
-            elif isinstance(spec, CrossAttentionSpec):
-                gs.image_pages = {j: [] for j in range(len(req.images))} if started else {}
+            make, keeps_tokens = record
+            gs = make(req, started)
             needed += pol.needed_bytes(req, gs)
-            if isinstance(pol, FullPolicy):
+            if keeps_tokens:
                 stale += (req.num_computed - pol.needed_tokens(req, gs)) * pol.token_bytes
         stale = min(stale, max(0, held - needed - padding))
         return held, needed, stale, padding

@@ -14,7 +14,7 @@ out-of-window tokens held by sliding layers show up as waste.
 
 from __future__ import annotations
 
-from jenga.baselines.common import TrueNeedsMixin
+from jenga.baselines.common import TrueNeedsManager
 from jenga.core.specs import (
     AttentionSpec,
     CrossAttentionSpec,
@@ -57,7 +57,7 @@ def paged_model(model: ModelSpec, block: int) -> ModelSpec:
     return ModelSpec(f"{model.name}[paged]", tuple(groups), model.max_model_len, model.num_layers, model.hf_config)
 
 
-class PagedManager(TrueNeedsMixin):
+class PagedManager(TrueNeedsManager):
     """PagedAttention v0 ("max page") behind the ``KVCacheManager`` API."""
 
     name = "paged"

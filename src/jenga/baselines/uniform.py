@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from jenga.baselines.common import TrueNeedsMixin
+from jenga.baselines.common import TrueNeedsManager
 from jenga.core.alloc.page_states import Supply
 from jenga.core.manager.admission import Admission
 from jenga.core.policy.registry import (
@@ -240,7 +240,7 @@ class UniformAdmission(Admission):
         return self.quota_for(need, Supply(sup.free_small, sup.cached_small, sup.whole_large + credit))
 
 
-class UniformManager(TrueNeedsMixin):
+class UniformManager(TrueNeedsManager):
     """vLLM v1's hybrid allocator behind the ``KVCacheManager`` API."""
 
     name = "uniform"

@@ -1,4 +1,5 @@
-"""Per-request records the manager keeps (hot: slots dataclasses)."""
+"""Per-request records the manager keeps (hot: slots dataclasses): the request, and one state
+per group of the kind its policy makes."""
 
 from __future__ import annotations
 
@@ -11,23 +12,46 @@ from jenga.core.tables import GroupTable, PageTables
 
 @dataclass(slots=True)
 class GroupState:
-    """One request's pages in one group.  Which fields matter depends on the kind."""
+    """One request's pages in one group.  Each kind's policy makes its own subclass
+    (``Policy.new_state``): only the fields that kind uses."""
 
-    # token kinds: pages[i] holds the group's logical page i; None = released / not held
-    pages: list[int | None] = field(default_factory=list)
+    table: GroupTable | None = None  # what ``allocate`` returns for the group (made at the first one)
+
+    def token_pages(self) -> list[int | None]:
+        """Held pages by logical page: a token kind's; other kinds hold none by position ([])."""
+        return []
+
+
+@dataclass(slots=True)
+class TokenState(GroupState):
+    """Token kinds (full, sliding, chunked): pages[i] holds the group's logical page i."""
+
+    pages: list[int | None] = field(default_factory=list)  # None = released / not held
     registered: int = 0  # pages [0, registered) were offered to the prefix index
     released: int = 0  # pages [0, released) are None
-    # image kinds: image index -> its pages; images waiting for pages in this allocate
+
+    def token_pages(self) -> list[int | None]:
+        return self.pages
+
+
+@dataclass(slots=True)
+class ImageState(GroupState):
+    """Image kinds: image index -> its pages; images waiting for pages in this allocate."""
+
     image_pages: dict[int, list[int]] = field(default_factory=dict)
     pending: dict[int, list[int] | None] = field(default_factory=dict)
     to_fill: set[int] = field(default_factory=set)
     initialized: bool = False
-    # state kinds
+
+
+@dataclass(slots=True)
+class CheckpointState(GroupState):
+    """State kinds: the running state's work page, the page it is read from, checkpoints by position."""
+
     work: int | None = None
     read: int | None = None
     read_pos: int = 0
     checkpoints: dict[int, int] = field(default_factory=dict)
-    table: GroupTable | None = None
 
 
 @dataclass(slots=True)
@@ -119,5 +143,6 @@ class RequestView:
         return self._req.tables
 
     def page_ids(self, group: int) -> list[int | None]:
-        """A token group's held pages by logical page (before the first allocate: the hit's)."""
-        return self._req.groups[group].pages
+        """A token group's held pages by logical page (before the first allocate: the hit's); []
+        for other kinds."""
+        return self._req.groups[group].token_pages()

@@ -52,6 +52,15 @@ class CacheSpec:
         """Bytes one layer keeps per cached token (0 for state kinds)."""
         raise NotImplementedError
 
+    def span(self) -> tuple[int | None, int | None]:
+        """(window, chunk): the tokens a sliding layer reads back, the chunk a chunked layer
+        attends within; ``None`` where the kind has none."""
+        return None, None
+
+    def kv_heads(self) -> tuple[int | None, int | None]:
+        """(K/V heads, head dim) of an attention kind; ``(None, None)`` for other kinds."""
+        return None, None
+
 
 @dataclass(frozen=True)
 class AttentionSpec(CacheSpec):
@@ -59,6 +68,9 @@ class AttentionSpec(CacheSpec):
 
     num_kv_heads: int = 8
     head_dim: int = 128
+
+    def kv_heads(self) -> tuple[int | None, int | None]:
+        return self.num_kv_heads, self.head_dim
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -103,6 +115,9 @@ class SlidingWindowSpec(AttentionSpec):
     window: int = 4096
     kind = "sliding"
 
+    def span(self) -> tuple[int | None, int | None]:
+        return self.window, None
+
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.window <= 0:
@@ -115,6 +130,9 @@ class ChunkedLocalSpec(AttentionSpec):
 
     chunk: int = 8192
     kind = "chunked"
+
+    def span(self) -> tuple[int | None, int | None]:
+        return None, self.chunk
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -67,8 +67,8 @@ class ModelRunner:
         for layer, info in enumerate(attn):
             if info is not None and self.kv_views[layer] is None:
                 raise ValueError(f"layer {layer} attends but no cache group of {manager.model.name} holds it")
-        self.windows = [getattr(g.spec, "window", None) for g in self.groups]
-        self.chunks = [getattr(g.spec, "chunk", None) for g in self.groups]
+        self.windows = [g.spec.span()[0] for g in self.groups]
+        self.chunks = [g.spec.span()[1] for g in self.groups]
         self.backend = SplitAttentionBackend()
         self.last_forward_s = 0.0  # wall time of the last model forward (without metadata)
         self.item_first: dict[int, int] = {}  # plan item -> flattened row of its first token (last prepare)
@@ -83,10 +83,11 @@ class ModelRunner:
         spec = group.spec
         if info is None:
             raise ValueError(f"layer {layer} has no attention but cache group {group.name!r} keeps its K/V")
-        if getattr(spec, "num_kv_heads", None) != info.num_kv_heads or getattr(spec, "head_dim", None) != info.head_dim:
+        heads, head_dim = spec.kv_heads()
+        if heads != info.num_kv_heads or head_dim != info.head_dim:
             raise ValueError(f"layer {layer}: model has {info.num_kv_heads}x{info.head_dim} KV heads but cache group "
-                             f"{group.name!r} has {getattr(spec, 'num_kv_heads', None)}x{getattr(spec, 'head_dim', None)}")
-        window, chunk = getattr(spec, "window", None), getattr(spec, "chunk", None)
+                             f"{group.name!r} has {heads}x{head_dim}")
+        window, chunk = spec.span()
         if (window is not None and window != info.window) or (chunk is not None and chunk != info.chunk):
             raise ValueError(f"layer {layer}: model attends with window={info.window} chunk={info.chunk} but cache "
                              f"group {group.name!r} keeps window={window} chunk={chunk}")

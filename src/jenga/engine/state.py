@@ -136,8 +136,6 @@ class StateBindings:
     """Which layers of model ``own`` keep state in which group of ``manager``, and their state views."""
 
     def __init__(self, model, manager, n_layers: int, own: str | None = None):
-        from jenga.core.specs import MambaSpec
-
         shapes = model.layer_states() if hasattr(model, "layer_states") else [None] * n_layers
         layout = manager.layout
         self.n_layers = n_layers
@@ -145,8 +143,8 @@ class StateBindings:
         self.layers: dict[int, list[int]] = {}
         self.views: list[list[Tensor] | None] = [None] * n_layers
         for gi, g in enumerate(manager.model.groups):
-            if not isinstance(g.spec, MambaSpec) or (own is not None and g.spec.model != own):
-                continue  # not a state group, or another model's (draft + target pool)
+            if g.spec.per_token or (own is not None and g.spec.model != own):
+                continue  # not a state group (its cache grows with tokens), or another model's (draft + target)
             self.groups[gi] = g.num_layers
             self.layers[gi] = list(g.layers)
             for j, layer in enumerate(g.layers):

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jenga.core.specs import (
+    AttentionSpec,
     CacheSpec,
     ChunkedLocalSpec,
     CrossAttentionSpec,
@@ -48,13 +49,16 @@ class Options:
 def _attention(c: Attention, o: Options) -> list[tuple[str, CacheSpec]]:
     dims = dict(model=o.name, dtype=o.dtype, head_dim=c.head_dim,
                 num_kv_heads=split_or_replicate(c.num_kv_heads, o.tp, "num_key_value_heads"))
-    if c.kind == "sliding":
-        return [("sliding", SlidingWindowSpec(window=c.span, **dims))]
-    if c.kind == "chunked":
-        return [("chunked", ChunkedLocalSpec(chunk=c.span, **dims))]
-    if c.kind == "cross":
-        return [("cross", CrossAttentionSpec(**dims))]
-    return [("full", FullAttentionSpec(**dims))]
+    return [(c.kind, _ATTENTION[c.kind](c.span, dims))]
+
+
+#: attention kind -> its spec from the layer's span (window / chunk) and K/V dimensions
+_ATTENTION = {
+    "full": lambda span, dims: FullAttentionSpec(**dims),
+    "sliding": lambda span, dims: SlidingWindowSpec(window=span, **dims),
+    "chunked": lambda span, dims: ChunkedLocalSpec(chunk=span, **dims),
+    "cross": lambda span, dims: CrossAttentionSpec(**dims),
+}
 
 
 def _latent(c: Latent, o: Options) -> list[tuple[str, CacheSpec]]:
@@ -89,18 +93,19 @@ def entries(facts: ModelFacts, o: Options) -> list[Entry]:
     return out
 
 
+#: spec type -> what tells two groups of one kind apart in their names (the nearest base's entry)
+_SUFFIX = {
+    AttentionSpec: lambda s: f"{s.num_kv_heads}x{s.head_dim}",
+    SlidingWindowSpec: lambda s: str(s.window),
+    ChunkedLocalSpec: lambda s: str(s.chunk),
+    LatentAttentionSpec: lambda s: f"latent{s.latent_dim}",
+    MambaSpec: lambda s: str(s.state_bytes()),
+    VisionEmbeddingSpec: lambda s: str(s.hidden_size),
+}
+
+
 def _suffix(spec: CacheSpec) -> str:
-    if isinstance(spec, SlidingWindowSpec):
-        return str(spec.window)
-    if isinstance(spec, ChunkedLocalSpec):
-        return str(spec.chunk)
-    if isinstance(spec, MambaSpec):
-        return str(spec.state_bytes())
-    if isinstance(spec, VisionEmbeddingSpec):
-        return str(spec.hidden_size)
-    if isinstance(spec, LatentAttentionSpec):
-        return f"latent{spec.latent_dim}"
-    return f"{spec.num_kv_heads}x{spec.head_dim}"  # type: ignore[attr-defined]
+    return next(_SUFFIX[cls] for cls in type(spec).__mro__ if cls in _SUFFIX)(spec)
 
 
 def group_entries(items: list[Entry], tokens_per_page: int) -> tuple[LayerGroup, ...]:

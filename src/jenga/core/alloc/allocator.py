@@ -12,6 +12,13 @@ groups while serving.
 Large pages with no USED page but at least one CACHED page are *fully evictable* (the
 set ``E``).  Their free slots are hidden from steps 1 and 4 so that the feasibility
 check can count each of them as one whole large page (see ``supply``).
+
+Naming rule for page moves, here and in the evictor, the index and the ledger: ``verb(group,
+page)`` moves one page; ``verb_many(group, pages)`` moves any pages of one group with the same
+other arguments (a list, or an int array where numpy pays; the method picks its path);
+``verb_run(group, ...)`` moves a *run*, one request's consecutive logical pages released or held
+together, given as flat parallel sequences (ids and per-page key parts) or a slice of its page
+list.  No other suffix; a private ``_verb_bulk`` / ``_verb_loop`` is one path of ``verb_many``.
 """
 
 from __future__ import annotations
@@ -317,7 +324,7 @@ class LargePageAllocator(EvictableSet, RunMoves):
             self.num_e += len(pages)
             self.e_count[group] += len(pages)
             if self.evictor is not None:
-                self.evictor.on_larges_evictable(group, pages)
+                self.evictor.on_evictable_many(group, pages)
             return
         emptied = []
         for page in pages:
@@ -381,7 +388,7 @@ class LargePageAllocator(EvictableSet, RunMoves):
     def evict_whole(self, large: int) -> None:
         """Every CACHED page of fully evictable ``large`` -> FREE at once; the large page
         returns to the pool (the evictor has dropped their keys and index entries)."""
-        self.evict_whole_each(self.group_of[large], [large])
+        self.evict_whole_many(self.group_of[large], [large])
 
     def _add_free_slot(self, group: int, large: int, slot: int) -> None:
         slots = self._slots[group].get(large)

@@ -48,7 +48,7 @@ class EvictableSet:
             self.free_small[group] -= len(slots)
             self.hidden_free[group] += len(slots)
         if self.evictor is not None:
-            self.evictor.on_large_evictable(large)
+            self.evictor.on_evictable(large)
 
     def _enter_e_many(self, group: int, larges: list[int]) -> None:
         """``_enter_e`` for large pages of ``group`` that have no USED page left."""
@@ -66,7 +66,7 @@ class EvictableSet:
             self.e_count[group] += len(larges)
             self.cached_small[group] -= len(larges)
             if self.evictor is not None:
-                self.evictor.on_larges_evictable(group, larges)
+                self.evictor.on_evictable_many(group, larges)
             return
         entered = []
         cached = hidden_slots = 0
@@ -98,7 +98,7 @@ class EvictableSet:
         self.free_small[group] -= hidden_slots
         self.hidden_free[group] += hidden_slots
         if self.evictor is not None and len(entered):
-            self.evictor.on_larges_evictable(group, entered)
+            self.evictor.on_evictable_many(group, entered)
 
     def _leave_e(self, large: int) -> None:
         if not self.in_e[large]:
@@ -114,7 +114,7 @@ class EvictableSet:
             self.free_small[group] += len(slots)
             self.hidden_free[group] -= len(slots)
         if self.evictor is not None:
-            self.evictor.on_large_unevictable(large)
+            self.evictor.on_unevictable(large)
 
     def _left_e(self, group: int, larges: list[int]) -> None:
         """``_leave_e`` for large pages of ``group`` whose E flag was just cleared."""
@@ -132,4 +132,4 @@ class EvictableSet:
         self.free_small[group] += shown
         self.hidden_free[group] -= shown
         if self.evictor is not None:
-            self.evictor.on_larges_unevictable(larges, group)
+            self.evictor.on_unevictable_many(group, larges)

@@ -36,21 +36,21 @@ class EvictionSource(ABC):
         """
 
     @abstractmethod
-    def on_large_evictable(self, large: int) -> None:
+    def on_evictable(self, large: int) -> None:
         """``large`` entered ``E``."""
 
-    def on_larges_evictable(self, group: int, larges: list[int]) -> None:
+    def on_evictable_many(self, group: int, larges: list[int]) -> None:
         """Each of ``larges`` (of ``group``) entered ``E``."""
         for large in larges:
-            self.on_large_evictable(large)
+            self.on_evictable(large)
 
-    def on_larges_unevictable(self, larges: list[int], group: int) -> None:
+    def on_unevictable_many(self, group: int, larges: list[int]) -> None:
         """Each of ``larges`` (of ``group``) left ``E``."""
         for large in larges:
-            self.on_large_unevictable(large)
+            self.on_unevictable(large)
 
     @abstractmethod
-    def on_large_unevictable(self, large: int) -> None:
+    def on_unevictable(self, large: int) -> None:
         """``large`` left ``E`` (a page was touched, or it was evicted / emptied)."""
 
 

@@ -136,8 +136,12 @@ class RunMoves:
         self.used_small[group] += len(pages)
         self.cached_small[group] -= len(pages)
 
-    def evict_whole_many(self, group: int, larges: np.ndarray) -> None:
-        """``evict_whole`` for distinct ``larges`` of ``group``."""
+    def evict_whole_many(self, group: int, larges) -> None:
+        """``evict_whole`` for each of the distinct ``larges`` (all of ``group``): an int array
+        with numpy, a list in one loop; they go back to the pool in one ``push_many``."""
+        if type(larges) is not np.ndarray:
+            self._evict_whole_loop(group, larges)
+            return
         assert (view(self.in_e)[larges] == 1).all() and not view(self.n_used)[larges].any(), "not fully evictable"
         m, k = len(larges), self.k[group]
         ids = larges.tolist()
@@ -183,9 +187,8 @@ class RunMoves:
         self.owned[group] += m
         self.used_small[group] += m * k
 
-    def evict_whole_each(self, group: int, larges: list[int]) -> None:
-        """``evict_whole`` for each of the distinct ``larges`` (all of ``group``), in one loop;
-        they go back to the pool in one ``push_many``."""
+    def _evict_whole_loop(self, group: int, larges: list[int]) -> None:
+        """``evict_whole_many`` of a list, in one loop."""
         k, state, in_e, n_used, n_cached = self.k[group], self.state[group], self.in_e, self.n_used, self.n_cached
         group_of, tag_of = self.group_of, self.tag_of
         m = len(larges)

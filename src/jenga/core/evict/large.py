@@ -5,24 +5,66 @@ Where a group's head is a run of pages released together (``RunHeap``), a stretc
 comes before everything else is evicted in bulk, merged across groups with numpy; otherwise
 (a single element at the head, e.g. a page released alone, or a short stretch of a run) the
 smallest head is popped one at a time, looking again only at the group that changed, and each
-group's pops are evicted together at the end.  A mixin of
-:class:`jenga.core.evict.lru.PrefixEvictor`.
+group's pops are evicted together at the end.
+
+``LargeEviction`` is a part the evictor (:class:`jenga.core.evict.lru.PrefixEvictor`) owns: it
+holds the per-group orders of fully evictable large pages (``heaps``, one ``RunHeap`` each) and
+each large page's version (``ver``: an entry is valid while its large page is in ``E`` at the
+version it entered with); the evictor pushes entries and bumps versions, and hands it the
+function that forgets the cached pages of an evicted large page (``drop_pages``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
+from jenga.core.alloc.allocator import LargePageAllocator
 from jenga.core.alloc.page_states import CACHED
-from jenga.core.flat_arrays import view
+from jenga.core.evict.run_heap import RunHeap
+from jenga.core.flat_arrays import view, zeros
+from jenga.core.prefix.index import PrefixIndex
 
 BULK_RUN = 16  # a run's pages go to bulk eviction when at least this many come next in the order
 
 
 class LargeEviction:
-    """``evict_large_many`` (module doc)."""
+    """The orders of fully evictable large pages and their eviction (module doc)."""
 
-    def evict_large_many(self, m: int) -> list[int]:
+    def __init__(self, alloc: LargePageAllocator, index: PrefixIndex, drop_pages: Callable[[int, list[int]], None]):
+        self.alloc, self.index, self.drop_pages = alloc, index, drop_pages
+        # per group: fully evictable large pages by key; an element is valid while the large
+        # page's version is the one it entered E with (ties go to the lower large page id)
+        self.ver = zeros(alloc.num_large)
+        self.heaps = [RunHeap(self.valid, self.valid_many, reads="ig") for _ in alloc.k]
+
+    def valid(self, large, t, n, v) -> bool:
+        """Whether an entry of ``large`` at version ``v`` is current."""
+        return self.ver[large] == v and self.alloc.in_e[large] == 1
+
+    def valid_many(self, larges, ts, ns, vs) -> np.ndarray:
+        """``valid`` for arrays of entries."""
+        return (view(self.ver)[larges] == vs) & (view(self.alloc.in_e)[larges] == 1)
+
+    def evict_one(self, group: int | None = None) -> int | None:
+        """``PrefixEvictor.evict_large``: the large page with the smallest key (of ``group`` only,
+        when given) evicted; its id, or ``None``."""
+        heaps = self.heaps
+        if group is None:
+            tops = [(e, g) for g in range(len(heaps)) if heaps[g] and (e := heaps[g].top()) is not None]
+            if not tops:
+                return None
+            _, g = min(tops)
+        else:
+            if heaps[group].top() is None:
+                return None
+            g = group
+        found = heaps[g].pop()[2]
+        self.evict_popped(g, [found])
+        return found
+
+    def evict_many(self, m: int) -> list[int]:
         """``evict_large()`` up to ``m`` times; the freed large pages in eviction order.
 
         One element at a time: the smallest of the groups' heads is popped and only its group
@@ -31,13 +73,13 @@ class LargeEviction:
         run below the next entry of any group's heap are merged with numpy instead (a run
         whose stretch was too short is looked at again after ``BULK_RUN`` more pops).  A popped
         large page is evicted later, with its group's other picks in one call
-        (``_evict_larges``): popping a valid element leaves every other element's
+        (``evict_popped``): popping a valid element leaves every other element's
         validity as it was (each large page has one current version, and groups own distinct
         large pages), so the picks are the same.  With KV events (``index.events``) nothing is
         merged and a group's picks are evicted when the next pick is another group's, so the
         events keep the eviction order."""
         out: list[int] = []
-        heaps = self._large_heaps
+        heaps = self.heaps
         events = self.index.events is not None
         picks: list[list[int]] = [[] for _ in heaps]  # per group: popped, not evicted yet
         tops = [(e, g) for g in range(len(heaps)) if heaps[g] and (e := heaps[g].top()) is not None]
@@ -82,10 +124,10 @@ class LargeEviction:
         """Evict each group's popped large pages (``picks[g]``, in pick order) and clear them."""
         for g, larges in enumerate(picks):
             if larges:
-                self._evict_larges(g, larges)
+                self.evict_popped(g, larges)
                 picks[g] = []
 
-    def _evict_larges(self, g: int, larges: list[int]) -> None:
+    def evict_popped(self, g: int, larges: list[int]) -> None:
         """Every cached page of each of the fully evictable ``larges`` (of group ``g``, popped
         from its order) leaves, dropped in one call; they are free."""
         alloc = self.alloc
@@ -95,21 +137,21 @@ class LargeEviction:
         else:
             st = alloc.state[g]
             pages = [p for large in larges for p in range(large * k, (large + 1) * k) if st[p] == CACHED]
-        self._drop_pages(g, pages)
-        alloc.evict_whole_each(g, larges)
+        self.drop_pages(g, pages)
+        alloc.evict_whole_many(g, larges)
 
     def _evict_merged(self, m: int, live: list[int], segs: list[tuple[np.ndarray, ...]]) -> list[int]:
         """Evict the first ``m`` valid elements of the merged ``segs`` (group ``live[j]``'s head
         run stretch is ``segs[j]``); the large page ids in eviction order."""
         ts, ns, ids = (np.concatenate([seg[x] for seg in segs]) for x in range(3))
-        valid = np.concatenate([self._large_check_many(seg[2], seg[0], seg[1], seg[3]) for seg in segs])
+        valid = np.concatenate([self.valid_many(seg[2], seg[0], seg[1], seg[3]) for seg in segs])
         owner = np.repeat(np.arange(len(live)), [len(seg[2]) for seg in segs])
         order = np.lexsort((ids, ns, ts))
         taken = np.flatnonzero(valid[order])[:m]
         stop = int(taken[-1]) + 1 if len(taken) == m else len(order)
         counts = np.bincount(owner[order[:stop]], minlength=len(live))
         for j, g in enumerate(live):
-            self._large_heaps[g].consume(int(counts[j]))
+            self.heaps[g].consume(int(counts[j]))
         picked = order[taken]
         larges, owners = ids[picked], owner[picked]
         alloc = self.alloc
@@ -123,6 +165,6 @@ class LargeEviction:
             else:  # the cached pages of each large page, in order
                 block = (mine[:, None] * k + np.arange(k)).ravel()
                 pages = block[view(alloc.state[g])[block] == CACHED]
-            self._drop_pages(g, pages.tolist())
+            self.drop_pages(g, pages.tolist())
             alloc.evict_whole_many(g, mine)
         return larges.tolist()

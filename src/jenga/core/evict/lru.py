@@ -68,7 +68,7 @@ class _CachedWithKey:
         return (view(self.state)[pages] == CACHED) & (view(self.t)[pages] == ts) & (view(self.n)[pages] == ns)
 
 
-class PrefixEvictor(LargeEviction, EvictionSource):
+class PrefixEvictor(EvictionSource):
     """Holds the key of every CACHED page; evicts small pages per group and whole large pages."""
 
     #: whether this order reads the index's use counts (the manager then has the index keep them)
@@ -92,27 +92,15 @@ class PrefixEvictor(LargeEviction, EvictionSource):
         for g in range(n):
             valid = _CachedWithKey(a.state[g], self.key_t[g], self.key_n[g])
             self._heaps.append(RunHeap(valid.one, valid.many, reads="tni"))
-        # per group: fully evictable large pages by key; an element is valid while the large
-        # page's version is the one it entered E with (ties go to the lower large page id)
-        self._large_ver = zeros(a.num_large)
-        self._large_heaps = [RunHeap(self._large_check, self._large_check_many, reads="ig") for _ in range(n)]
+        # per group: the order of fully evictable large pages, and evicting many at once
+        self.large = LargeEviction(allocator, index, self._drop_pages)
         self.num_evicted_pages = 0
         self.listener: EvictionListener | None = None  # told of each eviction first (a host tier)
-
-    def _large_check(self, large, t, n, v) -> bool:
-        return self._large_ver[large] == v and self.alloc.in_e[large] == 1
-
-    def _large_check_many(self, larges, ts, ns, vs) -> np.ndarray:
-        return (view(self._large_ver)[larges] == vs) & (view(self.alloc.in_e)[larges] == 1)
 
     # ------------------------------------------------------------ page moves
     def add(self, group: int, page: int, last_access: int, prefix_len: int) -> None:
         """A registered USED page whose last holder left becomes CACHED with this key."""
         self.add_run(group, [page], [-prefix_len], last_access)
-
-    def add_many(self, group: int, pages: list[tuple[int, int]], last_access: int) -> None:
-        """``add`` for many (page, prefix length) pairs with one access time."""
-        self.add_run(group, [page for page, _ in pages], [-plen for _, plen in pages], last_access)
 
     def add_run(self, group: int, ids, negs, last_access: int) -> None:
         """``add_many`` for pages ``ids`` with ``-prefix length`` in ``negs`` (sequences)."""
@@ -297,29 +285,17 @@ class PrefixEvictor(LargeEviction, EvictionSource):
         self.alloc.evict_cached(group, page)
 
     def evict_large(self, group: int | None = None) -> int | None:
-        heaps = self._large_heaps
-        if group is None:
-            tops = [(e, g) for g in range(len(heaps)) if heaps[g] and (e := heaps[g].top()) is not None]
-            if not tops:
-                return None
-            _, g = min(tops)
-        else:
-            if heaps[group].top() is None:
-                return None
-            g = group
-        return self._evict_top(g)
+        return self.large.evict_one(group)
 
-    def _evict_top(self, g: int) -> int:
-        """Evict the large page at the top of group ``g``'s heap (checked valid)."""
-        found = self._large_heaps[g].pop()[2]
-        self._evict_larges(g, [found])
-        return found
+    def evict_large_many(self, m: int) -> list[int]:
+        """``evict_large()`` up to ``m`` times, in its order (``LargeEviction.evict_many``)."""
+        return self.large.evict_many(m)
 
-    def on_large_evictable(self, large: int) -> None:
-        self.on_larges_evictable(self.alloc.group_of[large], (large,))
+    def on_evictable(self, large: int) -> None:
+        self.on_evictable_many(self.alloc.group_of[large], (large,))
 
-    def on_larges_evictable(self, group: int, larges) -> None:
-        """``on_large_evictable`` for each of ``larges`` (all of ``group``)."""
+    def on_evictable_many(self, group: int, larges) -> None:
+        """``on_evictable`` for each of ``larges`` (all of ``group``)."""
         self._push_larges(group, larges)
 
     def _push_larges(self, group: int, larges) -> None:
@@ -328,7 +304,7 @@ class PrefixEvictor(LargeEviction, EvictionSource):
         alloc = self.alloc
         k = alloc.k[group]
         if len(larges) * k <= BULK:
-            ver, kt, kn = self._large_ver, self.key_t[group], self.key_n[group]
+            ver, kt, kn = self.large.ver, self.key_t[group], self.key_n[group]
             if type(larges) is not list:
                 larges = [int(x) for x in larges]
             if k == 1 and len(larges) <= SMALL:  # a page is its own large page: its key, one loop
@@ -336,38 +312,38 @@ class PrefixEvictor(LargeEviction, EvictionSource):
                 for large in larges:
                     v = ver[large] = ver[large] + 1
                     entries.append((kt[large], kn[large], large, -1 - v))
-                self._large_heaps[group].push_singles(entries)
+                self.large.heaps[group].push_singles(entries)
                 return
             vs = []
             for large in larges:
                 ver[large] += 1
                 vs.append(ver[large])
             if k > 1:  # the largest keys when the order is read, of the large pages still in it
-                self._large_heaps[group].push_made(partial(self._largest_valid, group, larges, vs), len(larges))
+                self.large.heaps[group].push_made(partial(self._largest_valid, group, larges, vs), len(larges))
                 return
-            self._large_heaps[group].push([kt[p] for p in larges], [kn[p] for p in larges], larges, vs)
+            self.large.heaps[group].push([kt[p] for p in larges], [kn[p] for p in larges], larges, vs)
             return
         ids = as_ids(larges)
-        ver = view(self._large_ver)
+        ver = view(self.large.ver)
         ver[ids] += 1
         fresh = self._fresh
         if fresh is not None and fresh.group == group and k == 1 and ids is fresh.ids:
             # each page is its own large page: its key is the run's (just written)
             back = ids[::-1].copy()
-            push_back(self._large_heaps[group], fresh.t, fresh.negs, fresh.falling, back, ver[back])
+            push_back(self.large.heaps[group], fresh.t, fresh.negs, fresh.falling, back, ver[back])
             return
         if fresh is not None and fresh.group == group and fresh.larges is not None:
             ts, ns = fresh.largest_keys(ids, self.alloc.n_cached, self._largest)
         else:
             ts, ns = self._largest(group, ids)
         back = slice(None, None, -1)  # a run's large pages come first to last: the order wants last first
-        self._large_heaps[group].push(ts[back], ns[back], ids[back], ver[ids][back])
+        self.large.heaps[group].push(ts[back], ns[back], ids[back], ver[ids][back])
 
     def _largest_valid(self, group: int, larges: list[int], vs: list[int]) -> tuple[list[int], ...]:
         """``(ts, ns, larges, vs)`` of those of ``larges`` still in E at version ``vs`` (the others
         are stale for good: versions only grow), with the largest key of their cached pages:
         the one they entered with, as a large page's keys change only through a new version."""
-        ver, in_e, k = self._large_ver, self.alloc.in_e, self.alloc.k[group]
+        ver, in_e, k = self.large.ver, self.alloc.in_e, self.alloc.k[group]
         kt, kn, st = self.key_t[group], self.key_n[group], self.alloc.state[group]
         ts, ns, ls, gs = [], [], [], []
         for large, v in zip(larges, vs, strict=True):
@@ -396,14 +372,14 @@ class PrefixEvictor(LargeEviction, EvictionSource):
             cached, kt, kn = st[block] == CACHED, kt[block], kn[block]
         return largest_keys(cached, kt, kn)
 
-    def on_large_unevictable(self, large: int) -> None:
-        self._large_ver[large] += 1
+    def on_unevictable(self, large: int) -> None:
+        self.large.ver[large] += 1
 
-    def on_larges_unevictable(self, larges, group: int) -> None:
+    def on_unevictable_many(self, group: int, larges) -> None:
         if len(larges) > BULK:
-            view(self._large_ver)[as_ids(larges)] += 1
+            view(self.large.ver)[as_ids(larges)] += 1
             return
-        ver = self._large_ver
+        ver = self.large.ver
         for large in larges:
             ver[large] += 1
 

@@ -110,12 +110,12 @@ class ReuseEvictor(PrefixEvictor):
     def add_run(self, group: int, ids, negs, last_access: int) -> None:
         """``PrefixEvictor.add_run``; a short run (a list) in one loop: ``priorities_of``, the
         keys, the class-3 counts and, for a group of one page per large page, the large-page
-        entries, which the allocator's ``on_larges_evictable`` for exactly these pages pushes."""
+        entries, which the allocator's ``on_evictable_many`` for exactly these pages pushes."""
         if type(ids) is not list or len(ids) > BULK:
             super().add_run(group, ids, negs, last_access)
             return
         k = self.alloc.k[group]
-        times, kt, kn, ver = self.times[group], self.key_t[group], self.key_n[group], self._large_ver
+        times, kt, kn, ver = self.times[group], self.key_t[group], self.key_n[group], self.large.ver
         t, protected, page_uses = last_access, None, self.index.page_uses[group]
         if last_access >= 0:
             t, held_window = held_window_time(last_access)
@@ -187,7 +187,7 @@ class ReuseEvictor(PrefixEvictor):
     def forget_many(self, group: int, pages) -> None:
         self._protect(group, pages, False)
 
-    def on_larges_evictable(self, group: int, larges) -> None:
+    def on_evictable_many(self, group: int, larges) -> None:
         short = self._short
         if short is not None and larges is short[0]:  # ``add_run``'s pages, keyed and versioned
             _, entries, reused = short
@@ -195,20 +195,20 @@ class ReuseEvictor(PrefixEvictor):
                 self._prot_out[group] -= reused
                 self._e_prot += reused
             if len(entries) <= SMALL:
-                self._large_heaps[group].push_singles(entries)
+                self.large.heaps[group].push_singles(entries)
             else:  # (t, n, id, version) columns
                 ts, ns, ids, gs = zip(*entries, strict=True)
-                self._large_heaps[group].push(list(ts), list(ns), list(ids), [-1 - g for g in gs])
+                self.large.heaps[group].push(list(ts), list(ns), list(ids), [-1 - g for g in gs])
             return
         self._move_protected(group, larges, -1)
-        super().on_larges_evictable(group, larges)
+        super().on_evictable_many(group, larges)
 
-    def on_large_unevictable(self, large: int) -> None:
-        self.on_larges_unevictable((large,), self.alloc.group_of[large])
+    def on_unevictable(self, large: int) -> None:
+        self.on_unevictable_many(self.alloc.group_of[large], (large,))
 
-    def on_larges_unevictable(self, larges, group: int) -> None:
+    def on_unevictable_many(self, group: int, larges) -> None:
         self._move_protected(group, larges, 1)
-        super().on_larges_unevictable(larges, group)
+        super().on_unevictable_many(group, larges)
 
     def _move_protected(self, group: int, larges, sign: int) -> None:
         """``larges`` left E (``sign`` 1) or entered it (-1): their class-3 pages move in or

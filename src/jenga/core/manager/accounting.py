@@ -20,6 +20,12 @@ class ByteAccounting:
     def __init__(self, policies: list[Policy], ledger: PageLedger, model: ModelSpec):
         self.policies, self.ledger, self.model = policies, ledger, model
 
+    def used_bytes(self) -> int:
+        """Bytes of pages live requests hold (their hits included): ``KVCacheManager.used_bytes``."""
+        self.ledger.settle()  # a lookup's pending hit is held first
+        alloc = self.ledger.alloc
+        return sum(n * b for n, b in zip(alloc.used_small, alloc.page_bytes, strict=True))
+
     def request(self, req: Request) -> tuple[int, int, int, int]:
         """(held, needed, stale, padding) bytes of one live request (see ``jenga.core.manager.stats``)."""
         held = needed = stale = padding = 0
@@ -49,6 +55,5 @@ class ByteAccounting:
         dup = 0
         for req in requests:
             for pol, gs in zip(self.policies, req.groups, strict=True):
-                if gs.pages:
-                    dup += pol.duplicate_pages(req, gs, self.ledger) * pol.group.page_bytes
+                dup += pol.duplicate_pages(req, gs, self.ledger) * pol.group.page_bytes
         return dup

@@ -50,8 +50,8 @@ class Admission:
     def rollback(self, req: Request, log: list) -> None:
         """Undo a ``plan`` that will not be followed by growing."""
         self.ledger.undo_holds(log)
-        for gs in req.groups:
-            gs.pending.clear()
+        for pol, gs in zip(self.policies, req.groups, strict=True):
+            pol.forget_plan(gs)
 
     def prefer_shared(self, req: Request) -> list[bool]:
         """Groups where this request should fill other requests' large pages before taking

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 from jenga.core.manager.ledger import PageLedger
 from jenga.core.manager.prompt_hashes import PromptHasher
-from jenga.core.policy.base import Policy
+from jenga.core.policy.base import NEVER, Policy
 from jenga.core.prefix.index import PrefixIndex
 from jenga.core.request import Request
 from jenga.errors import InvalidArgumentError
-
-NEVER = 1 << 62
 
 
 class StepCommit:

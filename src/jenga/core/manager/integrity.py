@@ -15,15 +15,8 @@ def held_pages(mgr, req, *, images: bool = True) -> list[tuple[int, int]]:
     legitimately holds that image's cached pages once per occurrence.
     """
     out = []
-    for g, gs in enumerate(req.groups):
-        out.extend((g, p) for p in gs.pages if p is not None)
-        if images:
-            for pages in gs.image_pages.values():
-                out.extend((g, p) for p in pages)
-            for pages in gs.pending.values():
-                out.extend((g, p) for p in pages or ())
-        out.extend((g, p) for p in (gs.work, gs.read) if p is not None)
-        out.extend((g, p) for p in gs.checkpoints.values())
+    for pol, gs in zip(mgr.policies, req.groups, strict=True):
+        out.extend((pol.gi, p) for p in pol.references(gs, images))
     return out
 
 

@@ -129,7 +129,7 @@ class PageLedger(PageOps):
         if index.uses is not None:
             for group, page, _key in log:
                 if type(page) is list:  # a run from hold_run
-                    index.uncount_uses(group, page)
+                    index.uncount_use_many(group, page)
                 else:
                     index.uncount_use(group, page)
         unhold(log, self.ref, self.released, self.evictor, self.now)
@@ -155,7 +155,7 @@ class PageLedger(PageOps):
             self.settle()
         ref, log = self.ref[group], self._log
         if self.index.uses is not None:
-            self.index.count_uses(group, pages)
+            self.index.count_use_many(group, pages)
         if len(pages) > BULK:  # keys as three lists (was cached, release time, -prefix length)
             ids = as_ids(pages)
             refs = view(ref)

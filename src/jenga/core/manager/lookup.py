@@ -63,11 +63,20 @@ class PrefixLookup:
 
     def release(self, req: Request) -> None:
         """Let go of the hit the last lookup found (pending or held); fresh group states."""
+        self.let_go(req)
+        req.pins = []
+        req.groups = [pol.new_state() for pol in self.policies]
+        req.hit = req.num_computed = 0
+
+    def let_go(self, req: Request) -> bool:
+        """Undo the holds of ``req``'s hit if it has one not allocated yet (pending, or held since
+        the lookup); whether it had."""
         ledger = self.ledger
         if ledger.pending is req:
             ledger.forget_pending(req)
         elif req.pins:
             ledger.undo_holds(req.pins)
-        req.pins = []
-        req.groups = [pol.new_state() for pol in self.policies]
-        req.hit = req.num_computed = 0
+            req.pins = []
+        else:
+            return False
+        return True

@@ -10,12 +10,12 @@ runs the step -> ``append_tokens`` (the remaining full pages join the index; pag
 window or chunk go to the evictor) -> ``free``.  A step dropped before its commit unregisters
 what it would have filled (:mod:`jenga.core.manager.commit`).
 
-The manager is a façade: it owns its parts and calls them.  The allocator (``alloc``) and its
-free pool; the prefix cache: the index, one policy per group, the evictor; the ledger of who holds
-which page (:mod:`jenga.core.manager.ledger`, the ``PageOps`` the policies call); admission, what an
-allocation may take and whether it fits (:mod:`jenga.core.manager.admission`); the prompt hasher
-and the junction finder; byte accounting for ``stats``.  It builds and wires them here, and keeps
-the per-request records (``view`` is their public, read-only face).
+The manager is a façade: it owns its parts and calls them.  The allocator and its free pool; the
+prefix cache: the index, one policy per group, the evictor; the ledger of who holds which page (the
+``PageOps`` the policies call); admission, what an allocation may take and whether it fits; the
+request intake, the prompt hasher, the lookup (with the junction finder), the step commit, hit
+counts and byte accounting.  It builds and wires them here and keeps the live records (``view`` is
+their read-only face; ``pool`` the pool's).
 """
 
 from __future__ import annotations
@@ -48,11 +48,7 @@ from jenga.core.tables import PageTables
 from jenga.core.tier.copy_plan import CopyPlan
 from jenga.core.tier.host_tier import HOST_POLICIES, HostTier, host_page_count
 from jenga.core.validation import TOKEN_ID_LIMIT, checked_int, token_array
-from jenga.errors import (
-    InvalidArgumentError,
-    SequenceTooLongError,
-    UnknownRequestError,
-)
+from jenga.errors import InvalidArgumentError, SequenceTooLongError, UnknownRequestError
 from jenga.units import parse_bytes
 
 #: eviction orders: plain LRU by (release time, -prefix length), or use-count classes
@@ -165,15 +161,8 @@ class KVCacheManager:
         return PoolShape(a.num_large, a.large_bytes, tuple(a.k), tuple(a.page_bytes),
                          None if a.caps is None else tuple(a.caps))
 
-    @property
-    def now(self) -> int:
-        """The clock: one tick per ``allocate``."""
-        return self.ledger.now
-
-    @property
-    def num_allocated(self) -> int:
-        """Live requests past their first ``allocate``."""
-        return self._allocated
+    now = property(lambda self: self.ledger.now, doc="The clock: one tick per ``allocate``.")
+    num_allocated = property(lambda self: self._allocated, doc="Live requests past their first ``allocate``.")
 
     def view(self, request_id: object) -> RequestView | None:
         """A read-only view of a live request (``None`` if it is not live)."""
@@ -346,15 +335,9 @@ class KVCacheManager:
         """Drop the request; its registered pages stay cached (evictable), the rest are free."""
         req = self._req(request_id)
         self.step_commit.drop(req)
-        ledger = self.ledger
-        if ledger.pending is req:
-            ledger.forget_pending(req)
-        elif req.pins:
-            ledger.undo_holds(req.pins)
-            req.pins = []
-        else:
+        if not self.prefix_lookup.let_go(req):  # a hit not allocated yet: its holds undone, else the pages
             for pol, gs in zip(self.policies, req.groups, strict=True):
-                pol.free(req, gs, ledger)
+                pol.free(req, gs, self.ledger)
         del self.requests[request_id]
         if req.tables is not None:
             self._allocated -= 1
@@ -366,13 +349,10 @@ class KVCacheManager:
 
     # ------------------------------------------------- scheduler queries (jenga.core.manager.cache_control)
     def shrink_hit(self, request_id: object, num_tokens: int) -> int:
-        """Keep at most ``num_tokens`` of the hit the last ``lookup`` found.
-
-        The kept hit is the longest length ``<= num_tokens`` every group accepts (the
-        same as ``lookup(request_id, max_tokens=num_tokens)``); pages past it are let go
-        with the keys they had.  Returns the new hit.  Raises before the first
-        ``allocate`` only; a ``num_tokens`` above the hit keeps the hit.
-        """
+        """Keep at most ``num_tokens`` of the hit the last ``lookup`` found: the longest length
+        ``<= num_tokens`` every group accepts (``lookup(request_id, max_tokens=num_tokens)``); pages
+        past it are let go with the keys they had.  Returns the new hit; a larger ``num_tokens``
+        keeps the hit.  Meant for before the first ``allocate`` (``lookup`` raises after it)."""
         if num_tokens < 0:
             raise InvalidArgumentError(f"request {request_id!r}: shrink_hit to {num_tokens} tokens")
         req = self._req(request_id)
@@ -422,11 +402,8 @@ class KVCacheManager:
 
     total_bytes = property(lambda self: self.pool.total_bytes, doc="Bytes of the large pages the budget holds.")
 
-    @property
-    def used_bytes(self) -> int:
-        """Bytes of pages live requests hold (their hits included); 0 once all are freed."""
-        alloc = self.alloc
-        return sum(n * b for n, b in zip(alloc.used_small, alloc.page_bytes, strict=True))
+    used_bytes = property(lambda self: self.accounting.used_bytes(),
+                          doc="Bytes of pages live requests hold (their hits included); 0 once all are freed.")
 
     usage = property(lambda self: self.used_bytes / self.total_bytes,
                      doc="``used_bytes / total_bytes`` (vLLM's KV-cache usage: cached pages count as free).")

@@ -126,9 +126,12 @@ class Policy(ABC):
         self.tpp = group.tokens_per_page
         self.token_bytes = group.useful_page_bytes // group.tokens_per_page
 
+    #: the kind's per-request record (a ``GroupState`` subclass with only the fields it uses)
+    state_type: type[GroupState] = GroupState
+
     def new_state(self) -> GroupState:
         """A request's empty record in this group (before any lookup or allocate)."""
-        return GroupState()
+        return self.state_type()
 
     def set_window_slack(self, slack: int | None) -> None:
         """Tokens below a prompt's end whose window a sliding group keeps (``None``: its default)."""
@@ -208,8 +211,28 @@ class Policy(ABC):
     def needed_tokens(self, req: Request, gs: GroupState) -> int:
         """Tokens (or states) of this group the next step really reads."""
 
+    @abstractmethod
     def held_pages(self, gs: GroupState) -> int:
-        return len(gs.pages) - gs.released  # pages below ``released`` are None, the rest held
+        """Pages the record holds (one per reference)."""
+
+    @abstractmethod
+    def references(self, gs: GroupState, images: bool = True) -> list[int]:
+        """Every page the record holds a reference to, once per reference (``check_integrity``);
+        ``images=False`` leaves out per-image pages (a request showing an image twice holds its
+        cached pages once per occurrence)."""
+
+    def context_pages(self, length: int) -> int:
+        """Small pages this group holds for one text-only request of ``length`` tokens that is
+        about to compute its next token (``jenga.capacity``).  Image kinds: 0."""
+        return 0
+
+    def peak_pages(self, length: int) -> int:
+        """Most small pages this group holds at any step of a request computing its tokens
+        ``0 .. length`` one step at a time (``context_pages`` of each length up to ``length``)."""
+        return self.context_pages(length)
+
+    def forget_plan(self, gs: GroupState) -> None:
+        """A ``plan`` will not be followed by ``grow``: drop what it noted in ``gs`` (admission's rollback)."""
 
     def needed_bytes(self, req: Request, gs: GroupState) -> int:
         return self.needed_tokens(req, gs) * self.token_bytes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from jenga.core.policy.base import NEVER, PageOps, Policy, cdiv
 from jenga.core.prefix.hashing import ImageRef, image_key
-from jenga.core.request import GroupState, Request
+from jenga.core.request import GroupState, ImageState, Request
 from jenga.core.tables import ImageTable
 
 
@@ -14,6 +14,7 @@ class ImagePolicy(Policy):
     carry one prefix length, so images are evicted whole."""
 
     per_image = True
+    state_type = ImageState
 
     def longest_prefix(self, req: Request, cand: int, ops: PageOps) -> int:
         return cand  # independent of the text prefix
@@ -85,6 +86,16 @@ class ImagePolicy(Policy):
 
     def held_pages(self, gs: GroupState) -> int:
         return sum(len(p) for p in gs.image_pages.values())
+
+    def references(self, gs: GroupState, images: bool = True) -> list[int]:
+        if not images:
+            return []
+        out = [p for pages in gs.image_pages.values() for p in pages]
+        out.extend(p for pages in gs.pending.values() for p in pages or ())
+        return out
+
+    def forget_plan(self, gs: GroupState) -> None:
+        gs.pending.clear()
 
 
 class VisionPolicy(ImagePolicy):

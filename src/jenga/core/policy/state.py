@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from jenga.core.policy.base import NEVER, PageOps, Policy
-from jenga.core.request import GroupState, Request
+from jenga.core.request import CheckpointState, GroupState, Request
 from jenga.core.specs import LayerGroup
 from jenga.core.tables import StateTable
 from jenga.errors import InvalidArgumentError
@@ -38,6 +38,7 @@ class MambaPolicy(Policy):
       a later request leaves it is not known yet)."""
 
     needs_junction = True
+    state_type = CheckpointState
 
     #: jenga's engine writes no K/V below ``TokenTable.write_from`` (``jenga.core.manager.shared_recompute``)
     recompute_under_shared = True
@@ -295,6 +296,12 @@ class MambaPolicy(Policy):
 
     def held_pages(self, gs: GroupState) -> int:
         return (gs.work is not None) + (gs.read is not None) + len(gs.checkpoints)
+
+    def references(self, gs: GroupState, images: bool = True) -> list[int]:
+        return [p for p in (gs.work, gs.read) if p is not None] + list(gs.checkpoints.values())
+
+    def context_pages(self, length: int) -> int:
+        return 1  # the running state
 
 
 class CopyForwardMambaPolicy(MambaPolicy):

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from math import lcm
+
 from jenga.core.policy.base import NEVER, UNTIL_FREE, PageOps, Policy, cdiv
-from jenga.core.request import GroupState, Request
+from jenga.core.request import GroupState, Request, TokenState
 from jenga.core.tables import TokenTable
 
 
 class FullPolicy(Policy):
     """Every token stays; a hit needs every page before it."""
+
+    state_type = TokenState
 
     bounds_hit = True
 
@@ -130,6 +134,30 @@ class FullPolicy(Policy):
     def needed_tokens(self, req: Request, gs: GroupState) -> int:
         return req.num_computed - self.first_needed(req.num_computed)
 
+    def held_pages(self, gs: GroupState) -> int:
+        return len(gs.pages) - gs.released  # pages below ``released`` are None, the rest held
+
+    def references(self, gs: GroupState, images: bool = True) -> list[int]:
+        return [p for p in gs.pages if p is not None]
+
+    def context_pages(self, length: int) -> int:
+        return length // self.tpp - self.keep_from(length) // self.tpp + 1  # up to the next token's page
+
+    def peak_pages(self, length: int) -> int:
+        """A count at ``l + P`` is at least the count at ``l`` (``P``: the page for a full or
+        sliding group, ``lcm(chunk, page)`` for a chunked one), so the lengths ``peak_candidates``
+        names hold the peak."""
+        tpp, keep_from = self.tpp, self.keep_from
+        out = self.context_pages(length)
+        for n in self.peak_candidates(length):
+            out = max(out, n // tpp - keep_from(n) // tpp + 1)
+        return out
+
+    def peak_candidates(self, length: int) -> range:
+        """Lengths below ``length`` where ``context_pages`` may exceed its value at ``length``
+        (every token stays: none)."""
+        return range(0)
+
     def stale_pages(self, req: Request, gs: GroupState) -> int:
         lo = min(self.first_needed(req.num_computed) // self.tpp, len(gs.pages))
         return max(0, lo - gs.released)
@@ -137,6 +165,8 @@ class FullPolicy(Policy):
     def duplicate_pages(self, req: Request, gs: GroupState, ops) -> int:
         """Held pages that are a second copy of a prefix page another live request holds
         (the request recomputed a prefix whose cached copy it could not use)."""
+        if not gs.pages:
+            return 0
         pages, m = gs.pages, self.tpp // self.block
         table, registered, ref = ops.index_table(self.gi), ops.index.flags[self.gi], ops.ref[self.gi]
         hashes, n = req.hashes, 0
@@ -153,6 +183,9 @@ class SlidingPolicy(FullPolicy):
     """Only the last ``window`` tokens are read: a hit needs just those pages; pages
     leave at commit time (even mid-prefill) and go to the evictor, aged to go first unless
     they form the window before a branch point (see ``release_range``)."""
+
+    def peak_candidates(self, length: int) -> range:
+        return range(max(0, length - self.tpp + 1), length)  # the last page's lengths
 
     def first_needed(self, pos: int) -> int:
         return max(0, pos - self.group.spec.window + 1)
@@ -226,6 +259,11 @@ class ChunkedPolicy(FullPolicy):
     """Tokens read only their own chunk: earlier chunks are released as soon as done."""
 
     bounds_hit = False
+
+    def peak_candidates(self, length: int) -> range:
+        """Within one chunk the count only grows: the peak is at ``length`` or a chunk's last token."""
+        chunk = self.group.spec.chunk
+        return range(length - length % chunk - 1, max(-1, length - lcm(chunk, self.tpp)), -chunk)
 
     def first_needed(self, pos: int) -> int:
         return pos - pos % self.group.spec.chunk

@@ -100,7 +100,7 @@ class PrefixIndex:
         """A live request reuses registered ``page`` (a prefix hit)."""
         self.page_uses[group][page] += 1
 
-    def count_uses(self, group: int, pages: list[int]) -> None:
+    def count_use_many(self, group: int, pages: list[int]) -> None:
         """``count_use`` for each of ``pages`` (distinct; a long run in numpy)."""
         page_uses = self.page_uses[group]
         if len(pages) > BULK:
@@ -115,7 +115,7 @@ class PrefixIndex:
         if page_uses[page] > 0:
             page_uses[page] -= 1
 
-    def uncount_uses(self, group: int, pages: list[int]) -> None:
+    def uncount_use_many(self, group: int, pages: list[int]) -> None:
         """``uncount_use`` for each of ``pages`` (distinct; a long run in numpy)."""
         page_uses = self.page_uses[group]
         if len(pages) > BULK:
