@@ -16,6 +16,8 @@ import time
 import pytest
 from vllm_support import BLOCK, JENGA, model_dir
 
+from jenga.vllm.metrics import DIR_ENV
+
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 pytestmark = pytest.mark.xdist_group("vllm-server")
@@ -45,7 +47,9 @@ def server(tmp_path_factory):
            "--max-model-len", "512", "--block-size", str(BLOCK), "--kv-cache-memory-bytes", str(16 << 20),
            "--max-num-seqs", "8", "--served-model-name", "tiny"]
     log = open(tmp_path_factory.getbasetemp() / "vllm_server.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    # The server's own snapshot folder: the pytest worker's (set by in-process engines) holds other engines' figures.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", DIR_ENV: str(tmp_path_factory.mktemp("vllm_metrics"))}
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 420

@@ -35,11 +35,12 @@ WASTE = ("large_page", "partial_page", "out_of_window", "padding", "duplicate")
 
 def startup_line(mgr) -> str:
     """``jenga active: groups ..., large page ..., pool ...`` for the engine core's log."""
+    pool = mgr.pool
     groups = ", ".join(f"{g.name} ({len(g.layers)} layers, page {fmt_bytes(pb)})"
-                       for g, pb in zip(mgr.model.groups, mgr.alloc.page_bytes, strict=True))
+                       for g, pb in zip(mgr.model.groups, pool.page_bytes, strict=True))
     return (f"jenga active: KV-cache manager {type(mgr).__name__}; groups: {groups}; large page "
-            f"{fmt_bytes(mgr.large_page_bytes)}; pool {mgr.alloc.num_large} large pages "
-            f"({fmt_bytes(mgr.alloc.num_large * mgr.large_page_bytes)})")
+            f"{fmt_bytes(pool.large_page_bytes)}; pool {pool.num_large_pages} large pages "
+            f"({fmt_bytes(pool.total_bytes)})")
 
 
 def metrics_dir() -> Path:
