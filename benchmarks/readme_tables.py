@@ -238,6 +238,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     names = a.only or [n for n in BLOCKS if n in FAST or not a.fast]
     text = README.read_text()
+    regenerate(text, [], {})  # markers and commands checked before minutes of rendering
     bodies = render(names)
     text = README.read_text()  # again: another run may have written its blocks meanwhile
     new = regenerate(text, names, bodies)
