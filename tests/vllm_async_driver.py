@@ -28,7 +28,12 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.utils.hashing import get_hash_fn_by_name
 from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash, resolve_kv_cache_block_sizes
-from vllm.v1.kv_cache_interface import ChunkedLocalAttentionSpec, FullAttentionSpec, SlidingWindowSpec
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
@@ -56,10 +61,15 @@ def async_config(path: str, **kw):
 
 def kv_config(vllm_config, layers, num_blocks: int):
     """vLLM's own KV-cache config for ``layers`` (a number of full-attention layers, or one kind
-    per layer: ``"full"``, ``("sliding", window)``, ``("chunked", chunk)``) and a budget of
-    ``num_blocks`` blocks of every layer."""
+    per layer: ``"full"``, ``("sliding", window)``, ``("chunked", chunk)``, ``"mamba"``) and a
+    budget of ``num_blocks`` blocks of every layer.  A ``"mamba"`` layer is an align-mode state
+    (``cache_config.mamba_cache_mode = "align"`` is set here) whose page is padded to the
+    attention page, as vLLM's hybrid config does."""
     specs = layer_specs(vllm_config, layers)
     page = next(iter(specs.values())).page_size_bytes
+    if any(isinstance(s, MambaSpec) for s in specs.values()):
+        vllm_config.cache_config.mamba_cache_mode = "align"
+        vllm_config.cache_config.mamba_block_size = vllm_config.cache_config.block_size
     resolve_kv_cache_layout(vllm_config, [["LBNHC"]], specs.values())  # the engine core does this first
     cfg = kv_cache_configs(vllm_config, [specs], [num_blocks * page * len(specs)])[0]
     vllm_config.cache_config.num_gpu_blocks = cfg.num_blocks  # as the engine core records it
@@ -75,7 +85,11 @@ def layer_specs(vllm_config, layers) -> dict:
     specs = {}
     for i, kind in enumerate(kinds):
         name = f"model.layers.{i}.self_attn.attn"
-        if kind == "full":
+        if kind == "mamba":  # a small state (conv + SSM) padded to the attention page
+            specs[f"model.layers.{i}.mixer"] = MambaSpec(
+                block_size=kw["block_size"], shapes=((4, 8), (2, 8, 8)), dtypes=(mc.dtype, mc.dtype),
+                page_size_padded=FullAttentionSpec(**kw).page_size_bytes, mamba_cache_mode="align")
+        elif kind == "full":
             specs[name] = FullAttentionSpec(**kw)
         elif kind[0] == "sliding":
             specs[name] = SlidingWindowSpec(**kw, sliding_window=kind[1])
@@ -107,6 +121,7 @@ class FakeRunner:
 
     def __init__(self, kv_cache_config):
         self.block_sizes = [g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups]
+        self.state = [isinstance(g.kv_cache_spec, MambaSpec) for g in kv_cache_config.kv_cache_groups]
         # per group, the first position token ``p`` attends to (the rest may be freed)
         self.first_needed = [_first_needed(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups]
         self.kv: dict[tuple[int, int, int], tuple[int, int]] = {}
@@ -114,10 +129,19 @@ class FakeRunner:
         self.prompt_len: dict[str, int] = {}
         self.tables: dict[str, list[list[int]]] = {}
         self.checked = 0
+        self.states_checked = 0  # align-mode states read back (a step resuming at ``start > 0``)
 
     def _slot(self, g: int, table: list[int], pos: int) -> tuple[int, int, int]:
         bs = self.block_sizes[g]
         return g, table[pos // bs], pos % bs
+
+    def _state_slot(self, g: int, table: list[int], seq_len: int) -> tuple[int, int, str]:
+        """Where an align-mode state of ``seq_len`` tokens lives: block-table column
+        ``(seq_len - 1) // block`` (vLLM's aligned state index; the runner copies the previous
+        column's state forward when a step crosses into a new column)."""
+        block = table[(seq_len - 1) // self.block_sizes[g]]
+        assert block != 0, f"group {g}: the state column of {seq_len} tokens is the null block"
+        return g, block, "state"
 
     def execute(self, out) -> ModelRunnerOutput:
         starts = {}
@@ -141,6 +165,12 @@ class FakeRunner:
             start, toks, tables = starts[rid], self.tokens[rid], self.tables[rid]
             seen: set[tuple[int, int]] = set()  # (position, token) read back, whatever the grouping
             for g, table in enumerate(tables):  # every earlier position attended, read back through the table
+                if self.state[g]:
+                    if start:
+                        got = self.kv.get(self._state_slot(g, table, start))
+                        assert got == ("state", start, _digest(toks[:start])), f"{rid}: group {g} state page holds another state"
+                        self.states_checked += 1
+                    continue
                 lo = self.first_needed[g](start)
                 got = [self.kv.get(self._slot(g, table, q)) for q in range(lo, start)]
                 assert got == [(q, toks[q]) for q in range(lo, start)], f"{rid}: group {g} pages hold other tokens"
@@ -148,7 +178,11 @@ class FakeRunner:
                 self.checked += start - lo
             for p in range(start, start + n):
                 for g, table in enumerate(tables):
-                    self.kv[self._slot(g, table, p)] = (p, toks[p])
+                    if not self.state[g]:
+                        self.kv[self._slot(g, table, p)] = (p, toks[p])
+            for g, table in enumerate(tables):
+                if self.state[g]:  # the state after the step, in the column of its last token
+                    self.kv[self._state_slot(g, table, start + n)] = ("state", start + n, _digest(toks[:start + n]))
             req_ids.append(rid)
             if start + n == len(toks):  # the last known token computed: sample the next one
                 digest = hashlib.blake2b(repr([t for _, t in sorted(seen)] + toks[start:start + n]).encode(), digest_size=8).digest()
@@ -162,6 +196,10 @@ class FakeRunner:
         if "req_id_to_index" in RUNNER_OUTPUT_FIELDS:  # gone in 0.34 (the scheduler indexes req_ids itself)
             kw["req_id_to_index"] = {r: i for i, r in enumerate(req_ids)}
         return ModelRunnerOutput(**kw)
+
+
+def _digest(tokens: list[int]) -> bytes:
+    return hashlib.blake2b(repr(tokens).encode(), digest_size=8).digest()
 
 
 def run(scheduler, hash_block: int, kv_cache_config, prompts, *, max_tokens: int = 24, arrivals=None):
