@@ -201,12 +201,14 @@ def state_copies_exact(groups, fitted, whole_storage: bool) -> bool:
     """Whether vLLM's block copy of a state page's exec id copies exactly that page's states.
 
     ``copy_kv_cache_blocks_inplace`` (vLLM's worker) copies block ``src`` onto ``dst`` in every
-    layer's view in layer-index order, skipping a view whose data pointer it has seen (views at
-    the same byte offset), or copies ``dst`` once across the whole storage when the storage is
-    ``num_blocks`` blocks exactly (``whole_storage``).  In the page-layer buffer layer ``j`` of
-    group ``h`` is the view at offset ``j * layer page`` whose block holds that layer's useful
-    bytes; exec id ``e`` is ``e * u`` bytes in.  So the copy is exact for group ``g`` iff every
-    view it runs stays inside one page of ``g`` and together they cover each layer's states."""
+    layer's view in layer-index order, on 0.32 / 0.33 skipping a view whose data pointer it has
+    seen (views at the same byte offset; 0.34 skips only views of the same geometry too), or
+    copies ``dst`` once across the whole storage when the storage is ``num_blocks`` blocks
+    exactly (``whole_storage``).  In the page-layer buffer layer ``j`` of group ``h`` is the view
+    at offset ``j * layer page`` whose block holds that layer's useful bytes; exec id ``e`` is
+    ``e * u`` bytes in.  So the copy is exact for group ``g`` on every version iff every view
+    stays inside one page of ``g`` and the views left after skipping same-offset ones cover each
+    layer's states."""
     if whole_storage:
         return False
     views = {}
@@ -226,7 +228,7 @@ def state_copies_exact(groups, fitted, whole_storage: bool) -> bool:
     for g in fitted:
         if g.spec.per_token:
             continue
-        if any(end > g.page_bytes for _, end in copied):
+        if any(off + size > g.page_bytes for off, size in views.values()):
             return False
         need = g.spec.layer_page_bytes(g.tokens_per_page)
         for j in range(g.num_layers):
