@@ -238,8 +238,10 @@ def test_no_state_below_the_hybrid_block(runs):
 
 def test_sub_block_hits_lost_is_named_at_start():
     """A hash block finer than the align-mode Mamba block (``prefix_match_unit``) gets the start-up
-    warning (stock takes sub-block state hits there, jenga does not: the ``hybrid32`` bench row);
-    vLLM's default hash block (the Mamba block) and prefix caching off get none."""
+    warning where jenga keeps vLLM's block (its ``uniform`` layout, or a buffer in which vLLM's
+    block copy would not move a whole state page): stock takes sub-block state hits there and
+    jenga does not.  jenga's sub-block pages, vLLM's default hash block (the Mamba block) and
+    prefix caching off get none."""
     import torch
     from vllm.v1 import kv_cache_interface as kvi
 
@@ -249,5 +251,6 @@ def test_sub_block_hits_lost_is_named_at_start():
     state = kvi.MambaSpec(block_size=96, shapes=((4,),), dtypes=(torch.bfloat16,), mamba_cache_mode="align")
     cfg = SimpleNamespace(kv_cache_groups=[kvi.KVCacheGroupSpec(["a"], attn), kvi.KVCacheGroupSpec(["m"], state)])
     assert "prefix_match_unit=32 is finer than the Mamba block [96]" in sub_block_hits_lost(cfg, 32, True)
+    assert sub_block_hits_lost(cfg, 32, True, sub_block=True) is None
     assert sub_block_hits_lost(cfg, 96, True) is None
     assert sub_block_hits_lost(cfg, 32, False) is None
