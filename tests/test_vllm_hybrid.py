@@ -48,6 +48,9 @@ FAMILIES = {
 }
 
 
+SUB_TOKENS = 8  # new tokens per request of the sub-block workloads (the hits decide the first ones)
+
+
 def sub_block_prompts(seed: int = 5) -> dict[str, list[list[list[int]]]]:
     """Rounds of prompts below the 96-token hybrid block: one request, then six sharing its
     64-token system prompt (the side-by-side hybrid rows); a longer prompt over the same system
@@ -70,7 +73,7 @@ def runs(request, tmp_path_factory):
     root = tmp_path_factory.getbasetemp()
     sub = sub_block_prompts() if family == "qwen3_next" else None
     out = compare(family, root, tight_blocks=tight, engine_kw=kw, stock_kw=stock_kw,
-                  extra=sub and {"sub_short": sub["sub_short"]})
+                  extra=sub and {"sub_short": sub["sub_short"]}, extra_tokens=SUB_TOKENS)
     out["family"] = family
     if family == "falcon_h1":  # prefix caching off: vLLM's "none" mode, one state slot per request
         nocache = engine(model_dir(family, root), jenga=True, enable_prefix_caching=False, **kw)
@@ -98,12 +101,12 @@ def sub_block_run(path: str, kw: dict, prompts: dict) -> dict:
     more (its own prompt-end checkpoint at 160, inside the second column)."""
     llm = engine(path, jenga=True, prefix_match_unit=32, **kw)
     sched = scheduler(llm)
-    long_ref = greedy(llm, prompts["sub_long"][0])
+    long_ref = greedy(llm, prompts["sub_long"][0], SUB_TOKENS)
     llm.reset_prefix_cache()
     got, hits = [], []
     for rounds in (prompts["sub_short"], prompts["sub_long"], prompts["sub_long"]):
         before = sched.jenga.stats().prefix_hit_tokens
-        got.append([out for p in rounds for out in greedy(llm, p)])
+        got.append([out for p in rounds for out in greedy(llm, p, SUB_TOKENS)])
         hits.append(sched.jenga.stats().prefix_hit_tokens - before)
     return dict(sub_llm=llm, sub=sched, sub_long_ref=long_ref, sub_got=got, sub_hits=hits)
 
