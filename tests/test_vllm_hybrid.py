@@ -7,7 +7,9 @@ copies the previous step's column forward).  Greedy tokens equal stock vLLM's wi
 memory (prefix hits: states resumed from jenga checkpoints) and with a budget that forces
 preemption and eviction.
 
-Qwen3-Next also runs in vLLM's own layout (``JENGA_VLLM_LAYOUT=uniform``).
+Qwen3-Next also runs in vLLM's own layout (``JENGA_VLLM_LAYOUT=uniform``), and with a 32-token
+hash block (``prefix_match_unit=32``): jenga's state hits inside vLLM's 96-token hybrid block,
+moved by block copies (one copy checked byte for byte in the worker's buffer).
 
 References: stock Falcon-H1 runs with prefix caching off (``mamba_cache_mode="none"``): with
 it on, vLLM 0.32's CPU build fails in its Mamba-2 "internal prefill checkpoint" path (the CPU
