@@ -7,7 +7,9 @@ copies the previous step's column forward).  Greedy tokens equal stock vLLM's wi
 memory (prefix hits: states resumed from jenga checkpoints) and with a budget that forces
 preemption and eviction.
 
-Qwen3-Next also runs in vLLM's own layout (``JENGA_VLLM_LAYOUT=uniform``).
+Qwen3-Next also runs in vLLM's own layout (``JENGA_VLLM_LAYOUT=uniform``), and with a 32-token
+hash block (``prefix_match_unit=32``): jenga's state hits inside vLLM's 96-token hybrid block,
+moved by block copies (one copy checked byte for byte in the worker's buffer).
 
 References: stock Falcon-H1 runs with prefix caching off (``mamba_cache_mode="none"``): with
 it on, vLLM 0.32's CPU build fails in its Mamba-2 "internal prefill checkpoint" path (the CPU
@@ -20,6 +22,7 @@ under pressure is asserted on Falcon-H1 (fp32)."""
 
 from __future__ import annotations
 
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -47,13 +50,32 @@ FAMILIES = {
 }
 
 
+SUB_TOKENS = 8  # new tokens per request of the sub-block workloads (the hits decide the first ones)
+
+
+def sub_block_prompts(seed: int = 5) -> dict[str, list[list[list[int]]]]:
+    """Rounds of prompts below the 96-token hybrid block: one request, then six sharing its
+    64-token system prompt (the side-by-side hybrid rows); a longer prompt over the same system
+    prompt crosses the block after its hit."""
+    rng = random.Random(seed)
+
+    def toks(n):
+        return [rng.randrange(3, 500) for _ in range(n)]
+
+    system = toks(64)
+    return {"sub_short": [[system + toks(12)], [system + toks(rng.randrange(8, 24)) for _ in range(6)]],
+            "sub_long": [[system + toks(100)]]}
+
+
 @pytest.fixture(scope="module", params=[pytest.param(f, marks=pytest.mark.xdist_group(f"vllm-{f}"))
                                         for f in FAMILIES])
 def runs(request, tmp_path_factory):
     family = request.param
     kw, stock_kw, tight, _, _ = FAMILIES[family]
     root = tmp_path_factory.getbasetemp()
-    out = compare(family, root, tight_blocks=tight, engine_kw=kw, stock_kw=stock_kw)
+    sub = sub_block_prompts() if family == "qwen3_next" else None
+    out = compare(family, root, tight_blocks=tight, engine_kw=kw, stock_kw=stock_kw,
+                  extra=sub and {"sub_short": sub["sub_short"]}, extra_tokens=SUB_TOKENS)
     out["family"] = family
     if family == "falcon_h1":  # prefix caching off: vLLM's "none" mode, one state slot per request
         nocache = engine(model_dir(family, root), jenga=True, enable_prefix_caching=False, **kw)
@@ -67,9 +89,83 @@ def runs(request, tmp_path_factory):
         out["uniform_got"] = greedy(uniform, workloads()["first"]) + greedy(uniform, workloads()["shared"])
         out["uniform"] = scheduler(uniform)
         out["engines"] = (*out["engines"], uniform)
+        out.update(sub_block_run(model_dir(family, root), kw, sub))
+        out["engines"] = (*out["engines"], out["sub_llm"])
     yield out
     for llm in out["engines"]:
         close(llm)
+
+
+def sub_block_run(path: str, kw: dict, prompts: dict) -> dict:
+    """jenga with vLLM's 32-token hash block (``prefix_match_unit=32``, the ``hybrid32`` row).
+    The long prompt's reference is the same engine with an empty cache (no hit), then it runs
+    again after the short rounds (a hit at 64, inside the first 96-token column) and once
+    more (its own prompt-end checkpoint at 160, inside the second column)."""
+    llm = engine(path, jenga=True, prefix_match_unit=32, **kw)
+    sched = scheduler(llm)
+    long_ref = greedy(llm, prompts["sub_long"][0], SUB_TOKENS)
+    llm.reset_prefix_cache()
+    got, hits = [], []
+    for rounds in (prompts["sub_short"], prompts["sub_long"], prompts["sub_long"]):
+        before = sched.jenga.stats().prefix_hit_tokens
+        got.append([out for p in rounds for out in greedy(llm, p, SUB_TOKENS)])
+        hits.append(sched.jenga.stats().prefix_hit_tokens - before)
+    return dict(sub_llm=llm, sub=sched, sub_long_ref=long_ref, sub_got=got, sub_hits=hits)
+
+
+def test_sub_block_state_hits_equal_stock(runs):
+    """With a hash block finer than vLLM's 96-token hybrid block, jenga's attention pages are one
+    hash block and its state resumes inside the block (block copies in and out of the column):
+    the short prompts' tokens equal stock vLLM's, each of the six resumes at 64 tokens, and the
+    long prompt resumed at 64 and at 160 gives the tokens it gives with no hit.  (Past 96 tokens
+    the long prompt is not compared with stock: bf16 attention over 32-token pages rounds
+    differently from vLLM's 96-token blocks, with or without any hit.)"""
+    if runs["family"] != "qwen3_next":
+        pytest.skip("run on Qwen3-Next")
+    sched = runs["sub"]
+    assert sched.hash_block_size == 32 and sched.block_size == 96 and sched.jenga.block == 32
+    assert sched.mamba_partial_cache_hit and sched.mamba_shared_prefix_checkpoint
+    assert [g.tokens_per_page for g in sched.jenga.model.groups if g.spec.per_token] == [32]
+    short, long_hit, long_self = runs["sub_got"]
+    assert short == runs["ref"]["sub_short"]
+    assert long_hit == runs["sub_long_ref"] and long_self == runs["sub_long_ref"]
+    assert runs["sub_hits"] == [6 * 64, 64, 160]
+    assert sched.kv_cache_manager.copies.num_copies >= 6 + 1 + 1
+    assert sched.jenga.used_bytes == 0 and not sched.jenga.requests
+    sched.jenga.check_integrity()
+
+
+def test_state_block_copy_moves_exactly_one_page(runs):
+    """vLLM's worker copies a block pair in every layer view of every group
+    (``copy_kv_cache_blocks_inplace``); in jenga's page-layer buffer the exec ids of two state
+    pages then copy exactly the source page's bytes onto the destination page, nothing else."""
+    if runs["family"] != "qwen3_next":
+        pytest.skip("run on Qwen3-Next")
+    import torch
+    from vllm.v1.core.kv_cache_utils import KVCacheBlockCopy
+    from vllm.v1.worker.utils import copy_kv_cache_blocks_inplace
+
+    sched = runs["sub"]
+    runner = runs["sub_llm"].llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    plan, groups = sched.kv_cache_manager.plan, sched.jenga.model.groups
+    g = next(i for i, grp in enumerate(groups) if not grp.spec.per_token)
+    page = groups[g].page_bytes
+    unit = page // plan.exec_scale[g]
+    buf = torch.empty(0, dtype=torch.uint8).set_(runner.kv_caches[0].untyped_storage())
+    saved = buf.clone()
+    try:
+        buf.copy_(torch.randint(0, 256, buf.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(0)))
+        before = buf.clone()
+        src, dst = (p * plan.exec_scale[g] + plan.exec_offset for p in (3, 1))
+        copy_kv_cache_blocks_inplace(runner.kv_caches, runner.kv_cache_config.num_blocks,
+                                     [KVCacheBlockCopy(src_block_id=src, dst_block_id=dst)])
+        s, d = src * unit, dst * unit
+        layer, useful = groups[g].layer_page_bytes, groups[g].spec.layer_page_bytes(groups[g].tokens_per_page)
+        for j in range(groups[g].num_layers):  # each layer's states (its page's padding is never read)
+            assert torch.equal(buf[d + j * layer:d + j * layer + useful], before[s + j * layer:s + j * layer + useful])
+        assert torch.equal(buf[:d], before[:d]) and torch.equal(buf[d + page:], before[d + page:])
+    finally:
+        buf.copy_(saved)
 
 
 def test_state_layers_are_one_jenga_group_of_state_pages(runs):
@@ -147,8 +243,10 @@ def test_no_state_below_the_hybrid_block(runs):
 
 def test_sub_block_hits_lost_is_named_at_start():
     """A hash block finer than the align-mode Mamba block (``prefix_match_unit``) gets the start-up
-    warning (stock takes sub-block state hits there, jenga does not: the ``hybrid32`` bench row);
-    vLLM's default hash block (the Mamba block) and prefix caching off get none."""
+    warning where jenga keeps vLLM's block (its ``uniform`` layout, or a buffer in which vLLM's
+    block copy would not move a whole state page): stock takes sub-block state hits there and
+    jenga does not.  jenga's sub-block pages, vLLM's default hash block (the Mamba block) and
+    prefix caching off get none."""
     import torch
     from vllm.v1 import kv_cache_interface as kvi
 
@@ -158,5 +256,6 @@ def test_sub_block_hits_lost_is_named_at_start():
     state = kvi.MambaSpec(block_size=96, shapes=((4,),), dtypes=(torch.bfloat16,), mamba_cache_mode="align")
     cfg = SimpleNamespace(kv_cache_groups=[kvi.KVCacheGroupSpec(["a"], attn), kvi.KVCacheGroupSpec(["m"], state)])
     assert "prefix_match_unit=32 is finer than the Mamba block [96]" in sub_block_hits_lost(cfg, 32, True)
+    assert sub_block_hits_lost(cfg, 32, True, sub_block=True) is None
     assert sub_block_hits_lost(cfg, 96, True) is None
     assert sub_block_hits_lost(cfg, 32, False) is None

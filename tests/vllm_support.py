@@ -239,15 +239,20 @@ def run_all(llm) -> dict[str, list[list[int]]]:
 
 
 def compare(family: str, root: Path, *, tight_blocks: int, tight_kw: dict | None = None,
-            engine_kw: dict | None = None, stock_kw: dict | None = None) -> dict:
+            engine_kw: dict | None = None, stock_kw: dict | None = None, extra: dict | None = None,
+            extra_tokens: int = 32) -> dict:
     """Stock vLLM (ample memory) gives the reference tokens of every workload; jenga runs
     ``first`` + ``shared`` with ample memory and ``pressure`` with ``tight_blocks`` of budget.
-    ``engine_kw`` goes to every engine (e.g. the dtype), ``stock_kw`` to the stock one only."""
+    ``engine_kw`` goes to every engine (e.g. the dtype), ``stock_kw`` to the stock one only;
+    ``extra``: more workloads (name -> rounds of prompts, ``extra_tokens`` new tokens each) stock
+    runs for a caller's own engines."""
     path = model_dir(family, root)
     w = workloads()
     kw = engine_kw or {}
     stock = engine(path, jenga=False, **{**kw, **(stock_kw or {})})
     ref = run_all(stock)
+    for name, rounds in (extra or {}).items():
+        ref[name] = [out for prompts in rounds for out in greedy(stock, prompts, extra_tokens)]
     close(stock)
     ample = engine(path, jenga=True, **kw)
     got = {k: greedy(ample, w[k]) for k in ("first", "shared")}

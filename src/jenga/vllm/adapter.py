@@ -24,6 +24,7 @@ from jenga.core.prefix.events import AllBlocksCleared, BlockRemoved, BlockStored
 from jenga.core.tables import StateTable, TokenTable
 from jenga.vllm import compat
 from jenga.vllm.plan import VllmPlan
+from jenga.vllm.state_copies import StateCopies
 
 NULL_BLOCK = 0
 
@@ -43,6 +44,10 @@ class Blocks:
         return ids
 
 
+def _retains_nothing(blocks) -> None:
+    assert not blocks, f"jenga.vllm: vLLM frees blocks {blocks} jenga's copies never retained"
+
+
 class JengaKVCacheAdapter:
     """Stands in for ``vllm.v1.core.kv_cache_manager.KVCacheManager`` in the scheduler."""
 
@@ -52,13 +57,29 @@ class JengaKVCacheAdapter:
         # vLLM's block hashes key jenga's index when its hash block divides jenga's block
         self.hash_block_size = hash_block_size
         # read-only facts vLLM's engine core reads off the manager's groups (block sizes, specs)
-        self.coordinator = SimpleNamespace(
-            single_type_managers=[SimpleNamespace(block_size=g.kv_cache_spec.block_size, kv_cache_spec=g.kv_cache_spec)
-                                  for g in kv_cache_config.kv_cache_groups],
-            enable_partial_hash_hits=False)
         self.manager = KVCacheManager(plan.model, plan.memory_bytes, tokens_per_page=plan.tokens_per_page,
                                       enable_prefix_caching=enable_caching, fit_pages=plan.fit_pages,
                                       device="meta")
+        # state groups: vLLM's Mamba mode per group ("align" / "none"; None for token groups) and
+        # its block (a block-table column covers that many tokens); per request, each state
+        # group's block-table row as sent (vLLM's worker keeps it append-only)
+        specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+        self.state_mode = [getattr(s, "mamba_cache_mode", None) for s in specs]
+        self.state_block = [s.block_size if m is not None else None for s, m in zip(specs, self.state_mode, strict=True)]
+        self._rows: dict[str, dict[int, list[int]]] = {}
+        # jenga's pages finer than an align-mode Mamba block (``plan.sub_block_page``): vLLM's
+        # scheduler then ends prefill steps on hash-block checkpoints (its partial-hit path) and
+        # on jenga's junction, and the states inside a column move by block copies
+        self.sub_block = enable_caching and any(m == "align" and b > self.manager.block
+                                                for m, b in zip(self.state_mode, self.state_block, strict=True))
+        self.mamba_shared_prefix_checkpoint = self.sub_block
+        self.copies = StateCopies()
+        # vLLM hands the blocks a copy retains (none: ``take_kv_cache_block_copies``) back through this
+        self.block_pool = SimpleNamespace(free_blocks=_retains_nothing)
+        # read-only facts vLLM's engine core reads off the manager's groups (block sizes, specs)
+        self.coordinator = SimpleNamespace(
+            single_type_managers=[SimpleNamespace(block_size=s.block_size, kv_cache_spec=s) for s in specs],
+            enable_partial_hash_hits=self.sub_block)
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.log_stats = log_stats
@@ -66,10 +87,6 @@ class JengaKVCacheAdapter:
         self.num_groups = len(self.manager.model.groups)
         self.empty_kv_cache_blocks = Blocks(tuple([] for _ in range(self.num_groups)))
         self._sent: dict[str, list[int]] = {}  # request id -> block ids already sent, per group
-        # state groups: vLLM's Mamba mode per group ("align" / "none"; None for token groups) and,
-        # per request, each state group's block-table row as sent (vLLM's worker keeps it append-only)
-        self.state_mode = [getattr(g.kv_cache_spec, "mamba_cache_mode", None) for g in kv_cache_config.kv_cache_groups]
-        self._rows: dict[str, dict[int, list[int]]] = {}
         self.num_preempted_or_freed = 0
         if enable_kv_cache_events:
             self.manager.enable_kv_events()
@@ -88,7 +105,7 @@ class JengaKVCacheAdapter:
         where the state after a step ending in block ``i`` lives, and vLLM's worker copies
         the previous step's column into the current one when they differ: a checkpoint
         page at its position's column, the prefix-hit page at the hit's column, the work
-        page everywhere else."""
+        page everywhere else (checkpoints and hits inside a column: ``_sub_block_copies``)."""
         g = table.group
         row = self._rows.setdefault(req.request_id, {}).setdefault(g, [])
         scale, off = self.plan.exec_scale[g], self.plan.exec_offset
@@ -96,7 +113,7 @@ class JengaKVCacheAdapter:
             if not row:
                 row.append(table.work_page * scale + off)
             return row
-        block = self.manager.block
+        block = self.state_block[g]
         for i in range(len(row), -(-req.start // block)):
             pos = (i + 1) * block
             page = table.checkpoints.get(pos)
@@ -183,7 +200,7 @@ class JengaKVCacheAdapter:
 
     # ------------------------------------------------------------ scheduler API
     def new_step_starts(self) -> None:
-        pass
+        self.copies.step()
 
     def get_computed_blocks(self, request, max_cache_hit_length: int | None = None):
         req = self._ensure(request)
@@ -225,15 +242,38 @@ class JengaKVCacheAdapter:
         if mgr.allocate(rid, num_new_tokens, num_lookahead=lookahead, num_placeholders=unknown) is None:
             return None
         self._check_step_ends(req, start)
-        return self._blocks(rid, only_new=True)
+        blocks = self._blocks(rid, only_new=True)
+        if self.sub_block:
+            self._sub_block_copies(req, start)
+        return blocks
+
+    def _sub_block_copies(self, req, start: int) -> None:
+        """The block copies of this allocation's states inside a column (:mod:`jenga.vllm.state_copies`):
+        the checkpoint the step ends on (fill, next step) and, on a first allocation, the hit it
+        resumes (read, this step).  ``req.start`` is the step's end."""
+        rows = self._rows.get(req.request_id, {})
+        scale, off = self.plan.exec_scale, self.plan.exec_offset
+        for t in req.tables.groups:
+            g = t.group
+            if not isinstance(t, StateTable) or self.state_mode[g] != "align":
+                continue
+            block, row = self.state_block[g], rows[g]
+            end = req.start
+            page = t.checkpoints.get(end)
+            if page is not None and end % block:
+                self.copies.fill(req.request_id, end, row[-(-end // block) - 1], page * scale[g] + off)
+            if t.read_page is not None and start == req.hit and start % block:
+                self.copies.read(t.read_page * scale[g] + off, row[start // block])
 
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
         self._sync(request)
 
     def free(self, request) -> None:
         rid = request.request_id
-        if self.manager.view(rid) is not None:
+        req = self.manager.view(rid)
+        if req is not None:
             self._sync(request)
+            self.copies.cancel(rid, req.num_computed)
             self.manager.free(rid)
             self.num_preempted_or_freed += 1
         self._sent.pop(rid, None)
@@ -267,7 +307,9 @@ class JengaKVCacheAdapter:
         return []
 
     def take_kv_cache_block_copies(self):
-        return [], []
+        # nothing to retain: the worker runs a step's copies before its forward, one gather then
+        # one scatter, so a page let go of since still holds the bytes copied (``StateCopies``)
+        return self.copies.take(), []
 
     def take_boundary_state_offloads(self) -> dict:
         return {}

@@ -37,14 +37,12 @@ NOT_PROVIDED = {
     "get_computed_blocks_for_connector": "KV connectors",
     "truncate_computed_blocks": "KV connectors",
     "pop_blocks_for_free": "KV connectors (deferred frees of a KV consumer)",
-    "block_pool.free_blocks": "KV connectors (deferred frees, copy-on-write retentions)",
     "finalize_partial_tail_offloads": "KV connectors (a KV producer's partial tails)",
     "get_block_ids_for_computed_tokens": "KV connectors (request_finished)",
     "evict_blocks": "KV connectors (failed KV loads)",
     "record_blocks_for_zeroing": "KV connectors (failed KV loads)",
     "coordinator.get_num_blocks_to_allocate": "KV connectors (parked async KV loads)",
     "empty_kv_cache_blocks.blocks": "KV connectors (parked async KV loads)",
-    "mamba_shared_prefix_checkpoint": "fine-grained hash hits (the adapter's coordinator reports none)",
 }
 
 

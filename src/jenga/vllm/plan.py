@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass
 from functools import reduce
 
+from vllm.model_executor.models.utils import extract_layer_index
 from vllm.v1 import kv_cache_interface as kvi
 
 from jenga.core.pagesize import manager_page_plan, with_base_page
@@ -131,23 +132,42 @@ def no_periodic_checkpoints(max_model_len: int, block: int) -> int:
     return (max_model_len // block + 1) * block
 
 
-def _check_state_blocks(groups, base: int) -> None:
+def _check_state_blocks(groups, base: int, *, sub_block: bool = False) -> None:
+    """An align-mode Mamba block must be jenga's token page (``sub_block``: a multiple of it)."""
     for _, spec in groups:
-        if isinstance(spec, kvi.MambaSpec) and spec.mamba_cache_mode == "align" and spec.block_size != base:
+        if isinstance(spec, kvi.MambaSpec) and spec.mamba_cache_mode == "align" and spec.block_size != base \
+                and not (sub_block and spec.block_size % base == 0):
             raise UnsupportedInVllm(f"jenga.vllm: Mamba block size {spec.block_size} differs from the attention "
                                     f"block size {base}; jenga's state checkpoints sit on its token pages")
 
 
-def page_layer_plan(cfg, max_model_len: int) -> tuple[VllmPlan, object]:
-    """jenga's grouping and page sizes over vLLM's buffer: the plan and the rewritten config."""
+def sub_block_page(layers, hash_block: int | None) -> int | None:
+    """jenga's token page when vLLM hashes prompts finer than its align-mode Mamba block
+    (``prefix_match_unit``), else None.  vLLM raises a hybrid's attention block to the Mamba
+    block (equal page bytes); jenga's groups have their own page sizes, so its attention pages
+    can hold one hash block: a prefix hit inside the Mamba block is then whole attention pages,
+    and the state resumes from a checkpoint copied in and out of its block-table column
+    (:mod:`jenga.vllm.state_copies`)."""
+    blocks = {s.block_size for _, s in layers if isinstance(s, kvi.MambaSpec) and s.mamba_cache_mode == "align"}
+    base = min(s.block_size for _, s in layers)
+    if not hash_block or not blocks or hash_block >= base or any(b % hash_block for b in blocks) \
+            or any(s.block_size % hash_block for _, s in layers):
+        return None
+    return hash_block
+
+
+def page_layer_plan(cfg, max_model_len: int, hash_block: int | None = None) -> tuple[VllmPlan, object]:
+    """jenga's grouping and page sizes over vLLM's buffer: the plan and the rewritten config.
+    ``hash_block``: vLLM's ``prefix_match_unit`` with prefix caching on (``sub_block_page``)."""
     raw = _buffer_bytes(cfg)
     layers = _layer_specs(cfg)
-    base = min(s.block_size for _, s in layers)
+    sub = sub_block_page(layers, hash_block)
+    base = sub or min(s.block_size for _, s in layers)
     by_spec: dict[object, list[str]] = {}
     for name, s in layers:
         by_spec.setdefault(_normalized(s, base), []).append(name)
     groups = [(names, spec) for spec, names in by_spec.items()]
-    _check_state_blocks(groups, base)
+    _check_state_blocks(groups, base, sub_block=sub is not None)
     model = model_of_groups(groups, name="vllm", max_model_len=max_model_len,
                             checkpoint_interval=no_periodic_checkpoints(max_model_len, base))
     fitted = manager_page_plan(with_base_page(model, base), MAX_LCM_RATIO).model
@@ -170,19 +190,66 @@ def page_layer_plan(cfg, max_model_len: int) -> tuple[VllmPlan, object]:
         tensors.append(kvi.KVCacheTensor(size=raw, layers=list(names), layer_stride=g.layer_page_bytes,
                                          block_stride=unit, offset=0))
     num_blocks = (num_large * S - min(pages) + sink) // unit + 1  # the highest exec id + 1
+    if sub and not state_copies_exact(groups, fitted.groups, raw == num_blocks * unit):
+        return page_layer_plan(cfg, max_model_len)  # states inside a block cannot move: vLLM's blocks
     new_cfg = dataclasses.replace(cfg, num_blocks=num_blocks, kv_cache_tensors=tensors, kv_cache_groups=new_groups)
     plan = VllmPlan("pages", model, (num_large + 1) * S, base, True, tuple(p // unit for p in pages), sink // unit)
     return plan, new_cfg
 
 
-def rewrite_config(cfg, max_model_len: int):
-    """The config the workers and the scheduler get, with the plan attached as ``jenga_plan``."""
+def state_copies_exact(groups, fitted, whole_storage: bool) -> bool:
+    """Whether vLLM's block copy of a state page's exec id copies exactly that page's states.
+
+    ``copy_kv_cache_blocks_inplace`` (vLLM's worker) copies block ``src`` onto ``dst`` in every
+    layer's view in layer-index order, on 0.32 / 0.33 skipping a view whose data pointer it has
+    seen (views at the same byte offset; 0.34 skips only views of the same geometry too), or
+    copies ``dst`` once across the whole storage when the storage is ``num_blocks`` blocks
+    exactly (``whole_storage``).  In the page-layer buffer layer ``j`` of group ``h`` is the view
+    at offset ``j * layer page`` whose block holds that layer's useful bytes; exec id ``e`` is
+    ``e * u`` bytes in.  So the copy is exact for group ``g`` on every version iff every view
+    stays inside one page of ``g`` and the views left after skipping same-offset ones cover each
+    layer's states."""
+    if whole_storage:
+        return False
+    views = {}
+    for (names, _), g in zip(groups, fitted, strict=True):
+        for j, name in enumerate(names):
+            views[name] = (j * g.layer_page_bytes, g.spec.layer_page_bytes(g.tokens_per_page))
+    try:
+        order = sorted(views, key=extract_layer_index)
+    except Exception:  # noqa: BLE001 - a layer name vLLM's order cannot place
+        return False
+    copied, seen = [], set()
+    for name in order:
+        off, size = views[name]
+        if off not in seen:
+            seen.add(off)
+            copied.append((off, off + size))
+    for g in fitted:
+        if g.spec.per_token:
+            continue
+        if any(off + size > g.page_bytes for off, size in views.values()):
+            return False
+        need = g.spec.layer_page_bytes(g.tokens_per_page)
+        for j in range(g.num_layers):
+            lo, hi = j * g.layer_page_bytes, j * g.layer_page_bytes + need
+            for a, b in sorted(copied):
+                if a <= lo < b:
+                    lo = b
+            if lo < hi:
+                return False
+    return True
+
+
+def rewrite_config(cfg, max_model_len: int, hash_block: int | None = None):
+    """The config the workers and the scheduler get, with the plan attached as ``jenga_plan``
+    (``hash_block``: see ``page_layer_plan``)."""
     if layout_name() == "uniform":
         plan = uniform_plan(cfg, max_model_len)
         groups = [dataclasses.replace(g, kv_cache_spec=_no_internal_checkpoints(g.kv_cache_spec))
                   for g in cfg.kv_cache_groups]
         cfg = dataclasses.replace(cfg, kv_cache_groups=groups)
     else:
-        plan, cfg = page_layer_plan(cfg, max_model_len)
+        plan, cfg = page_layer_plan(cfg, max_model_len, hash_block)
     cfg.jenga_plan = plan
     return cfg

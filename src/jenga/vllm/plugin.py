@@ -48,7 +48,9 @@ def register() -> None:
 
         refuse_unsupported(vllm_config)
         max_len = vllm_config.model_config.max_model_len
-        return [rewrite_config(cfg, max_len) for cfg in configs]
+        cache = vllm_config.cache_config
+        hash_block = getattr(cache, "prefix_match_unit", None) if cache.enable_prefix_caching else None
+        return [rewrite_config(cfg, max_len, hash_block) for cfg in configs]
 
     setattr(get_kv_cache_configs, _MARK, True)
     core.get_kv_cache_configs = get_kv_cache_configs

@@ -86,17 +86,21 @@ def check_max_model_len_fits(mgr, max_model_len: int) -> None:
             f"{longest} tokens fit); give the KV cache more memory or lower max_model_len")
 
 
-def sub_block_hits_lost(kv_cache_config, hash_block_size: int, enable_caching: bool) -> str | None:
+def sub_block_hits_lost(kv_cache_config, hash_block_size: int, enable_caching: bool,
+                        sub_block: bool = False) -> str | None:
     """Why jenga takes fewer prefix hits than stock vLLM here, or None: with a hash block finer
     than an align-mode Mamba block (``prefix_match_unit``), stock vLLM resumes states inside
-    the block by copy-on-write; jenga's state checkpoints sit on whole blocks only (README,
-    the Mamba-hybrid side-by-side rows)."""
-    if not (enable_caching and partial_hash_hits_enabled(kv_cache_config.kv_cache_groups, hash_block_size)):
+    the block by copy-on-write; jenga does too in its page-layer layout (``sub_block``: its
+    pages are one hash block, ``jenga.vllm.plan.sub_block_page``), in vLLM's own layout
+    (``JENGA_VLLM_LAYOUT=uniform``) its state checkpoints sit on whole blocks only."""
+    if sub_block or not (enable_caching and partial_hash_hits_enabled(kv_cache_config.kv_cache_groups,
+                                                                       hash_block_size)):
         return None
     blocks = sorted({g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups
                      if getattr(g.kv_cache_spec, "mamba_cache_mode", None) == "align"})
     return (f"jenga.vllm: prefix_match_unit={hash_block_size} is finer than the Mamba block {blocks}; stock vLLM "
-            "takes sub-block state hits there (copy-on-write), jenga only whole-block ones: expect fewer hits")
+            "takes sub-block state hits there (copy-on-write), jenga only whole-block ones in this layout: "
+            "expect fewer hits")
 
 
 class JengaScheduler(Scheduler):
@@ -124,7 +128,14 @@ class JengaScheduler(Scheduler):
             hash_block_size=self.hash_block_size)
         check_max_model_len_fits(self.kv_cache_manager.manager, self.max_model_len)
         logger.info("%s", startup_line(self.kv_cache_manager.manager))
-        lost = sub_block_hits_lost(kv_cache_config, self.hash_block_size, self.cache_config.enable_prefix_caching)
+        # vLLM's scheduler read these off its own manager in __init__; with jenga's pages finer
+        # than the Mamba block it ends prefill steps on jenga's hash-block checkpoints and junctions
+        self.mamba_partial_cache_hit = (self.need_mamba_block_aligned_split and self.hash_block_size < self.block_size
+                                        and self.kv_cache_manager.coordinator.enable_partial_hash_hits)
+        self.mamba_shared_prefix_checkpoint = (self.mamba_partial_cache_hit
+                                               and self.kv_cache_manager.mamba_shared_prefix_checkpoint)
+        lost = sub_block_hits_lost(kv_cache_config, self.hash_block_size, self.cache_config.enable_prefix_caching,
+                                   self.kv_cache_manager.sub_block)
         if lost:
             logger.warning("%s", lost)
         # jenga's gauges on vLLM's /metrics (jenga.vllm.metrics), refreshed with vLLM's own stats
