@@ -14,7 +14,6 @@ torch 2.13 this install can reach are CUDA builds that fail to load against the 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ pytestmark = pytest.mark.xdist_group("vllm-multimodal")
 SPECIAL = ["<pad>", "<bos>", "<eos>", "<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"]
 IMAGE = 3  # "<image>": 64 per picture (256 px, 16 px patches, pixel shuffle 2)
 MAX_TOKENS = 8
-PRESSURE_TOKENS = 48  # decode growth past the tight budget: preemption
+PRESSURE_TOKENS = 112  # decode growth past the tight budget: preemption
 
 
 def vision_dir(root: Path) -> str:
@@ -83,7 +82,7 @@ def phases():
     rng = np.random.default_rng(1)
     img = pictures(3)
     body, lead = words(rng, 120), words(rng, 100)
-    docs = [words(rng, 150), words(rng, 150)]
+    docs = [words(rng, 100), words(rng, 100)]
     return [
         ("cold", [("<image>" + body + " w300", img[0])]),
         ("same image", [("<image>" + body + " w301", img[0])]),  # image + 120 words shared: hits
@@ -136,9 +135,7 @@ def runs(tmp_path_factory):
     stock = engine(path, jenga=False, **kw)
     ref = run_phases(stock, ALL)
     close(stock)
-    t0 = time.perf_counter()
     ample = engine(path, jenga=True, **kw)
-    print("engine start", time.perf_counter() - t0)
     got = run_phases(ample, ALL[:-1])
     tight = engine(path, jenga=True, num_blocks=48, max_model_len=320, **kw)
     got_tight = run_phases(tight, ["pressure"])
