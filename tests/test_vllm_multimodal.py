@@ -211,3 +211,22 @@ def test_every_page_reclaimed(runs):
     mgr = runs["sched"].jenga
     assert mgr.used_bytes == 0 and not mgr.requests
     mgr.check_integrity()
+
+
+def test_jengas_own_hashes_are_salted_by_the_images():
+    """When jenga hashes a prompt itself (vLLM's block hashes unusable), another picture behind
+    the same placeholder tokens, or the same picture elsewhere, gives another salt."""
+    from types import SimpleNamespace
+
+    from jenga.vllm.adapter import JengaKVCacheAdapter
+
+    def req(*images, salt=None):
+        feats = [SimpleNamespace(identifier=h, mm_position=SimpleNamespace(offset=o, length=67)) for h, o in images]
+        return SimpleNamespace(cache_salt=salt, lora_request=None, mm_features=feats)
+
+    salts = [JengaKVCacheAdapter.cache_salt(r) for r in (
+        req(), req(("a", 0)), req(("b", 0)), req(("a", 100)), req(("a", 0), ("b", 200)), req(("a", 0), salt="t1"))]
+    assert salts[0] is None
+    assert len(set(salts)) == 6
+    assert salts[1] == JengaKVCacheAdapter.cache_salt(req(("a", 0)))
+
