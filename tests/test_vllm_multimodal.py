@@ -2,10 +2,10 @@
 tower, pixel-shuffle connector, Llama text model with 3 sliding-window layers : 1 full),
 written with transformers' ``save_pretrained`` plus its processor and tokenizer.
 
-Greedy tokens and per-request prefix hits (``num_cached_tokens``) equal stock vLLM's with
-ample memory; a prompt with the same image and text hits, one with another image at the same
-text does not, one sharing only the text before its (different) image hits that text's
-blocks; a tight budget preempts and still equals stock.  vLLM's encoder cache stays vLLM's:
+Greedy tokens equal stock vLLM's with ample memory and with a tight budget (preemption);
+per-request prefix hits (``num_cached_tokens``): a prompt with the same image and text hits as
+in stock, one with another image at the same text does not, one sharing only the text before
+its (different) image hits that text's blocks (jenga already on that text's second use).  vLLM's encoder cache stays vLLM's:
 jenga keys its pages by vLLM's ``request.block_hashes``, which carry the images' hashes.
 
 Why Idefics3 and not Gemma-3: vLLM 0.32's Gemma-3 (and PaliGemma, LLaVA, Pixtral, Qwen-VL)
@@ -18,13 +18,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from vllm_support import _COMMON, close, engine, scheduler
+from vllm_support import close, engine, scheduler
 
 pytestmark = pytest.mark.xdist_group("vllm-multimodal")
 
 SPECIAL = ["<pad>", "<bos>", "<eos>", "<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"]
 IMAGE = 3  # "<image>": 64 per picture (256 px, 16 px patches, pixel shuffle 2)
 MAX_TOKENS = 8
+TEXT = dict(vocab_size=512, hidden_size=128, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
+            head_dim=64, max_position_embeddings=2048, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 PRESSURE_TOKENS = 16
 
 
@@ -40,11 +42,11 @@ def vision_dir(root: Path) -> str:
         return str(out)
     vocab = {t: i for i, t in enumerate(SPECIAL)}
     vocab["\n"] = len(vocab)
-    vocab.update({f"w{i}": i for i in range(len(vocab), _COMMON["vocab_size"])})
+    vocab.update({f"w{i}": i for i in range(len(vocab), TEXT["vocab_size"])})
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in SPECIAL])
-    text = tf.LlamaConfig(**_COMMON, num_hidden_layers=4, sliding_window=64,
+    text = tf.LlamaConfig(**TEXT, num_hidden_layers=4, sliding_window=64,
                           layer_types=["sliding_attention"] * 3 + ["full_attention"])
     vision = tf.Idefics3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                                      image_size=256, patch_size=16)
