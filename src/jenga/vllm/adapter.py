@@ -163,12 +163,18 @@ class JengaKVCacheAdapter:
     @staticmethod
     def cache_salt(request) -> str | None:
         """The salt of jenga's own hashes for ``request`` (when vLLM's block hashes are not
-        used): its cache salt and its LoRA adapter, so no page is shared across tenants or
-        adapters (vLLM's own block hashes carry both as extra keys)."""
+        used): its cache salt, its LoRA adapter and its images (each one's content hash and
+        position), so no page is shared across tenants, adapters or pictures behind the same
+        placeholder tokens.  vLLM's own block hashes carry all three as extra keys, per block:
+        there, the text before an image is shared whatever the image; here, only prompts with
+        the same images at the same places share pages."""
         lora = getattr(request, "lora_request", None)
         salt = request.cache_salt
         if lora is not None:
             salt = f"{salt or ''}\x00lora:{lora.lora_name}"
+        images = getattr(request, "mm_features", None)
+        if images:
+            salt = f"{salt or ''}\x00mm:" + ",".join(f"{f.identifier}@{f.mm_position.offset}" for f in images)
         return salt
 
     def _ensure(self, request):

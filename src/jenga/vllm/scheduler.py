@@ -44,9 +44,6 @@ def refuse_unsupported(vllm_config) -> None:
         (spec_method(vllm_config) not in SPEC_METHODS,
          f"the speculative method {spec_method(vllm_config)!r} (verified against stock vLLM: "
          f"{', '.join(m for m in SPEC_METHODS if m)}; EAGLE-3 / MTP drafts are not yet)"),
-        (vllm_config.model_config.is_multimodal_model,
-         "multimodal models (not yet verified against stock vLLM inside vLLM: jenga keys pages by vLLM's block "
-         "hashes, which carry the images' hashes, but no image test has run with vLLM's CPU build)"),
         (vllm_config.model_config.is_encoder_decoder, "encoder-decoder models"),
         (vllm_config.parallel_config.pipeline_parallel_size > 1,
          "pipeline parallelism (the scheduler's one jenga plan covers every layer; each stage would need the "
