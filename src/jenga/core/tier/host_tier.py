@@ -175,16 +175,18 @@ class HostTier(EvictionListener):
             demote[(group, h)] = page
 
     # ------------------------------------------------------------------ promotion
-    def promote(self, tag: object, wanted: list[tuple[int, int]], held: dict[int, list[int]]) -> int:
+    def promote(self, tag: object, wanted: list[tuple[int, int]], held: dict[int, list[int]],
+                quota_of=None) -> int:
         """Copy the host pages ``wanted`` ((group, host page), in hit order) to fresh device pages
         registered under their keys; ``held``: per group, the hit's device pages, kept from
-        eviction meanwhile.  Stops at the first group the device cannot give a page (the hit the
-        lookup then finds is shorter).  Returns how many pages were promoted."""
+        eviction meanwhile.  ``quota_of(need)``: the admission rule (``Admission.promotion_quota``)
+        for ``need[g]`` pages of each group once the hit is held: the large pages each group may
+        take, or ``None``: then nothing is promoted (the promotion would evict pages an admission
+        may not; the hit the lookup then finds is the device's).  Stops at the first group the
+        device cannot give a page (the hit is shorter).  Returns how many pages were promoted."""
         dev, ledger = self.device, self.ledger
         now = dev.now
         wanted = list(dict.fromkeys(wanted))
-        for g, h in wanted:
-            ledger.hold(g, h)  # pinned: a demotion below cannot take it
         dev.settle()
         log = dev.start_log()
         try:
@@ -193,10 +195,22 @@ class HostTier(EvictionListener):
                     dev.hold_run(g, pages)
         finally:
             dev.end_log()
+        groups = len(self.page_bytes)
+        quota = [UNLIMITED] * groups
+        if quota_of is not None:
+            need = [0] * groups
+            for g, _ in wanted:
+                need[g] += 1
+            quota = quota_of(need)
+            if quota is None:  # refused before any page moved: the host pages keep their keys
+                dev.undo_holds(log)
+                return 0
+        for g, h in wanted:
+            ledger.hold(g, h)  # pinned: a demotion below cannot take it
         n = len(wanted)
         promoted: list[tuple[int, int, int]] = []
         key_of = self.index.key_of
-        dev.grant(Grant(tag, [UNLIMITED] * len(self.page_bytes), [False] * len(self.page_bytes)))
+        dev.grant(Grant(tag, quota, [False] * groups))
         try:
             for i, (g, h) in enumerate(wanted):
                 if not self._can_take(dev.alloc, g):
