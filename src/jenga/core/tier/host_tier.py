@@ -125,10 +125,13 @@ class HostTier(EvictionListener):
             return
         dev = self.device
         dev.settle()
-        promote = self.pending.promote
+        promote, ref = self.pending.promote, dev.ref
+        unused: dict[int, list[int]] = {}
         for g, page in pages:
-            if (g, page) in promote and dev.ref[g][page] == 0:
-                dev.evictor.evict_page(g, page)  # ``evicting`` drops the pair and unpins its source
+            if (g, page) in promote and ref[g][page] == 0:
+                unused.setdefault(g, []).append(page)
+        for g, group_pages in unused.items():  # ``evicting`` drops their pairs and unpins their sources
+            dev.evictor.evict_pages(g, group_pages)
 
     # ------------------------------------------------------------------ demotion
     def _can_take(self, alloc: LargePageAllocator, group: int) -> bool:
@@ -144,15 +147,18 @@ class HostTier(EvictionListener):
         promote, host_table = self.pending.promote, self.index.table[group]
         keep: list[int] = []
         fresh: list[int] = []
+        unpin: list[int] = []
         for page in pages:
             h = promote.pop((group, page), None)
             if h is not None:  # its copy never ran: the host still has the content
-                self._unpin(group, h, now)
+                unpin.append(h)
                 continue
             if dev_keys[page] in host_table:
                 keep.append(page)
             else:
                 fresh.append(page)
+        if unpin:
+            self._unpin_pages({group: unpin}, now)
         key_t, key_n = dev.evictor.key_t[group], dev.evictor.key_n[group]
         if keep:  # the host copy is refreshed: it was just in use
             self.ledger.retime_keys(group, [dev_keys[p] for p in keep], [-key_n[p] for p in keep], now)
@@ -225,14 +231,25 @@ class HostTier(EvictionListener):
         finally:
             dev.grant(None)
         dev.undo_holds(log)
-        for g, page, prefix in promoted:
-            dev.drop(g, page, now, prefix)
+        by_group: dict[int, tuple[list[int], list[int]]] = {}
+        for g, page, prefix in promoted:  # cached under their keys, one run per group
+            ids, lens = by_group.setdefault(g, ([], []))
+            ids.append(page)
+            lens.append(prefix)
+        for g, (ids, lens) in by_group.items():
+            dev.drop_pages(g, ids, now, lens)
+        left: dict[int, list[int]] = {}
         for g, h in wanted[n:]:
-            self._unpin(g, h, now)
+            left.setdefault(g, []).append(h)
+        self._unpin_pages(left, now)
         return n
 
-    def _unpin(self, group: int, h: int, now: int) -> None:
-        self.ledger.drop(group, h, now, self.prefix[group][h])
+    def _unpin_pages(self, pages: dict[int, list[int]], now: int) -> None:
+        """One pin let go of each of ``pages`` (per group, host pages; one may repeat)."""
+        prefix = self.prefix
+        for g, hs in pages.items():
+            p = prefix[g]
+            self.ledger.drop_pages(g, hs, now, [p[h] for h in hs])
 
     # ------------------------------------------------------------------ the plan
     def take_copy_plan(self) -> CopyPlan:
@@ -249,11 +266,12 @@ class HostTier(EvictionListener):
 
     def _unpin_all(self) -> None:
         """Every pending copy's host page is let go of (CACHED once no other copy pins it)."""
-        now = self.device.now
+        pages: dict[int, list[int]] = {}
         for (g, _), h in self.pending.promote.items():
-            self._unpin(g, h, now)
+            pages.setdefault(g, []).append(h)
         for (g, h) in self.pending.demote:
-            self._unpin(g, h, now)
+            pages.setdefault(g, []).append(h)
+        self._unpin_pages(pages, self.device.now)
 
     def reset_with(self, device_reset) -> bool:
         """``KVCacheManager.reset_prefix_cache``: ``device_reset()`` (a reset drops pages, it
