@@ -20,7 +20,9 @@ page of the oldest prefix first, the device's prefix-subset order.
 *Promotion.*  ``lookup`` sees both tiers (``jenga.core.tier.tier_view``); the host pages its hit
 needs are copied back before the hit is held: each gets a fresh device page registered under its
 key (pairs (host, device) in the plan), while the hit's device pages are held so that the
-promotion cannot evict them.  The host keeps its copy (an inclusive tier: demoting that page
+promotion cannot evict them.  The device pages come under admission's rule (the lookup is part of
+an admission): its quota, and no protected (reused) page evicted while other requests run; a
+promotion the rule refuses is not made, before any page moves.  The host keeps its copy (an inclusive tier: demoting that page
 again costs no copy); it stays pinned until the plan is taken.  A promoted page the device evicts
 before the plan is taken loses its pair (nothing read it) and unpins its source.
 """
