@@ -98,6 +98,15 @@ def test_random_request_streams_with_a_host_tier(spec_name):
     assert seen["demoted"] > 0 and seen["promoted"] > 0 and seen["reuse:t"] > 0, dict(seen)
 
 
+def test_random_request_streams_with_a_host_tier_and_reuse_eviction():
+    """The same with jenga's default order (``eviction="reuse"``): promotions under admission's
+    rule, which keeps protected pages while others run, and the class-3 counters checked."""
+    seen: Counter = Counter()
+    machine = type("HostMachineReuse", (HostMachine,), {"spec_name": "full+mamba", "seen": seen, "eviction": "reuse"})
+    run_state_machine_as_test(machine, settings=SETTINGS)
+    assert seen["demoted"] > 0 and seen["promoted"] > 0 and seen["evicted"] > 0, dict(seen)
+
+
 # ------------------------------------------------------------------ a random trace against numpy page contents
 def _trace(host_policy: str, seed: int) -> Counter:
     """Requests on shared prefixes through a small device pool and a host tier; page contents are
