@@ -229,11 +229,13 @@ def test_promotion_follows_admission_and_spares_reused_pages():
     assert sorted(mgr.evictor.protected[0]) == [0, 1]
     mgr.add_request("z", [50, 51, 52, 53])
     # p's prefix lies on the host, but the device could only hold it by evicting the reused pages
-    # 0, 1 while r runs (an allocation would be refused the same way): no promotion, no demotion
+    # 0, 1 while r runs (an admission would be refused the same way): no promotion, no demotion
     assert mgr.lookup("z") == 0
     assert mgr.take_copy_plan().empty
     assert sorted(mgr.evictor.protected[0]) == [0, 1]
-    assert mgr.allocate("z", 4) is None
+    # z waits for its host hit (recomputing it would evict what the rule protects, or take pages
+    # the promotion needs): no allocate until a new lookup
+    assert not mgr.can_allocate("z", 1) and mgr.allocate("z", 1) is None
     mgr.check_integrity()
     mgr.free("z")
     mgr.free("r")

@@ -274,6 +274,8 @@ class KVCacheManager:
 
     def _allocate_slow(self, req: Request, n: int, lookahead: int, end: int) -> PageTables | None:
         ledger, admission = self.ledger, self.admission
+        if req.tables is None and self.host is not None and self.host.waits(req.request_id):
+            return None  # its host hit's promotion was refused (jenga.core.tier.host_tier)
         old_lookahead, req.num_lookahead = req.num_lookahead, lookahead
         if ledger.pending is req and admission.hit_cannot_fit(req, end, self._allocated):
             req.num_lookahead = old_lookahead

@@ -85,6 +85,7 @@ class HostTier(EvictionListener):
         self.hit_tokens = 0  # hit tokens served from host pages (counted at a request's first allocate)
         self._gains: dict[object, int] = {}  # per looked-up request: tokens its promotions added to the hit
         self._promoted_by: dict[object, list[tuple[int, int]]] = {}  # (group, device page) per request, until a plan
+        self._waiting: set[object] = set()  # requests whose last lookup's promotion was refused
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -105,8 +106,15 @@ class HostTier(EvictionListener):
         return self.index.table
 
     # ------------------------------------------------------------------ hits served
+    def waits(self, request_id: object) -> bool:
+        """Whether the last lookup of ``request_id`` was refused its promotion (``promote``): its
+        first allocate waits (the admission would recompute what the host holds, or evict what
+        the rule protects) until a new lookup, once others have finished."""
+        return request_id in self._waiting
+
     def note_hit(self, request_id: object, gain: int) -> None:
         """The last lookup of ``request_id`` found ``gain`` tokens more than the device alone held."""
+        self._waiting.discard(request_id)
         if gain > 0:
             self._gains[request_id] = gain
         else:
@@ -122,6 +130,7 @@ class HostTier(EvictionListener):
         has not been handed out yet are evicted again: their pair leaves the plan (no copy for a
         hit nobody used; the host still has them) and the device gets its pages back."""
         self._gains.pop(request_id, None)
+        self._waiting.discard(request_id)
         pages = self._promoted_by.pop(request_id, None)
         if not pages or not never_ran:
             return
@@ -190,7 +199,7 @@ class HostTier(EvictionListener):
         eviction meanwhile.  ``quota_of(need)``: the admission rule (``Admission.promotion_quota``)
         for ``need[g]`` pages of each group once the hit is held: the large pages each group may
         take, or ``None``: then nothing is promoted (the promotion would evict pages an admission
-        may not; the hit the lookup then finds is the device's).  Stops at the first group the
+        may not) and the request ``waits`` until its next lookup.  Stops at the first group the
         device cannot give a page (the hit is shorter).  Returns how many pages were promoted."""
         dev, ledger = self.device, self.ledger
         now = dev.now
@@ -212,6 +221,7 @@ class HostTier(EvictionListener):
             quota = quota_of(need)
             if quota is None:  # refused before any page moved: the host pages keep their keys
                 dev.undo_holds(log)
+                self._waiting.add(tag)
                 return 0
         for g, h in wanted:
             ledger.hold(g, h)  # pinned: a demotion below cannot take it
