@@ -22,7 +22,8 @@ needs are copied back before the hit is held: each gets a fresh device page regi
 key (pairs (host, device) in the plan), while the hit's device pages are held so that the
 promotion cannot evict them.  The device pages come under admission's rule (the lookup is part of
 an admission): its quota, and no protected (reused) page evicted while other requests run; a
-promotion the rule refuses is not made, before any page moves.  The host keeps its copy (an inclusive tier: demoting that page
+promotion the rule refuses is not made, before any page moves, and the request waits for it
+(``waits``: its first allocate answers no until its next lookup) rather than recompute its hit.  The host keeps its copy (an inclusive tier: demoting that page
 again costs no copy); it stays pinned until the plan is taken.  A promoted page the device evicts
 before the plan is taken loses its pair (nothing read it) and unpins its source.
 """
