@@ -196,7 +196,7 @@ BLOCKS: dict[str, Block] = {
     "vs-vllm-main": _script("vs_vllm_manager", "--rows", "main", "--markdown", "--outcome"),
     "vs-vllm-extra": _script("vs_vllm_manager", "--rows", "extra", "--markdown", "--outcome"),
     "vllm-side-by-side": _script("vllm_side_by_side", "--markdown", "--outcome"),
-    "host-tier": _host_tier("articles64", "0,4"),
+    "host-tier": _host_tier("articles64,chats64", "0,2,4,8"),
 }
 #: Blocks make test re-renders (seconds each); the rest run under ``-m slow``.
 FAST = ("reproduce-closed-form", "plan-ministral")

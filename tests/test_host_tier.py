@@ -15,7 +15,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import full, group, model, sliding
+from conftest import full, group, model, serve, sliding
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, run_state_machine_as_test
 from test_properties import MAX_LEN, SETTINGS, SPECS, TPP, ManagerMachine, min_large
@@ -96,6 +96,15 @@ def test_random_request_streams_with_a_host_tier(spec_name):
     run_state_machine_as_test(machine, settings=SETTINGS)
     print(spec_name, dict(seen))
     assert seen["demoted"] > 0 and seen["promoted"] > 0 and seen["reuse:t"] > 0, dict(seen)
+
+
+def test_random_request_streams_with_a_host_tier_and_reuse_eviction():
+    """The same with jenga's default order (``eviction="reuse"``): promotions under admission's
+    rule, which keeps protected pages while others run, and the class-3 counters checked."""
+    seen: Counter = Counter()
+    machine = type("HostMachineReuse", (HostMachine,), {"spec_name": "full+mamba", "seen": seen, "eviction": "reuse"})
+    run_state_machine_as_test(machine, settings=SETTINGS)
+    assert seen["demoted"] > 0 and seen["promoted"] > 0 and seen["evicted"] > 0, dict(seen)
 
 
 # ------------------------------------------------------------------ a random trace against numpy page contents
@@ -199,6 +208,44 @@ def test_exact_demote_and_promote_pages():
     assert (s.promotions, s.demotions, s.host_hit_tokens) == (2, 4, 4)
     assert s.host_used_bytes == s.host_total_bytes == 4 * mgr.pool.page_bytes[0]
     assert s.bytes_demoted == 4 * mgr.pool.page_bytes[0] and s.bytes_promoted == 2 * mgr.pool.page_bytes[0]
+    mgr.check_integrity()
+
+
+def test_promotion_follows_admission_and_spares_reused_pages():
+    """A lookup's promotion takes device pages under admission's rule: while another request runs
+    it may not evict the evictor's protected (reused) pages, so it is refused before any page
+    moves; alone, the request promotes its whole host hit.  One full group, one token a page,
+    8 device and 8 host pages, ``eviction="reuse"``."""
+    mgr = host_manager(model(group("full", full(), 1), max_len=64), 8, 8, tpp=1, eviction="reuse")
+    serve(mgr, "x", [1, 2, 3], [0])  # pages 0, 1, 2
+    serve(mgr, "x2", [1, 2, 4], [0])  # hits 0, 1 (reused: protected); page 3
+    serve(mgr, "p", [50, 51, 52], [0])  # pages 4, 5, 6
+    mgr.add_request("r", [20, 21, 22, 23, 24, 25])
+    assert mgr.lookup("r") == 0
+    # r alone takes free page 7, then the one-off pages oldest first: p's pages go to the host
+    assert mgr.allocate("r", 6).groups[0].page_ids == [7, 2, 3, 6, 5, 4]
+    mgr.append_tokens("r", [])
+    assert mgr.take_copy_plan().demote[0].tolist() == [[2, 0], [3, 1], [4, 4], [5, 3], [6, 2]]
+    assert sorted(mgr.evictor.protected[0]) == [0, 1]
+    mgr.add_request("z", [50, 51, 52, 53])
+    # p's prefix lies on the host, but the device could only hold it by evicting the reused pages
+    # 0, 1 while r runs (an admission would be refused the same way): no promotion, no demotion
+    assert mgr.lookup("z") == 0
+    assert mgr.take_copy_plan().empty
+    assert sorted(mgr.evictor.protected[0]) == [0, 1]
+    # z waits for its host hit (recomputing it would evict what the rule protects, or take pages
+    # the promotion needs): no allocate until a new lookup
+    assert not mgr.can_allocate("z", 1) and mgr.allocate("z", 1) is None
+    mgr.check_integrity()
+    mgr.free("z")
+    mgr.free("r")
+    mgr.add_request("z2", [50, 51, 52, 53])
+    assert mgr.lookup("z2") == 3  # alone now: host 2, 3, 4 -> r's cached pages 6, 5, 4 (demoted)
+    plan = mgr.take_copy_plan()
+    assert plan.promote[0].tolist() == [[2, 6], [3, 5], [4, 4]]
+    assert plan.demote[0].tolist() == [[4, 5], [5, 6], [6, 7]]
+    assert mgr.allocate("z2", 1).groups[0].page_ids == [4, 5, 6, 3]
+    assert sorted(mgr.evictor.protected[0]) == [0, 1]
     mgr.check_integrity()
 
 

@@ -284,6 +284,13 @@ class PrefixEvictor(EvictionSource):
         ``PageLedger.register``), or a promoted copy nobody used (``jenga.core.tier``)."""
         self._drop(group, page)
 
+    def evict_pages(self, group: int, pages: list[int]) -> None:
+        """``evict_page`` for each of the distinct CACHED ``pages``, their keys dropped together."""
+        self._drop_pages(group, pages)
+        evict = self.alloc.evict_cached
+        for page in pages:
+            evict(group, page)
+
     def _drop(self, group: int, page: int) -> None:
         """Evict one CACHED page (its large page may stay carved)."""
         self._drop_pages(group, [page])

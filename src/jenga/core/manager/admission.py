@@ -109,6 +109,26 @@ class Admission:
             return None
         return self.quota_for(need, sup)
 
+    def promotion_quota(self, need: list[int], allocated: int) -> list[int] | None:
+        """Large pages each group may take to promote ``need`` host pages for a lookup (before the
+        request's first allocate: an admission), or ``None``: refused.  While other requests run
+        and the evictor protects pages, the ``protected`` pages stay out of reach and ``margin``
+        pages per token group and running request stay evictable, as ``quota_of`` keeps them;
+        else every page is in reach (``need`` itself: never fewer large pages than pages)
+        (``jenga.core.tier.host_tier.HostTier.promote``)."""
+        prot = self.protected(allocated) if any(need) else None
+        if prot is None:
+            return list(need)
+        self.ledger.settle()
+        sup = self.alloc.supply()
+        outside, e_prot = prot
+        sup = Supply(sup.free_small, tuple(c - o for c, o in zip(sup.cached_small, outside, strict=True)),
+                     sup.whole_large - e_prot)
+        margin = self.margin * allocated
+        if self.quota_for([n + margin * (not st) for n, st in zip(need, self.state_group, strict=True)], sup) is None:
+            return None
+        return self.quota_for(need, sup)
+
     def windowed(self, req: Request) -> bool:
         """Whether some group reads less than ``req``'s whole prompt (a window shorter than it):
         then a prefix like it hits only with the window at its end, all or nothing."""

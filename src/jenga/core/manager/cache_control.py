@@ -43,6 +43,8 @@ def can_allocate(mgr, req: Request, num_new_tokens: int, num_lookahead: int) -> 
     if end > mgr.model.max_model_len:
         raise SequenceTooLongError(f"request {req.request_id!r}: {end} tokens exceed the model's max length "
                                    f"{mgr.model.max_model_len}")
+    if req.tables is None and mgr.host is not None and mgr.host.waits(req.request_id):
+        return False  # its host hit's promotion was refused: allocate waits
     admission = mgr.admission
     old, req.num_lookahead = req.num_lookahead, num_lookahead
     need, log = admission.plan(req, end, req.pairs or list(zip(mgr.policies, req.groups, strict=True)))

@@ -210,6 +210,33 @@ class PageLedger(PageOps):
                 self.released.pop(group, page)
             self._dropped(group, page, last_access, prefix_len)
 
+    def drop_pages(self, group: int, pages: list[int], last_access: int, prefix_lens: list[int]) -> None:
+        """``drop`` for each of ``pages`` in turn (a page may repeat), each with its own prefix
+        length; the registered pages whose last reference goes are cached together, in one
+        ``add_run`` (the same keys as one ``drop`` each)."""
+        if self.pending is not None:
+            self.settle()
+        ref, caching, index = self.ref[group], self.caching, self.index
+        ids: list[int] = []
+        negs: list[int] = []
+        for page, n in zip(pages, prefix_lens, strict=True):
+            r = ref[page] - 1
+            assert r >= 0, f"drop of unreferenced page {group}:{page}"
+            ref[page] = r
+            if r:
+                if caching:
+                    self.released.put(group, page, (last_access, -n))
+                continue
+            if self.released:
+                self.released.pop(group, page)
+            if caching and index.is_registered(group, page):
+                ids.append(page)
+                negs.append(-n)
+            else:
+                self._dropped(group, page, last_access, n)
+        if ids:
+            self.evictor.add_run(group, ids, negs, last_access)
+
     def drop_run(self, group: int, pages: list[int | None], start: int, stop: int, last_access: int,
                  tokens_per_page: int) -> None:
         """``drop`` for ``pages[start:stop]`` (page ``i`` ends at token ``(i+1) * tokens_per_page``),

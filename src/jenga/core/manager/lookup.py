@@ -11,6 +11,8 @@ once anything else happens (:mod:`jenga.core.manager.ledger`); a second lookup f
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from jenga.core.manager.ledger import PageLedger
 from jenga.core.manager.miss_reasons import MissReasons
 from jenga.core.manager.prompt_hashes import PromptHasher
@@ -28,10 +30,12 @@ class PrefixLookup:
     missed, :mod:`jenga.core.manager.miss_reasons`); the manager hands it the live record."""
 
     def __init__(self, policies: list[Policy], block: int, caching: bool, hasher: PromptHasher,
-                 ledger: PageLedger, index: PrefixIndex, host: HostTier | None = None):
+                 ledger: PageLedger, index: PrefixIndex, host: HostTier | None = None,
+                 promotion_quota: Callable[[list[int]], list[int] | None] | None = None):
         self.policies, self.block, self.caching = policies, block, caching
         self.hasher, self.ledger, self.index = hasher, ledger, index
         self.host = host  # a host tier: the hit over both tiers is promoted first (jenga.core.tier.promotion)
+        self.promotion_quota = promotion_quota  # the admission rule promotions follow (Admission.promotion_quota)
         self.junction = Junction(policies, block, caching, hasher.bound, self.fixed_point)
         self.misses = MissReasons(block)
 
@@ -42,7 +46,7 @@ class PrefixLookup:
             return 0
         top = self.top(req, max_tokens)
         if self.host is not None:
-            promote_hit(self, self.host, req, top)
+            promote_hit(self, self.host, req, top, self.promotion_quota)
         reach = self.hasher.for_lookup(req, top, self.ledger)
         cand = self.fixed_point(req, reach, self.policies, self.hasher.bound)
         self.junction.find(req, reach, cand)

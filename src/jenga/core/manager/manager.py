@@ -126,7 +126,7 @@ class KVCacheManager:
                                  policy=host_policy)
             evictor.listener = self.host
         self.prefix_lookup = PrefixLookup(self.policies, self.block, self.caching, self.hasher, self.ledger, index,
-                                          self.host)
+                                          self.host, self._promotion_quota)
         self.junction = self.prefix_lookup.junction  # where a state hit's cached attention prefix ends
         self.step_commit = StepCommit(self.policies, self.ledger, self.hasher, index, self.block, self.caching)
         self.accounting = ByteAccounting(self.policies, self.ledger, model)
@@ -274,6 +274,8 @@ class KVCacheManager:
 
     def _allocate_slow(self, req: Request, n: int, lookahead: int, end: int) -> PageTables | None:
         ledger, admission = self.ledger, self.admission
+        if req.tables is None and self.host is not None and self.host.waits(req.request_id):
+            return None  # its host hit's promotion was refused (jenga.core.tier.host_tier)
         old_lookahead, req.num_lookahead = req.num_lookahead, lookahead
         if ledger.pending is req and admission.hit_cannot_fit(req, end, self._allocated):
             req.num_lookahead = old_lookahead
@@ -332,6 +334,10 @@ class KVCacheManager:
             raise SequenceTooLongError(f"request {request_id!r}: appending {len(token_ids)} tokens passes "
                                        f"the model's max length {self.model.max_model_len}")
         self.step_commit.commit(req, token_ids, num_rejected)
+
+    def _promotion_quota(self, need: list[int]) -> list[int] | None:
+        """A lookup's promotion of ``need`` host pages per group under admission's rule."""
+        return self.admission.promotion_quota(need, self._allocated)
 
     def _active(self, req: Request) -> list[tuple[Policy, GroupState]]:
         """(policy, state) pairs with work after the first allocate: image groups only with images."""

@@ -20,7 +20,10 @@ page of the oldest prefix first, the device's prefix-subset order.
 *Promotion.*  ``lookup`` sees both tiers (``jenga.core.tier.tier_view``); the host pages its hit
 needs are copied back before the hit is held: each gets a fresh device page registered under its
 key (pairs (host, device) in the plan), while the hit's device pages are held so that the
-promotion cannot evict them.  The host keeps its copy (an inclusive tier: demoting that page
+promotion cannot evict them.  The device pages come under admission's rule (the lookup is part of
+an admission): its quota, and no protected (reused) page evicted while other requests run; a
+promotion the rule refuses is not made, before any page moves, and the request waits for it
+(``waits``: its first allocate answers no until its next lookup) rather than recompute its hit.  The host keeps its copy (an inclusive tier: demoting that page
 again costs no copy); it stays pinned until the plan is taken.  A promoted page the device evicts
 before the plan is taken loses its pair (nothing read it) and unpins its source.
 """
@@ -83,6 +86,7 @@ class HostTier(EvictionListener):
         self.hit_tokens = 0  # hit tokens served from host pages (counted at a request's first allocate)
         self._gains: dict[object, int] = {}  # per looked-up request: tokens its promotions added to the hit
         self._promoted_by: dict[object, list[tuple[int, int]]] = {}  # (group, device page) per request, until a plan
+        self._waiting: set[object] = set()  # requests whose last lookup's promotion was refused
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -103,8 +107,15 @@ class HostTier(EvictionListener):
         return self.index.table
 
     # ------------------------------------------------------------------ hits served
+    def waits(self, request_id: object) -> bool:
+        """Whether the last lookup of ``request_id`` was refused its promotion (``promote``): its
+        first allocate waits (the admission would recompute what the host holds, or evict what
+        the rule protects) until a new lookup, once others have finished."""
+        return request_id in self._waiting
+
     def note_hit(self, request_id: object, gain: int) -> None:
         """The last lookup of ``request_id`` found ``gain`` tokens more than the device alone held."""
+        self._waiting.discard(request_id)
         if gain > 0:
             self._gains[request_id] = gain
         else:
@@ -120,15 +131,19 @@ class HostTier(EvictionListener):
         has not been handed out yet are evicted again: their pair leaves the plan (no copy for a
         hit nobody used; the host still has them) and the device gets its pages back."""
         self._gains.pop(request_id, None)
+        self._waiting.discard(request_id)
         pages = self._promoted_by.pop(request_id, None)
         if not pages or not never_ran:
             return
         dev = self.device
         dev.settle()
-        promote = self.pending.promote
+        promote, ref = self.pending.promote, dev.ref
+        unused: dict[int, list[int]] = {}
         for g, page in pages:
-            if (g, page) in promote and dev.ref[g][page] == 0:
-                dev.evictor.evict_page(g, page)  # ``evicting`` drops the pair and unpins its source
+            if (g, page) in promote and ref[g][page] == 0:
+                unused.setdefault(g, []).append(page)
+        for g, group_pages in unused.items():  # ``evicting`` drops their pairs and unpins their sources
+            dev.evictor.evict_pages(g, group_pages)
 
     # ------------------------------------------------------------------ demotion
     def _can_take(self, alloc: LargePageAllocator, group: int) -> bool:
@@ -144,15 +159,18 @@ class HostTier(EvictionListener):
         promote, host_table = self.pending.promote, self.index.table[group]
         keep: list[int] = []
         fresh: list[int] = []
+        unpin: list[int] = []
         for page in pages:
             h = promote.pop((group, page), None)
             if h is not None:  # its copy never ran: the host still has the content
-                self._unpin(group, h, now)
+                unpin.append(h)
                 continue
             if dev_keys[page] in host_table:
                 keep.append(page)
             else:
                 fresh.append(page)
+        if unpin:
+            self._unpin_pages({group: unpin}, now)
         key_t, key_n = dev.evictor.key_t[group], dev.evictor.key_n[group]
         if keep:  # the host copy is refreshed: it was just in use
             self.ledger.retime_keys(group, [dev_keys[p] for p in keep], [-key_n[p] for p in keep], now)
@@ -175,16 +193,18 @@ class HostTier(EvictionListener):
             demote[(group, h)] = page
 
     # ------------------------------------------------------------------ promotion
-    def promote(self, tag: object, wanted: list[tuple[int, int]], held: dict[int, list[int]]) -> int:
+    def promote(self, tag: object, wanted: list[tuple[int, int]], held: dict[int, list[int]],
+                quota_of=None) -> int:
         """Copy the host pages ``wanted`` ((group, host page), in hit order) to fresh device pages
         registered under their keys; ``held``: per group, the hit's device pages, kept from
-        eviction meanwhile.  Stops at the first group the device cannot give a page (the hit the
-        lookup then finds is shorter).  Returns how many pages were promoted."""
+        eviction meanwhile.  ``quota_of(need)``: the admission rule (``Admission.promotion_quota``)
+        for ``need[g]`` pages of each group once the hit is held: the large pages each group may
+        take, or ``None``: then nothing is promoted (the promotion would evict pages an admission
+        may not) and the request ``waits`` until its next lookup.  Stops at the first group the
+        device cannot give a page (the hit is shorter).  Returns how many pages were promoted."""
         dev, ledger = self.device, self.ledger
         now = dev.now
         wanted = list(dict.fromkeys(wanted))
-        for g, h in wanted:
-            ledger.hold(g, h)  # pinned: a demotion below cannot take it
         dev.settle()
         log = dev.start_log()
         try:
@@ -193,10 +213,23 @@ class HostTier(EvictionListener):
                     dev.hold_run(g, pages)
         finally:
             dev.end_log()
+        groups = len(self.page_bytes)
+        quota = [UNLIMITED] * groups
+        if quota_of is not None:
+            need = [0] * groups
+            for g, _ in wanted:
+                need[g] += 1
+            quota = quota_of(need)
+            if quota is None:  # refused before any page moved: the host pages keep their keys
+                dev.undo_holds(log)
+                self._waiting.add(tag)
+                return 0
+        for g, h in wanted:
+            ledger.hold(g, h)  # pinned: a demotion below cannot take it
         n = len(wanted)
         promoted: list[tuple[int, int, int]] = []
         key_of = self.index.key_of
-        dev.grant(Grant(tag, [UNLIMITED] * len(self.page_bytes), [False] * len(self.page_bytes)))
+        dev.grant(Grant(tag, quota, [False] * groups))
         try:
             for i, (g, h) in enumerate(wanted):
                 if not self._can_take(dev.alloc, g):
@@ -211,14 +244,25 @@ class HostTier(EvictionListener):
         finally:
             dev.grant(None)
         dev.undo_holds(log)
-        for g, page, prefix in promoted:
-            dev.drop(g, page, now, prefix)
+        by_group: dict[int, tuple[list[int], list[int]]] = {}
+        for g, page, prefix in promoted:  # cached under their keys, one run per group
+            ids, lens = by_group.setdefault(g, ([], []))
+            ids.append(page)
+            lens.append(prefix)
+        for g, (ids, lens) in by_group.items():
+            dev.drop_pages(g, ids, now, lens)
+        left: dict[int, list[int]] = {}
         for g, h in wanted[n:]:
-            self._unpin(g, h, now)
+            left.setdefault(g, []).append(h)
+        self._unpin_pages(left, now)
         return n
 
-    def _unpin(self, group: int, h: int, now: int) -> None:
-        self.ledger.drop(group, h, now, self.prefix[group][h])
+    def _unpin_pages(self, pages: dict[int, list[int]], now: int) -> None:
+        """One pin let go of each of ``pages`` (per group, host pages; one may repeat)."""
+        prefix = self.prefix
+        for g, hs in pages.items():
+            p = prefix[g]
+            self.ledger.drop_pages(g, hs, now, [p[h] for h in hs])
 
     # ------------------------------------------------------------------ the plan
     def take_copy_plan(self) -> CopyPlan:
@@ -235,11 +279,12 @@ class HostTier(EvictionListener):
 
     def _unpin_all(self) -> None:
         """Every pending copy's host page is let go of (CACHED once no other copy pins it)."""
-        now = self.device.now
+        pages: dict[int, list[int]] = {}
         for (g, _), h in self.pending.promote.items():
-            self._unpin(g, h, now)
+            pages.setdefault(g, []).append(h)
         for (g, h) in self.pending.demote:
-            self._unpin(g, h, now)
+            pages.setdefault(g, []).append(h)
+        self._unpin_pages(pages, self.device.now)
 
     def reset_with(self, device_reset) -> bool:
         """``KVCacheManager.reset_prefix_cache``: ``device_reset()`` (a reset drops pages, it

@@ -17,10 +17,11 @@ from jenga.core.tier.host_tier import HostTier
 from jenga.core.tier.tier_view import TierView
 
 
-def promote_hit(lookup, host: HostTier, req: Request, top: int) -> int:
+def promote_hit(lookup, host: HostTier, req: Request, top: int, quota_of=None) -> int:
     """Promote the host pages of ``req``'s longest hit over both tiers (at most ``top`` tokens)
-    for ``lookup`` (a ``PrefixLookup``); records the tokens that adds to the device's own hit
-    with ``host.note_hit``.  Returns how many pages were promoted."""
+    for ``lookup`` (a ``PrefixLookup``) under the admission rule ``quota_of`` (``HostTier.promote``);
+    records the tokens that adds to the device's own hit with ``host.note_hit``.  Returns how many
+    pages were promoted."""
     policies, hasher, junction, ledger = lookup.policies, lookup.hasher, lookup.junction, lookup.ledger
     view = TierView(ledger, host.tables())
     both = hasher.for_lookup(req, top, view)
@@ -42,4 +43,4 @@ def promote_hit(lookup, host: HostTier, req: Request, top: int) -> int:
         return 0
     device_only = lookup.fixed_point(req, hasher.for_lookup(req, top, ledger), policies, hasher.bound)
     host.note_hit(req.request_id, cand - device_only)
-    return host.promote(req.request_id, wanted, held)
+    return host.promote(req.request_id, wanted, held, quota_of)
