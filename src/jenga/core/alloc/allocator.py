@@ -67,14 +67,14 @@ class LargePageAllocator:
         # the parts: each is handed the arrays it reads or moves
         self.free_large = FreePool(n)  # lowest id first
         self.slots = FreeSlots(groups, self.tag_of)
-        self.e = EvictableSet(n, self.k, self.group_of, self.tag_of, self.n_used, self.n_cached, self.cached_small,
+        self.in_e = bytearray(n)  # per large page: in E (the E part keeps the counts)
+        self.e = EvictableSet(self.in_e, self.k, self.group_of, self.tag_of, self.n_used, self.n_cached, self.cached_small,
                               self.owned, self.free_large, self.slots)
         self.moves = RunMoves(self.k, self.state, self.group_of, self.tag_of, self.n_used, self.n_cached,
                               self.used_small, self.cached_small, self.owned, self.free_large, self.slots, self.e)
         # the parts' counters, read by the manager's admission and stats (the same lists)
         self.free_small = self.slots.free_small  # visible free slots
         self.hidden_free = self.slots.hidden_free  # free slots inside E
-        self.in_e = self.e.in_e  # per large page: in E
         self.e_count = self.e.e_count  # fully evictable large pages per group
 
     @property
@@ -304,15 +304,17 @@ class LargePageAllocator:
             self.moves.to_cached(group, np.asarray(pages, dtype=np.int64), larges, counts)
             return
         state, n_used, n_cached = self.state[group], self.n_used, self.n_cached
-        if k == 1:  # each page its own large page: it enters E at once
+        if k == 1:  # each page its own large page: it enters E at once (``EvictableSet.enter_many``, inline)
+            in_e = self.in_e
             for page in pages:
-                assert state[page] == USED, f"cache of {group}:{page} in state {state[page]}"
+                assert state[page] == USED and not in_e[page], f"cache of {group}:{page} in state {state[page]}"
                 state[page] = CACHED
                 n_used[page] = 0
                 n_cached[page] = 1
+                in_e[page] = 1
             self.used_small[group] -= len(pages)
             self.cached_small[group] += len(pages)
-            self.e.enter_many(group, pages)
+            self.e.entered_whole(group, pages)
             return
         emptied = []
         for page in pages:
@@ -344,14 +346,19 @@ class LargePageAllocator:
         if len(pages) > BULK:
             self.moves.touch_cached(group, np.asarray(pages, dtype=np.int64))
             return
-        state, k, n_used, n_cached = self.state[group], self.k[group], self.n_used, self.n_cached
-        larges = []
+        state, k, n_used, n_cached, in_e = self.state[group], self.k[group], self.n_used, self.n_cached, self.in_e
+        leaving = []
         for page in pages:
             assert state[page] == CACHED, f"touch of {group}:{page} in state {state[page]}"
-            larges.append(page // k)
-        self.e.leave_many(group, larges)  # before the pages change: the evictor hears it first
-        for page, large in zip(pages, larges, strict=True):
+            large = page // k
+            if in_e[large]:
+                in_e[large] = 0
+                leaving.append(large)
+        if leaving:
+            self.e.left_many(group, leaving)
+        for page in pages:
             state[page] = USED
+            large = page // k
             n_cached[large] -= 1
             n_used[large] += 1
         self.used_small[group] += len(pages)

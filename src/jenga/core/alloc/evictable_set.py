@@ -18,19 +18,21 @@ from jenga.core.flat_arrays import view
 class EvictableSet:
     """``E`` membership and the counters it moves.
 
-    Owns ``in_e`` (one flag per large page), ``count`` (its size) and ``e_count[g]`` (per group);
-    ``evictor`` (set by the allocator) hears ``on_evictable`` / ``on_unevictable``.  Reads the
-    allocator's flat arrays handed over at construction (``k``, ``group_of``, ``n_used``,
-    ``n_cached``) and moves its ``cached_small`` counters (pages cached outside ``E``); ``settle``
-    also gives an all-free large page back (``tag_of``, ``owned``, ``pool``).
+    Owns ``count`` (the size of ``E``) and ``e_count[g]`` (per group); ``evictor`` (set by the
+    allocator) hears ``on_evictable`` / ``on_unevictable``.  ``in_e`` (one flag per large page) is a
+    flat array of the allocator's, like ``k``, ``group_of``, ``n_used`` and ``n_cached``, handed
+    over at construction: the allocator's per-page loops may flip flags themselves and then report
+    the large pages that ``entered_whole`` or ``left_many``.  Moves the allocator's
+    ``cached_small`` counters (pages cached outside ``E``); ``settle`` also gives an all-free large
+    page back (``tag_of``, ``owned``, ``pool``).
     """
 
     __slots__ = ("in_e", "count", "e_count", "evictor", "slots", "k", "group_of", "tag_of", "n_used", "n_cached",
                  "cached_small", "owned", "pool")
 
-    def __init__(self, num_large: int, k: list[int], group_of: list[int], tag_of: list, n_used, n_cached,
+    def __init__(self, in_e: bytearray, k: list[int], group_of: list[int], tag_of: list, n_used, n_cached,
                  cached_small: list[int], owned: list[int], pool: FreePool, slots: FreeSlots):
-        self.in_e = bytearray(num_large)
+        self.in_e = in_e
         self.count = 0
         self.e_count = [0] * len(k)
         self.evictor = None
@@ -126,30 +128,22 @@ class EvictableSet:
         if self.evictor is not None:
             self.evictor.on_unevictable(large)
 
-    def leave_many(self, group: int, larges) -> None:
-        """``leave`` for the distinct large pages of ``group`` among ``larges`` that are in ``E``
-        (a list, or an int array: flags in numpy)."""
-        in_e = self.in_e
-        if type(larges) is np.ndarray:
-            flags = view(in_e)
-            leaving = larges[flags[larges] == 1]
-            if not len(leaving):
-                return
-            flags[leaving] = 0
-            leaving = leaving.tolist()
-        else:
-            leaving = []
-            for large in larges:
-                if in_e[large]:
-                    in_e[large] = 0
-                    leaving.append(large)
-            if not leaving:
-                return
-        n_cached, unhide = self.n_cached, self.slots.unhide
+    def entered_whole(self, group: int, larges: list[int]) -> None:
+        """Large pages of a one-page-per-large-page ``group`` whose page was just cached entered
+        ``E``: their flags are set already (no free slot to hide); count them, tell the evictor."""
+        self.count += len(larges)
+        self.e_count[group] += len(larges)
+        self.cached_small[group] -= len(larges)
+        if self.evictor is not None:
+            self.evictor.on_evictable_many(group, larges)
+
+    def left_many(self, group: int, leaving: list[int]) -> None:
+        """``leave`` for the distinct large pages of ``group`` whose ``E`` flag was just cleared."""
+        n_cached = self.n_cached
         cached = 0
         for large in leaving:
             cached += n_cached[large]
-            unhide(group, large)
+        self.slots.unhide_many(group, leaving)
         self.count -= len(leaving)
         self.e_count[group] -= len(leaving)
         self.cached_small[group] += cached

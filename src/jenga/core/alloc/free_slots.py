@@ -142,6 +142,17 @@ class FreeSlots:
         self.hidden_free[group] -= len(slots)
         return len(slots)
 
+    def unhide_many(self, group: int, larges: list[int]) -> None:
+        """``unhide`` each of ``larges`` (of ``group``), in order."""
+        hidden, show, n = self.hidden, self.show, 0
+        for large in larges:
+            slots = hidden.pop(large, None)
+            if slots is not None:
+                show(group, large, slots)
+                n += len(slots)
+        self.free_small[group] += n
+        self.hidden_free[group] -= n
+
     def forget_hidden(self, group: int, larges, n_free: int) -> None:
         """Fully evictable ``larges`` of ``group`` were evicted whole: drop their hidden slots,
         ``n_free`` of them in all."""

@@ -124,7 +124,11 @@ class RunMoves:
         state, k = view(self.state[group]), self.k[group]
         assert (state[pages] == CACHED).all(), f"touch of group {group} pages not all CACHED"
         larges, counts = (pages, 1) if k == 1 else unique_counts(pages // k)
-        self.e.leave_many(group, larges)
+        in_e = view(self.e.in_e)
+        leaving = larges[in_e[larges] == 1]
+        if len(leaving):
+            in_e[leaving] = 0
+            self.e.left_many(group, leaving.tolist())
         state[pages] = USED
         view(self.n_cached)[larges] -= counts
         view(self.n_used)[larges] += counts
