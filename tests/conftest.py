@@ -154,11 +154,9 @@ def snapshot(mgr: KVCacheManager) -> dict:
         stats=mgr.stats().as_dict(),
         state=[bytes(s) for s in a.state],
         group_of=list(a.group_of), tag_of=list(a.tag_of), n_used=list(a.n_used), n_cached=list(a.n_cached),
-        in_e=bytes(a.in_e), free_large=sorted(a._free_large), free_small=list(a.free_small),
+        in_e=bytes(a.in_e), free_small=list(a.free_small),
         cached_small=list(a.cached_small), hidden_free=list(a.hidden_free), used_small=list(a.used_small),
-        slots=[{k: sorted(v) for k, v in s.items()} for s in a._slots],
-        hidden={k: sorted(v) for k, v in a._hidden.items()},
-        tag_larges=[{k: set(v) for k, v in t.items()} for t in a._tag_larges],
+        **a.snapshot(),  # the free pool and the free-slot structures, as plain copies
         num_carved=a.num_carved,
         ref=[list(r) for r in mgr.ref],
         keys=[dict(k) for k in mgr.evictor.keys],

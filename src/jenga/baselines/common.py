@@ -29,9 +29,33 @@ TRUE_RECORD: dict[type, tuple[Callable[[Request, bool], GroupState], bool] | Non
 }
 
 
+#: spec type -> how the baselines' model transforms (paged, uniform) store a group of it: "tokens"
+#: (attention: pages of tokens), "images" (cross attention: pages of image tokens, also attention),
+#: "state" (one state per request), or None (vision embeddings: outside the KV pool)
+STORED_AS: dict[type, str | None] = {
+    AttentionSpec: "tokens",
+    CrossAttentionSpec: "images",
+    MambaSpec: "state",
+    VisionEmbeddingSpec: None,
+}
+
+
+def by_spec_type(table: dict[type, object], spec: object):
+    """``table``'s entry for the spec's type: the exact type first, then its bases."""
+    for cls in type(spec).__mro__:
+        if cls in table:
+            return table[cls]
+    raise TypeError(f"no entry for spec type {type(spec).__name__}")
+
+
 def true_record(spec: object) -> tuple[Callable[[Request, bool], GroupState], bool] | None:
     """``TRUE_RECORD``'s entry for the spec's type (its nearest registered base)."""
-    return next(TRUE_RECORD[cls] for cls in type(spec).__mro__ if cls in TRUE_RECORD)
+    return by_spec_type(TRUE_RECORD, spec)
+
+
+def stored_as(spec: object) -> str | None:
+    """``STORED_AS``'s entry for the spec's type (its nearest registered base)."""
+    return by_spec_type(STORED_AS, spec)
 
 
 class TrueNeedsManager(KVCacheManager):

@@ -14,29 +14,34 @@ out-of-window tokens held by sliding layers show up as waste.
 
 from __future__ import annotations
 
-from jenga.baselines.common import TrueNeedsManager
+from jenga.baselines.common import TrueNeedsManager, by_spec_type, stored_as
 from jenga.core.specs import (
     AttentionSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
     LayerGroup,
-    MambaSpec,
     ModelSpec,
 )
+
+#: spec type -> the spec of the one paged group that stores its tokens: a full-attention spec (plain or
+#: MLA latent) is kept as is (every token of every layer at its own size); other attention kinds as full
+PAGE_SPEC = {
+    AttentionSpec: lambda s: FullAttentionSpec(s.model, s.dtype, s.num_kv_heads, s.head_dim),
+    FullAttentionSpec: lambda s: s,
+}
 
 
 def paged_model(model: ModelSpec, block: int) -> ModelSpec:
     """The model as PagedAttention v0 stores it (see the module docstring)."""
-    attn = [g for g in model.groups if isinstance(g.spec, AttentionSpec)]
-    states = [g for g in model.groups if isinstance(g.spec, MambaSpec)]
+    stored = [stored_as(g.spec) for g in model.groups]
+    attn = [g for g, how in zip(model.groups, stored, strict=True) if how in ("tokens", "images")]
+    states = [g for g, how in zip(model.groups, stored, strict=True) if how == "state"]
     if not attn:
         raise ValueError(f"{model.name}: the paged baseline needs at least one attention layer")
     big = max((g.spec for g in attn), key=lambda s: s.bytes_per_token())
     layers = tuple(sorted({(g.spec.model, layer) for g in attn for layer in g.layers}))
     n = len(layers)
-    # a full-attention spec (plain or MLA latent) is kept as is: every token of every layer at its own size
-    spec = big if isinstance(big, FullAttentionSpec) else FullAttentionSpec(big.model, big.dtype, big.num_kv_heads,
-                                                                           big.head_dim)
+    spec = by_spec_type(PAGE_SPEC, big)(big)
     per_token = n * spec.bytes_per_token()
     tpp = block
     state_bytes = max((g.useful_page_bytes for g in states), default=0)
@@ -49,7 +54,7 @@ def paged_model(model: ModelSpec, block: int) -> ModelSpec:
     # layers); several models (draft + target): numbered 0..n-1, their ids would collide
     flat = tuple(layer for _, layer in layers) if len({m for m, _ in layers}) == 1 else tuple(range(n))
     groups = [LayerGroup("paged", spec, flat, tpp)]
-    if any(isinstance(g.spec, CrossAttentionSpec) for g in attn):
+    if "images" in stored:
         groups.append(LayerGroup("paged-images", CrossAttentionSpec(big.model, big.dtype, big.num_kv_heads,
                                                                     big.head_dim), flat, tpp))
     for g in states:
@@ -67,4 +72,4 @@ class PagedManager(TrueNeedsManager):
         return paged_model(model, tokens_per_page)
 
 
-__all__ = ["PagedManager", "paged_model"]
+__all__ = ["PAGE_SPEC", "PagedManager", "paged_model"]

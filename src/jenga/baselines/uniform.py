@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from jenga.baselines.common import TrueNeedsManager
+from jenga.baselines.common import TrueNeedsManager, stored_as
 from jenga.core.alloc.page_states import Supply
 from jenga.core.manager.admission import Admission
 from jenga.core.policy.registry import (
@@ -40,7 +40,6 @@ from jenga.core.policy.registry import (
 )
 from jenga.core.request import GroupState, Request
 from jenga.core.specs import (
-    AttentionSpec,
     ChunkedLocalSpec,
     CrossAttentionSpec,
     FullAttentionSpec,
@@ -48,13 +47,12 @@ from jenga.core.specs import (
     MambaSpec,
     ModelSpec,
     SlidingWindowSpec,
-    VisionEmbeddingSpec,
 )
 
 
 def uniform_model(model: ModelSpec, block: int) -> ModelSpec:
     """The groups vLLM v1 would build (see the module docstring)."""
-    kept = [g for g in model.groups if not isinstance(g.spec, VisionEmbeddingSpec)]
+    kept = [g for g in model.groups if stored_as(g.spec) is not None]  # vision embeddings: outside the pool
     counts = [g.num_layers for g in kept]
     lo, hi = min(counts), max(counts)
     size = hi if hi < 1.5 * lo else lo
@@ -65,8 +63,8 @@ def uniform_model(model: ModelSpec, block: int) -> ModelSpec:
             pad_layers = size - len(layers)
             per_layer = g.spec.layer_page_bytes(block)
             split.append(LayerGroup(f"{g.name}.{n}", g.spec, layers, block, pad_layers * per_layer))
-    attn = [g for g in split if isinstance(g.spec, AttentionSpec)]
-    states = [g for g in split if isinstance(g.spec, MambaSpec)]
+    attn = [g for g in split if stored_as(g.spec) in ("tokens", "images")]
+    states = [g for g in split if stored_as(g.spec) == "state"]
     if states and attn:
         state = max(g.page_bytes for g in states)
         per_tok = max(g.page_bytes for g in attn) // block

@@ -22,11 +22,13 @@ cross-attention layer costs ``text queries x image tokens``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from jenga.core.specs import (
+    CacheSpec,
     ChunkedLocalSpec,
     CrossAttentionSpec,
     MambaSpec,
@@ -45,25 +47,26 @@ class GroupCost:
     window: int = 0  # sliding window or chunk size
 
 
+#: spec type -> the cost record of a group of ``n`` layers of it (a kind's nearest registered base
+#: is used; any other cache kind reads its whole context, like full attention)
+GROUP_COST: dict[type, Callable[[CacheSpec, int], GroupCost]] = {
+    CacheSpec: lambda s, n: GroupCost("full", s.bytes_per_token() * n, 0, n),
+    MambaSpec: lambda s, n: GroupCost("mamba", 0, s.state_bytes() * n, n),
+    VisionEmbeddingSpec: lambda s, n: GroupCost("vision", 0, 0, n),
+    CrossAttentionSpec: lambda s, n: GroupCost("cross", s.bytes_per_token() * n, 0, n),
+    SlidingWindowSpec: lambda s, n: GroupCost("sliding", s.bytes_per_token() * n, 0, n, s.window),
+    ChunkedLocalSpec: lambda s, n: GroupCost("chunked", s.bytes_per_token() * n, 0, n, s.chunk),
+}
+
+
+def group_cost(spec: CacheSpec, num_layers: int) -> GroupCost:
+    """``GROUP_COST``'s record for ``num_layers`` layers of ``spec`` (exact type first, then its bases)."""
+    return next(GROUP_COST[cls] for cls in type(spec).__mro__ if cls in GROUP_COST)(spec, num_layers)
+
+
 def group_costs(model: ModelSpec) -> list[GroupCost]:
     """One :class:`GroupCost` per group of ``model`` (whole model, not per TP rank)."""
-    out = []
-    for g in model.groups:
-        s = g.spec
-        n = g.num_layers
-        if isinstance(s, MambaSpec):
-            out.append(GroupCost("mamba", 0, s.state_bytes() * n, n))
-        elif isinstance(s, VisionEmbeddingSpec):
-            out.append(GroupCost("vision", 0, 0, n))
-        elif isinstance(s, CrossAttentionSpec):
-            out.append(GroupCost("cross", s.bytes_per_token() * n, 0, n))
-        elif isinstance(s, SlidingWindowSpec):
-            out.append(GroupCost("sliding", s.bytes_per_token() * n, 0, n, s.window))
-        elif isinstance(s, ChunkedLocalSpec):
-            out.append(GroupCost("chunked", s.bytes_per_token() * n, 0, n, s.chunk))
-        else:
-            out.append(GroupCost("full", s.bytes_per_token() * n, 0, n))
-    return out
+    return [group_cost(g.spec, g.num_layers) for g in model.groups]
 
 
 class StepCoster:

@@ -15,12 +15,8 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from jenga.core.specs import (
-    AttentionSpec,
-    CrossAttentionSpec,
-    ModelSpec,
-    SlidingWindowSpec,
-)
+from jenga.core.specs import ModelSpec
+from jenga.sim.costing import group_costs
 from jenga.sim.figure14 import LLAMA4_RESERVE, SEED
 from jenga.sim.setup import build_setup
 from jenga.sim.simulator import SimConfig, Simulator
@@ -45,22 +41,19 @@ class Row:
 def mllama_waste(model: str = "llama-3.2-11b-vision", text: int = 43, image: int = 6193) -> float:
     """Paged (every layer stores text + image tokens at the largest per-layer size) vs ideal
     (self-attention layers: text; cross-attention layers: image), paper §3.2."""
-    spec = ModelSpec.from_hf_config(model)
-    attn = [g for g in spec.groups if isinstance(g.spec, AttentionSpec)]
-    big = max(g.spec.bytes_per_token() for g in attn)
-    paged = (text + image) * sum(g.num_layers for g in attn) * big
-    ideal = sum(g.num_layers * g.spec.bytes_per_token() * (image if isinstance(g.spec, CrossAttentionSpec)
-                                                           else text) for g in attn)
+    attn = [c for c in group_costs(ModelSpec.from_hf_config(model)) if c.bytes_per_token]  # attention groups
+    big = max(c.bytes_per_token // c.num_layers for c in attn)
+    paged = (text + image) * sum(c.num_layers for c in attn) * big
+    ideal = sum(c.bytes_per_token * (image if c.kind == "cross" else text) for c in attn)
     return 1.0 - ideal / paged
 
 
 def swa_waste(model: str) -> float:
     """(SWA share of per-token KV bytes) x (1 - W / max_len): paper §3.2, at the longest request."""
     spec = ModelSpec.from_hf_config(model)
-    attn = [g for g in spec.groups if isinstance(g.spec, AttentionSpec)]
-    total = sum(g.num_layers * g.spec.bytes_per_token() for g in attn)
-    return sum(g.num_layers * g.spec.bytes_per_token() / total * (1 - g.spec.window / spec.max_model_len)
-               for g in attn if isinstance(g.spec, SlidingWindowSpec))
+    attn = [c for c in group_costs(spec) if c.bytes_per_token]  # attention groups (per-kind cost records)
+    total = sum(c.bytes_per_token for c in attn)
+    return sum(c.bytes_per_token / total * (1 - c.window / spec.max_model_len) for c in attn if c.kind == "sliding")
 
 
 def closed_form() -> list[Row]:

@@ -18,12 +18,11 @@ page)`` moves one page; ``verb_many(group, pages)`` moves any pages of one group
 other arguments (a list, or an int array where numpy pays; the method picks its path);
 ``verb_run(group, ...)`` moves a *run*, one request's consecutive logical pages released or held
 together, given as flat parallel sequences (ids and per-page key parts) or a slice of its page
-list.  No other suffix; a private ``_verb_bulk`` / ``_verb_loop`` is one path of ``verb_many``.
+list.  No other suffix; ``RunMoves.verb`` (numpy over a long run) is one path of ``verb_many``.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from functools import reduce
 
@@ -32,6 +31,7 @@ import numpy as np
 from jenga.core.alloc.allocator_check import check_allocator
 from jenga.core.alloc.evictable_set import EvictableSet
 from jenga.core.alloc.free_pool import FreePool
+from jenga.core.alloc.free_slots import FreeSlots
 from jenga.core.alloc.page_states import CACHED, FREE, USED, EvictionSource, Supply
 from jenga.core.alloc.run_moves import RunMoves
 from jenga.core.flat_arrays import BULK, zeros
@@ -40,8 +40,10 @@ CARVE_LOOP = 16  # up to this many large pages carved at once: a slice assignmen
 
 __all__ = ["CACHED", "FREE", "USED", "EvictionSource", "LargePageAllocator", "Supply"]
 
-class LargePageAllocator(EvictableSet, RunMoves):
-    """The large-page pool and per-group small-page carving, with request tags."""
+class LargePageAllocator:
+    """The large-page pool and per-group carving, with request tags: a façade over its parts, the
+    free pool (``free_large``), the free slots (``slots``), the set ``E`` (``e``) and the run moves
+    (``moves``), which it builds on its flat arrays and calls."""
 
     def __init__(self, page_bytes: list[int], num_large: int):
         assert page_bytes and all(p > 0 for p in page_bytes), f"bad page sizes {page_bytes}"
@@ -49,42 +51,60 @@ class LargePageAllocator(EvictableSet, RunMoves):
         self.page_bytes = list(page_bytes)
         self.k = [self.large_bytes // p for p in page_bytes]
         self.num_large = num_large
-        n = num_large
+        n, groups = num_large, len(page_bytes)
         self.group_of: list[int] = [-1] * n
         self.tag_of: list[object] = [None] * n
-        # per large page: used / cached small pages, E flag; per group: each small page's state
+        # per large page: used / cached small pages; per group: each small page's state
         # (flat arrays, with numpy views of the same memory for bulk changes)
         self.n_used = zeros(n)
         self.n_cached = zeros(n)
-        self.in_e = bytearray(n)
-        self.num_e = 0
-        self._free_large = FreePool(n)  # lowest id first
         self.state = [bytearray(n * k) for k in self.k]
-        # visible free slots (large pages outside E), per group
-        self._slots: list[dict[int, list[int]]] = [{} for _ in page_bytes]
-        self._tag_larges: list[dict[object, set[int]]] = [{} for _ in page_bytes]
-        self._partial: list[list[int]] = [[] for _ in page_bytes]  # lazy heaps of large ids
-        self._hidden: dict[int, list[int]] = {}  # free slots of large pages in E
-        self.free_small = [0] * len(page_bytes)  # visible free slots
-        self.cached_small = [0] * len(page_bytes)  # cached pages outside E
-        self.hidden_free = [0] * len(page_bytes)  # free slots inside E
-        self.used_small = [0] * len(page_bytes)  # USED pages per group
-        self.evictor: EvictionSource | None = None
+        self.cached_small = [0] * groups  # cached pages outside E
+        self.used_small = [0] * groups  # USED pages per group
+        self.owned = [0] * groups  # large pages each group owns now
         self.caps: list[int] | None = None  # per-group large-page caps (static partition baseline)
-        self.owned = [0] * len(page_bytes)  # large pages each group owns now
-        self.e_count = [0] * len(page_bytes)  # fully evictable large pages per group
         self.num_carved = 0  # large pages ever carved (the manager's per-request quota counts these)
+        # the parts: each is handed the arrays it reads or moves
+        self.free_large = FreePool(n)  # lowest id first
+        self.slots = FreeSlots(groups, self.tag_of)
+        self.in_e = bytearray(n)  # per large page: in E (the E part keeps the counts)
+        self.e = EvictableSet(self.in_e, self.k, self.group_of, self.tag_of, self.n_used, self.n_cached, self.cached_small,
+                              self.owned, self.free_large, self.slots)
+        self.moves = RunMoves(self.k, self.state, self.group_of, self.tag_of, self.n_used, self.n_cached,
+                              self.used_small, self.cached_small, self.owned, self.free_large, self.slots, self.e)
+        # the parts' counters, read by the manager's admission and stats (the same lists)
+        self.free_small = self.slots.free_small  # visible free slots
+        self.hidden_free = self.slots.hidden_free  # free slots inside E
+        self.e_count = self.e.e_count  # fully evictable large pages per group
+
+    @property
+    def evictor(self) -> EvictionSource | None:
+        """The evictor the allocator evicts through (steps 3 and 5) and ``E`` reports to."""
+        return self.e.evictor
+
+    @evictor.setter
+    def evictor(self, evictor: EvictionSource | None) -> None:
+        self.e.evictor = evictor
 
     # ------------------------------------------------------------------ queries
     @property
+    def num_e(self) -> int:
+        """Fully evictable large pages."""
+        return self.e.count
+
+    @property
     def num_free_large(self) -> int:
-        return len(self._free_large)
+        return len(self.free_large)
 
     def supply(self) -> Supply:
-        return Supply(tuple(self.free_small), tuple(self.cached_small), len(self._free_large) + self.num_e)
+        return Supply(tuple(self.slots.free_small), tuple(self.cached_small), len(self.free_large) + self.e.count)
 
     def large_of(self, group: int, page: int) -> int:
         return page // self.k[group]
+
+    def snapshot(self) -> dict:
+        """Plain copies of the pool and the free-slot structures (read-only view for tests)."""
+        return dict(free_large=sorted(self.free_large), **self.slots.snapshot())
 
     # ------------------------------------------------------------- allocation
     def allocate(self, group: int, tag: object, may_take_large: bool, prefer_shared: bool = False) -> int:
@@ -97,21 +117,21 @@ class LargePageAllocator(EvictableSet, RunMoves):
         lone state page, where a fresh large page would stay mostly empty).  The caller has
         checked ``supply()``; running out is a bug.
         """
-        tagged = self._tag_larges[group].get(tag)
+        tagged = self.slots.tagged(group, tag)
         if tagged:
             return self._take(group, min(tagged))
         if prefer_shared:
-            large = self._pop_partial(group)
+            large = self.slots.lowest_partial(group)
             if large is not None:
                 return self._take(group, large)
         if may_take_large:
             capped = self.caps is not None and self.owned[group] >= self.caps[group]
-            if self._free_large and not capped:
+            if self.free_large and not capped:
                 return self._take(group, self._carve(group, tag))
             # at its cap a group may only recycle its own fully evictable large pages
             if self.evictor is not None and self.evictor.evict_large(group if capped else None) is not None:
                 return self._take(group, self._carve(group, tag))
-        large = self._pop_partial(group)
+        large = self.slots.lowest_partial(group)
         if large is not None:
             return self._take(group, large)
         if self.evictor is not None:
@@ -121,7 +141,7 @@ class LargePageAllocator(EvictableSet, RunMoves):
                 if self.group_of[large] == group:
                     return self._take(group, large)
                 return self._take(group, self._carve(group, tag))  # the large page emptied
-        if self._free_large and (self.caps is None or self.owned[group] < self.caps[group]):
+        if self.free_large and (self.caps is None or self.owned[group] < self.caps[group]):
             # quota spent but a whole page is left: still correct
             return self._take(group, self._carve(group, tag))
         raise AssertionError(f"allocator out of pages for group {group}: supply {self.supply()}")
@@ -138,11 +158,10 @@ class LargePageAllocator(EvictableSet, RunMoves):
         """
         out: list[int] = []
         carved = 0
-        tagged_of = self._tag_larges[group]
         k = self.k[group]
         quarter = k // 4
         while len(out) < n:
-            tagged = tagged_of.get(tag)
+            tagged = self.slots.tagged(group, tag)
             if tagged:
                 self._take_many(group, min(tagged), n - len(out), out)
                 continue
@@ -150,16 +169,16 @@ class LargePageAllocator(EvictableSet, RunMoves):
             if whole > 0 and not prefer_shared and self.caps is None:
                 # what steps 2 (or 3) + 1 do, k pages at a time: fresh large pages, else the
                 # fully evictable ones in eviction order, each carved as it is freed
-                if self._free_large:
-                    whole = min(whole, len(self._free_large))
-                    self._carve_whole(group, tag, self._free_large.take(whole), out)
+                if self.free_large:
+                    whole = min(whole, len(self.free_large))
+                    self._carve_whole(group, tag, self.free_large.take(whole), out)
                     carved += whole
                     continue
                 if self.evictor is not None:
                     freed = self.evictor.evict_large_many(whole)
                     if freed:
-                        assert sorted(freed) == sorted(self._free_large), "evicted pages are not all the free ones"
-                        self._free_large.clear()
+                        assert sorted(freed) == sorted(self.free_large), "evicted pages are not all the free ones"
+                        self.free_large.clear()
                         self._carve_whole(group, tag, freed, out)
                         carved += len(freed)
                         continue
@@ -170,14 +189,7 @@ class LargePageAllocator(EvictableSet, RunMoves):
 
     def _take_many(self, group: int, large: int, m: int, out: list[int]) -> None:
         """Take up to ``m`` free slots of ``large`` (lowest first) into ``out``."""
-        slots = self._slots[group][large]
-        if m >= len(slots):
-            taken = sorted(slots)
-            slots.clear()
-        else:
-            taken = [heapq.heappop(slots) for _ in range(m)]
-        if not slots:
-            self._hide_slots(group, large)
+        taken = self.slots.take_many(group, large, m)
         base = large * self.k[group]
         state = self.state[group]
         c = len(taken)
@@ -192,7 +204,6 @@ class LargePageAllocator(EvictableSet, RunMoves):
                 assert state[page] == FREE, f"page {group}:{page} taken while {state[page]}"
                 state[page] = USED
                 out.append(page)
-        self.free_small[group] -= c
         self.n_used[large] += c
         self.used_small[group] += c
 
@@ -201,14 +212,15 @@ class LargePageAllocator(EvictableSet, RunMoves):
         k, state, m = self.k[group], self.state[group], len(larges)
         group_of, tag_of, n_used = self.group_of, self.tag_of, self.n_used
         if m > 1 and larges[-1] - larges[0] == m - 1 and larges == list(range(larges[0], larges[-1] + 1)):
-            self._carve_range(group, tag, larges[0], m, out)  # ascending, consecutive: one slice each
+            self.moves.carve_range(group, tag, larges[0], m, out)  # ascending, consecutive: one slice each
+            self.num_carved += m
             return
         if m > CARVE_LOOP and m * k > BULK:
             for large in larges:
                 assert group_of[large] == -1, f"large page {large} popped while owned"
                 group_of[large] = group
                 tag_of[large] = tag
-            self._carve_flat(group, np.asarray(larges, dtype=np.int64))
+            self.moves.carve_flat(group, np.asarray(larges, dtype=np.int64))
         elif k == 1:  # one page each: its state byte
             for large in larges:
                 assert group_of[large] == -1, f"large page {large} popped while owned"
@@ -237,56 +249,23 @@ class LargePageAllocator(EvictableSet, RunMoves):
         self.used_small[group] += m * k
 
     def _carve(self, group: int, tag: object) -> int:
-        large = self._free_large.pop()
+        large = self.free_large.pop()
         self.num_carved += 1
         assert self.group_of[large] == -1, f"large page {large} popped while owned"
         k = self.k[group]
         self.group_of[large] = group
         self.owned[group] += 1
         self.tag_of[large] = tag
-        self._slots[group][large] = list(range(k))
-        self._tag_larges[group].setdefault(tag, set()).add(large)
-        heapq.heappush(self._partial[group], large)
-        self.free_small[group] += k
+        self.slots.open(group, large, tag, k)
         return large
 
-    def _pop_partial(self, group: int) -> int | None:
-        heap, slots = self._partial[group], self._slots[group]
-        while heap:
-            large = heap[0]
-            if large in slots:
-                return large
-            heapq.heappop(heap)
-        return None
-
     def _take(self, group: int, large: int) -> int:
-        slots = self._slots[group][large]
-        slot = heapq.heappop(slots)
-        if not slots:
-            self._hide_slots(group, large)
-        self.free_small[group] -= 1
-        page = large * self.k[group] + slot
+        page = large * self.k[group] + self.slots.take(group, large)
         assert self.state[group][page] == FREE, f"page {group}:{page} taken while {self.state[group][page]}"
         self.state[group][page] = USED
         self.n_used[large] += 1
         self.used_small[group] += 1
         return page
-
-    def _hide_slots(self, group: int, large: int) -> list[int]:
-        """Remove ``large`` from the visible free-slot structures (keeps the slot list)."""
-        slots = self._slots[group].pop(large)
-        tag = self.tag_of[large]
-        tagged = self._tag_larges[group].get(tag)
-        if tagged is not None:
-            tagged.discard(large)
-            if not tagged:
-                del self._tag_larges[group][tag]
-        return slots
-
-    def _show_slots(self, group: int, large: int, slots: list[int]) -> None:
-        self._slots[group][large] = slots
-        self._tag_larges[group].setdefault(self.tag_of[large], set()).add(large)
-        heapq.heappush(self._partial[group], large)
 
     # -------------------------------------------------------- state changes
     def release(self, group: int, page: int) -> None:
@@ -296,8 +275,21 @@ class LargePageAllocator(EvictableSet, RunMoves):
         self.state[group][page] = FREE
         self.n_used[large] -= 1
         self.used_small[group] -= 1
-        self._add_free_slot(group, large, page % self.k[group])
-        self._settle(large)
+        self.slots.add(group, large, page % self.k[group])
+        self.e.settle(large)
+
+    def release_many(self, group: int, pages) -> None:
+        """``release`` for each of the distinct USED ``pages`` of ``group`` (a list or an int
+        array); a long run in one pass (``RunMoves.release``)."""
+        if self.k[group] == 1:  # each page fills its large page: back to the pool
+            pages = pages.tolist() if type(pages) is np.ndarray else pages
+            self.moves.release_whole(group, pages, len(pages) > BULK)
+        elif len(pages) <= BULK:
+            release = self.release
+            for page in (pages.tolist() if type(pages) is np.ndarray else pages):
+                release(group, page)
+        else:
+            self.moves.release(group, pages)
 
     def to_cached(self, group: int, page: int) -> None:
         """USED -> CACHED (the evictor has recorded its key)."""
@@ -309,10 +301,10 @@ class LargePageAllocator(EvictableSet, RunMoves):
         has (a caller that has them; else counted here)."""
         k = self.k[group]
         if len(pages) > BULK:
-            self._to_cached_bulk(group, np.asarray(pages, dtype=np.int64), larges, counts)
+            self.moves.to_cached(group, np.asarray(pages, dtype=np.int64), larges, counts)
             return
         state, n_used, n_cached = self.state[group], self.n_used, self.n_cached
-        if k == 1:  # each page its own large page: it enters E at once (``_enter_e_many``, inline)
+        if k == 1:  # each page its own large page: it enters E at once (``EvictableSet.enter_many``, inline)
             in_e = self.in_e
             for page in pages:
                 assert state[page] == USED and not in_e[page], f"cache of {group}:{page} in state {state[page]}"
@@ -320,11 +312,9 @@ class LargePageAllocator(EvictableSet, RunMoves):
                 n_used[page] = 0
                 n_cached[page] = 1
                 in_e[page] = 1
-            self.used_small[group] -= len(pages)  # cached_small: + len(pages) cached, - as many in E
-            self.num_e += len(pages)
-            self.e_count[group] += len(pages)
-            if self.evictor is not None:
-                self.evictor.on_evictable_many(group, pages)
+            self.used_small[group] -= len(pages)
+            self.cached_small[group] += len(pages)
+            self.e.entered_whole(group, pages)
             return
         emptied = []
         for page in pages:
@@ -338,13 +328,13 @@ class LargePageAllocator(EvictableSet, RunMoves):
         self.used_small[group] -= len(pages)
         self.cached_small[group] += len(pages)
         if emptied:
-            self._enter_e_many(group, emptied)  # they hold cached pages: fully evictable now
+            self.e.enter_many(group, emptied)  # they hold cached pages: fully evictable now
 
     def touch_cached(self, group: int, page: int) -> None:
         """CACHED -> USED (a prefix hit).  The caller removed it from the evictor."""
         assert self.state[group][page] == CACHED, f"touch of {group}:{page} in state {self.state[group][page]}"
         large = page // self.k[group]
-        self._leave_e(large)
+        self.e.leave(large)
         self.state[group][page] = USED
         self.n_cached[large] -= 1
         self.n_used[large] += 1
@@ -354,7 +344,7 @@ class LargePageAllocator(EvictableSet, RunMoves):
     def touch_cached_many(self, group: int, pages: list[int]) -> None:
         """``touch_cached`` for each of ``pages`` (distinct)."""
         if len(pages) > BULK:
-            self._touch_cached_bulk(group, np.asarray(pages, dtype=np.int64))
+            self.moves.touch_cached(group, np.asarray(pages, dtype=np.int64))
             return
         state, k, n_used, n_cached, in_e = self.state[group], self.k[group], self.n_used, self.n_cached, self.in_e
         leaving = []
@@ -365,7 +355,7 @@ class LargePageAllocator(EvictableSet, RunMoves):
                 in_e[large] = 0
                 leaving.append(large)
         if leaving:
-            self._left_e(group, leaving)
+            self.e.left_many(group, leaving)
         for page in pages:
             state[page] = USED
             large = page // k
@@ -378,26 +368,23 @@ class LargePageAllocator(EvictableSet, RunMoves):
         """CACHED -> FREE (called by the evictor, which has dropped the page's hash)."""
         assert self.state[group][page] == CACHED, f"evict of {group}:{page} in state {self.state[group][page]}"
         large = page // self.k[group]
-        self._leave_e(large)
+        self.e.leave(large)
         self.state[group][page] = FREE
         self.n_cached[large] -= 1
         self.cached_small[group] -= 1
-        self._add_free_slot(group, large, page % self.k[group])
-        self._settle(large)
+        self.slots.add(group, large, page % self.k[group])
+        self.e.settle(large)
 
     def evict_whole(self, large: int) -> None:
         """Every CACHED page of fully evictable ``large`` -> FREE at once; the large page
         returns to the pool (the evictor has dropped their keys and index entries)."""
         self.evict_whole_many(self.group_of[large], [large])
 
-    def _add_free_slot(self, group: int, large: int, slot: int) -> None:
-        slots = self._slots[group].get(large)
-        if slots is None:
-            self._show_slots(group, large, [slot])
-        else:
-            heapq.heappush(slots, slot)
-        self.free_small[group] += 1
+    def evict_whole_many(self, group: int, larges) -> None:
+        """``evict_whole`` for each of the distinct ``larges`` (all of ``group``): an int array
+        with numpy, a list in one loop; they go back to the pool in one ``push_many``."""
+        self.moves.evict_whole(group, larges)
 
     def check_integrity(self) -> dict[str, int]:
         """Recount every page from ``state``; assert all counters agree.  Returns totals."""
-        return check_allocator(self, self._free_large, self._slots, self._hidden)
+        return check_allocator(self, self.free_large, self.slots.visible, self.slots.hidden)

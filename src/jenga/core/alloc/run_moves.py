@@ -4,26 +4,42 @@ unregistered pages), whole one-page large pages evicted or carved.
 Each does what the per-page loop in :class:`jenga.core.alloc.allocator.LargePageAllocator` does, in one
 pass; used for runs longer than ``jenga.core.flat_arrays.BULK``.  Also without numpy: a carve of
 consecutive fresh large pages (slices) and the eviction of a few whole large pages of one group
-(one loop).  A mixin of that class."""
+(one loop).  A part owned by that class."""
 
 from __future__ import annotations
 
-import heapq
 from array import array
 
 import numpy as np
 
+from jenga.core.alloc.evictable_set import EvictableSet
+from jenga.core.alloc.free_pool import FreePool
+from jenga.core.alloc.free_slots import FreeSlots
 from jenga.core.alloc.page_states import CACHED, FREE, USED
-from jenga.core.flat_arrays import BULK, as_ids, unique_counts, view
+from jenga.core.flat_arrays import as_ids, unique_counts, view
 
 
 class RunMoves:
-    """Bulk page moves (module doc)."""
+    """Bulk page moves (module doc).  Holds no state of its own: it is handed the allocator's
+    flat arrays and per-group counters (``k``, ``state``, ``group_of``, ``tag_of``, ``n_used``,
+    ``n_cached``, ``used_small``, ``cached_small``, ``owned``), its free pool, free slots and ``E``
+    at construction and changes them as the per-page moves would.  The caller has checked each
+    move's preconditions that are not asserted here (distinct pages, of one group)."""
 
-    def _to_cached_bulk(self, group: int, pages: np.ndarray, larges: np.ndarray | None = None,
-                        counts: np.ndarray | None = None) -> None:
-        """``to_cached_many`` with numpy over distinct ``pages`` (``larges``, ``counts``: their
-        large pages ascending and pages per large page, when the caller has them)."""
+    __slots__ = ("k", "state", "group_of", "tag_of", "n_used", "n_cached", "used_small", "cached_small", "owned",
+                 "pool", "slots", "e")
+
+    def __init__(self, k: list[int], state: list[bytearray], group_of: list[int], tag_of: list, n_used, n_cached,
+                 used_small: list[int], cached_small: list[int], owned: list[int], pool: FreePool,
+                 slots: FreeSlots, e: EvictableSet):
+        self.k, self.state, self.group_of, self.tag_of = k, state, group_of, tag_of
+        self.n_used, self.n_cached, self.used_small, self.cached_small = n_used, n_cached, used_small, cached_small
+        self.owned, self.pool, self.slots, self.e = owned, pool, slots, e
+
+    def to_cached(self, group: int, pages: np.ndarray, larges: np.ndarray | None = None,
+                  counts: np.ndarray | None = None) -> None:
+        """USED -> CACHED for distinct ``pages`` (``larges``, ``counts``: their large pages
+        ascending and pages per large page, when the caller has them)."""
         state, k = view(self.state[group]), self.k[group]
         assert (state[pages] == USED).all(), f"cache of group {group} pages not all USED"
         state[pages] = CACHED
@@ -40,22 +56,14 @@ class RunMoves:
         self.cached_small[group] += len(pages)
         emptied = larges if k == 1 else larges[view(self.n_used)[larges] == 0]
         if len(emptied):
-            self._enter_e_many(group, emptied)
+            self.e.enter_many(group, emptied)
 
-    def release_many(self, group: int, pages) -> None:
-        """``release`` for each of the distinct USED ``pages`` of ``group`` (a list or an int
-        array): the same state, each large page settled once after all its pages (before that its
+    def release(self, group: int, pages) -> None:
+        """USED -> FREE for the distinct ``pages`` of ``group`` (k > 1): the same state as one
+        release per page, each large page settled once after all its pages (before that its
         settle changes nothing: it still has a USED page, so it is not in E), large pages that
         end all free back to the pool together."""
         k = self.k[group]
-        if k == 1:  # each page fills its large page: back to the pool
-            self._release_whole(group, pages.tolist() if type(pages) is np.ndarray else pages)
-            return
-        if len(pages) <= BULK:
-            release = self.release
-            for page in (pages.tolist() if type(pages) is np.ndarray else pages):
-                release(group, page)
-            return
         ids = as_ids(pages)
         state = view(self.state[group])
         assert (state[ids] == USED).all(), f"release of group {group} pages not all USED"
@@ -65,41 +73,32 @@ class RunMoves:
         larges, counts = unique_counts(ids // k)
         n_used = view(self.n_used)
         n_used[larges] -= counts
-        slots_of, ends = self._slots[group], np.cumsum(counts).tolist()
+        ends = np.cumsum(counts).tolist()
         empty = ((n_used[larges] == 0) & (view(self.n_cached)[larges] == 0)).tolist()
         freed = (ids % k).tolist()
+        slots, settle, group_of, tag_of = self.slots, self.e.settle, self.group_of, self.tag_of
         lo, back = 0, []
         for large, hi, whole in zip(larges.tolist(), ends, empty, strict=True):
             new = freed[lo:hi]
             lo = hi
             if whole:  # every slot free: what showing its new slots and settling it leaves
-                slots = slots_of.get(large)
-                if slots is not None:
-                    self._hide_slots(group, large)
-                    self.free_small[group] -= len(slots)
-                self.group_of[large] = -1
-                self.tag_of[large] = None
+                slots.close(group, large)
+                group_of[large] = -1
+                tag_of[large] = None
                 back.append(large)
                 continue
-            self.free_small[group] += len(new)
-            slots = slots_of.get(large)
-            if slots is None:
-                heapq.heapify(new)
-                self._show_slots(group, large, new)
-            else:
-                slots.extend(new)
-                heapq.heapify(slots)
-            self._settle(large)
+            slots.add_many(group, large, new)
+            settle(large)
         if back:
             self.owned[group] -= len(back)
-            self._free_large.push_many(back)
+            self.pool.push_many(back)
 
-    def _release_whole(self, group: int, pages: list[int]) -> None:
-        """``release_many`` for a one-page-per-large-page group: each large page held only by its
-        page goes straight back to the pool (no slot to show and hide again); a long run's state
+    def release_whole(self, group: int, pages: list[int], bulk: bool) -> None:
+        """USED -> FREE for a one-page-per-large-page group: each large page held only by its
+        page goes straight back to the pool (no slot to show and hide again); with ``bulk``, state
         and counts with numpy."""
         group_of, tag_of = self.group_of, self.tag_of
-        if len(pages) > BULK:
+        if bulk:
             ids = as_ids(pages)
             state, n_used = view(self.state[group]), view(self.n_used)
             assert (state[ids] == USED).all() and (n_used[ids] == 1).all() and not view(self.n_cached)[ids].any(), \
@@ -118,43 +117,38 @@ class RunMoves:
             tag_of[page] = None
         self.used_small[group] -= len(pages)
         self.owned[group] -= len(pages)
-        self._free_large.push_many(pages)
+        self.pool.push_many(pages)
 
-    def _touch_cached_bulk(self, group: int, pages: np.ndarray) -> None:
-        """``touch_cached_many`` with numpy."""
+    def touch_cached(self, group: int, pages: np.ndarray) -> None:
+        """CACHED -> USED for distinct ``pages`` (a prefix hit; the evictor let them go)."""
         state, k = view(self.state[group]), self.k[group]
         assert (state[pages] == CACHED).all(), f"touch of group {group} pages not all CACHED"
         larges, counts = (pages, 1) if k == 1 else unique_counts(pages // k)
-        in_e = view(self.in_e)
+        in_e = view(self.e.in_e)
         leaving = larges[in_e[larges] == 1]
         if len(leaving):
             in_e[leaving] = 0
-            self._left_e(group, leaving.tolist())
+            self.e.left_many(group, leaving.tolist())
         state[pages] = USED
         view(self.n_cached)[larges] -= counts
         view(self.n_used)[larges] += counts
         self.used_small[group] += len(pages)
         self.cached_small[group] -= len(pages)
 
-    def evict_whole_many(self, group: int, larges) -> None:
-        """``evict_whole`` for each of the distinct ``larges`` (all of ``group``): an int array
-        with numpy, a list in one loop; they go back to the pool in one ``push_many``."""
+    def evict_whole(self, group: int, larges) -> None:
+        """Every CACHED page of the distinct fully evictable ``larges`` (all of ``group``) ->
+        FREE: an int array with numpy, a list in one loop; back to the pool in one ``push_many``."""
         if type(larges) is not np.ndarray:
             self._evict_whole_loop(group, larges)
             return
-        assert (view(self.in_e)[larges] == 1).all() and not view(self.n_used)[larges].any(), "not fully evictable"
+        assert (view(self.e.in_e)[larges] == 1).all() and not view(self.n_used)[larges].any(), "not fully evictable"
         m, k = len(larges), self.k[group]
         ids = larges.tolist()
-        view(self.in_e)[larges] = 0
-        self.num_e -= m
-        self.e_count[group] -= m
+        self.e.evicted_many(group, larges)
         if k == 1:  # a cached page fills its large page: no hidden free slot
             view(self.state[group])[larges] = 0  # FREE
         else:
-            hidden = self._hidden
-            for large in ids:
-                hidden.pop(large, None)
-            self.hidden_free[group] -= k * m - int(view(self.n_cached)[larges].sum())
+            self.slots.forget_hidden(group, ids, k * m - int(view(self.n_cached)[larges].sum()))
             view(self.state[group])[(larges[:, None] * k + np.arange(k)).ravel()] = 0  # FREE
         view(self.n_cached)[larges] = 0
         self.owned[group] -= m
@@ -162,9 +156,33 @@ class RunMoves:
         for large in ids:
             group_of[large] = -1
             tag_of[large] = None
-        self._free_large.push_many(ids)
+        self.pool.push_many(ids)
 
-    def _carve_flat(self, group: int, larges: np.ndarray) -> None:
+    def _evict_whole_loop(self, group: int, larges: list[int]) -> None:
+        """``evict_whole`` of a list, in one loop."""
+        k, state, in_e, n_used, n_cached = self.k[group], self.state[group], self.e.in_e, self.n_used, self.n_cached
+        group_of, tag_of = self.group_of, self.tag_of
+        m = len(larges)
+        n_free = 0
+        free = bytes(k)
+        for large in larges:
+            assert in_e[large] and n_used[large] == 0 and group_of[large] == group, \
+                f"large {large} is not fully evictable"
+            if k == 1:  # a cached page fills its large page: no hidden free slot
+                state[large] = FREE
+            else:
+                n_free += k - n_cached[large]
+                state[large * k:(large + 1) * k] = free  # all FREE
+            n_cached[large] = 0
+            group_of[large] = -1
+            tag_of[large] = None
+        self.e.evicted_many(group, larges)
+        if k > 1:
+            self.slots.forget_hidden(group, larges, n_free)
+        self.pool.push_many(larges)
+        self.owned[group] -= m
+
+    def carve_flat(self, group: int, larges: np.ndarray) -> None:
         """The page state of large pages ``larges`` just carved for ``group``: all pages USED."""
         state, k = view(self.state[group]), self.k[group]
         pages = larges if k == 1 else (larges[:, None] * k + np.arange(k)).ravel()
@@ -172,9 +190,9 @@ class RunMoves:
         state[pages] = USED
         view(self.n_used)[larges] = k
 
-    def _carve_range(self, group: int, tag: object, lo: int, m: int, out: list[int]) -> None:
-        """``_carve_whole`` of the consecutive large pages ``[lo, lo + m)`` (fresh ids from the
-        pool): one slice assignment per array, their pages appended to ``out`` in order."""
+    def carve_range(self, group: int, tag: object, lo: int, m: int, out: list[int]) -> None:
+        """Carve the consecutive fresh large pages ``[lo, lo + m)`` for ``group`` and take all
+        their pages: one slice assignment per array, the pages appended to ``out`` in order."""
         k, state, group_of, hi = self.k[group], self.state[group], self.group_of, lo + m
         assert group_of[lo:hi].count(-1) == m, f"large pages {lo}..{hi - 1} popped while owned"
         group_of[lo:hi] = [group] * m
@@ -183,39 +201,5 @@ class RunMoves:
         assert state.count(FREE, lo * k, hi * k) == m * k, f"large pages {lo}..{hi - 1} carved with pages in use"
         state[lo * k:hi * k] = bytes([USED]) * (m * k)
         out.extend(range(lo * k, hi * k))
-        self.num_carved += m
         self.owned[group] += m
         self.used_small[group] += m * k
-
-    def _evict_whole_loop(self, group: int, larges: list[int]) -> None:
-        """``evict_whole_many`` of a list, in one loop."""
-        k, state, in_e, n_used, n_cached = self.k[group], self.state[group], self.in_e, self.n_used, self.n_cached
-        group_of, tag_of = self.group_of, self.tag_of
-        m = len(larges)
-        if k == 1:  # a cached page fills its large page: no hidden free slot
-            for large in larges:
-                assert in_e[large] and n_used[large] == 0 and group_of[large] == group, \
-                    f"large {large} is not fully evictable"
-                in_e[large] = 0
-                state[large] = FREE
-                n_cached[large] = 0
-                group_of[large] = -1
-                tag_of[large] = None
-        else:
-            hidden, free = self._hidden, bytes(k)
-            hidden_free = 0
-            for large in larges:
-                assert in_e[large] and n_used[large] == 0 and group_of[large] == group, \
-                    f"large {large} is not fully evictable"
-                in_e[large] = 0
-                hidden.pop(large, None)
-                hidden_free += k - n_cached[large]
-                state[large * k:(large + 1) * k] = free  # all FREE
-                n_cached[large] = 0
-                group_of[large] = -1
-                tag_of[large] = None
-            self.hidden_free[group] -= hidden_free
-        self._free_large.push_many(larges)
-        self.num_e -= m
-        self.e_count[group] -= m
-        self.owned[group] -= m

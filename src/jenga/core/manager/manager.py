@@ -14,45 +14,32 @@ The manager is a façade: it owns its parts and calls them.  The allocator and i
 prefix cache: the index, one policy per group, the evictor; the ledger of who holds which page (the
 ``PageOps`` the policies call); admission, what an allocation may take and whether it fits; the
 request intake, the prompt hasher, the lookup (with the junction finder), the step commit, hit
-counts and byte accounting.  It builds and wires them here and keeps the live records (``view`` is
-their read-only face; ``pool`` the pool's).
+counts and byte accounting (built and wired by :mod:`jenga.core.manager.parts`).  It keeps the live
+records (``view`` is their read-only face; ``pool`` the pool's).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jenga.core.alloc.allocator import LargePageAllocator
-from jenga.core.evict.lru import PrefixEvictor
-from jenga.core.evict.reuse import ReuseEvictor
 from jenga.core.manager import cache_control
-from jenga.core.manager.accounting import ByteAccounting
 from jenga.core.manager.admission import Admission
-from jenga.core.manager.commit import StepCommit
-from jenga.core.manager.hit_counts import HitCounts
-from jenga.core.manager.intake import RequestIntake
 from jenga.core.manager.integrity import check_manager
-from jenga.core.manager.ledger import Grant, PageLedger
-from jenga.core.manager.lookup import PrefixLookup
-from jenga.core.manager.pool import PoolShape, large_page_count
-from jenga.core.manager.prompt_hashes import PromptHasher
+from jenga.core.manager.ledger import Grant
+from jenga.core.manager.parts import build_parts, check_choices
+from jenga.core.manager.pool import PoolShape
 from jenga.core.manager.stats import CacheStats, collect_stats
 from jenga.core.pagesize import manager_page_plan, with_base_page
 from jenga.core.policy.registry import OUT_OF_RANGE_AGE, Policy, policy_for
 from jenga.core.prefix.events import EventLog, KVEvent
 from jenga.core.prefix.hashing import ImageRef
-from jenga.core.prefix.index import PrefixIndex
 from jenga.core.request import GroupState, Request, RequestView
 from jenga.core.specs import LayerGroup, ModelSpec
 from jenga.core.tables import PageTables
 from jenga.core.tier.copy_plan import CopyPlan
-from jenga.core.tier.host_tier import HOST_POLICIES, HostTier, host_page_count
 from jenga.core.validation import TOKEN_ID_LIMIT, checked_int, token_array
 from jenga.errors import InvalidArgumentError, SequenceTooLongError, UnknownRequestError
 from jenga.units import parse_bytes
-
-#: eviction orders: plain LRU by (release time, -prefix length), or use-count classes
-EVICTORS = {"lru": PrefixEvictor, "reuse": ReuseEvictor}
 
 
 class KVCacheManager:
@@ -83,13 +70,10 @@ class KVCacheManager:
         memory_bytes = parse_bytes(memory_bytes)  # an int, or "64GiB" like the CLI
         if host_memory_bytes is not None:
             host_memory_bytes = parse_bytes(host_memory_bytes)
-        if host_policy not in HOST_POLICIES:
-            raise InvalidArgumentError(f"unknown host_policy {host_policy!r}; choose one of {list(HOST_POLICIES)}")
         if window_slack is not None:
             window_slack = checked_int(window_slack, "window_slack", minimum=0)
         eviction = eviction or self.default_eviction
-        if eviction not in EVICTORS:
-            raise InvalidArgumentError(f"unknown eviction policy {eviction!r}; choose one of {sorted(EVICTORS)}")
+        check_choices(eviction, host_policy)
         self.window_slack = window_slack
         self.source_model = model
         self.page_plan = None
@@ -99,45 +83,19 @@ class KVCacheManager:
         self.caching = enable_prefix_caching
         self.device = device
         self.large_page_bytes = model.lcm_page_bytes
-        num_large = large_page_count(memory_bytes, self.large_page_bytes)
-        num_host_large = 0 if host_memory_bytes is None else host_page_count(host_memory_bytes, self.large_page_bytes)
         self.memory_bytes = memory_bytes
-        # the parts, wired here: allocator, index, evictor (the allocator evicts through it), ledger
-        alloc = LargePageAllocator([g.page_bytes for g in model.groups], num_large)
-        index = PrefixIndex(len(model.groups))
-        sizes = [num_large * k for k in alloc.k]
-        index.track_pages(sizes)  # registered flags for bulk frees
-        if EVICTORS[eviction].counts_uses:
-            index.track_uses(sizes)
-        evictor = EVICTORS[eviction](alloc, index)
-        alloc.evictor = evictor
-        self._alloc, self._index, self._evictor = alloc, index, evictor
-        self.ledger = PageLedger(alloc, index, evictor, caching=enable_prefix_caching,
-                                 out_of_range_age=out_of_window_age)
-        self.policies: list[Policy] = [self._policy(i, g) for i, g in enumerate(model.groups)]
-        for pol in self.policies:
-            pol.set_window_slack(window_slack)
-        self.admission = self.admission_class(self.policies, alloc, index, evictor, self.ledger, self.block)
-        self.hasher = PromptHasher(self.policies, self.block)  # bounds how far a lookup hashes
-        #: the host tier (``host_memory_bytes``; :mod:`jenga.core.tier.host_tier`): told of every eviction
-        self.host: HostTier | None = None
-        if num_host_large:
-            self.host = HostTier([g.page_bytes for g in model.groups], num_host_large, self.ledger, self.policies,
-                                 policy=host_policy)
-            evictor.listener = self.host
-        self.prefix_lookup = PrefixLookup(self.policies, self.block, self.caching, self.hasher, self.ledger, index,
-                                          self.host, self._promotion_quota)
-        self.junction = self.prefix_lookup.junction  # where a state hit's cached attention prefix ends
-        self.step_commit = StepCommit(self.policies, self.ledger, self.hasher, index, self.block, self.caching)
-        self.accounting = ByteAccounting(self.policies, self.ledger, model)
+        p = build_parts(model, self.source_model, memory_bytes, host_memory_bytes, block=self.block, caching=self.caching,
+                        eviction=eviction, out_of_window_age=out_of_window_age, window_slack=window_slack,
+                        host_policy=host_policy, policy_of=self._policy, admission_class=self.admission_class,
+                        promotion_quota=self._promotion_quota)
+        self._alloc, self._index, self._evictor, self.ledger = p.alloc, p.index, p.evictor, p.ledger
+        self.policies: list[Policy] = p.policies
+        self.admission, self.hasher, self.host, self.prefix_lookup = p.admission, p.hasher, p.host, p.lookup
+        self.junction = p.lookup.junction  # where a state hit's cached attention prefix ends
+        self.step_commit, self.accounting, self.hits, self.intake = p.commit, p.accounting, p.hits, p.intake
         self.requests: dict[object, Request] = {}
         self._allocated = 0  # live requests past their first allocate
         self._max_tokens = model.max_model_len + 1
-        self.hits = HitCounts()  # prompt tokens looked up / found cached
-        # images are text spans (must lie inside the prompt) when some group embeds them in-sequence
-        in_sequence = any(g.kind == "vision" for g in self.source_model.groups)
-        self.intake = RequestIntake(self.policies, self.block, self.caching, model.max_model_len, in_sequence,
-                                    self.hasher, self.hits)
         self._layout = None
 
     # ----------------------------------------------------------- the parts

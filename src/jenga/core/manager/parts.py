@@ -1,0 +1,102 @@
+"""The manager's parts, built and wired together in one place.
+
+``build_parts`` makes what :class:`jenga.core.manager.manager.KVCacheManager` owns and calls: the
+allocator, the prefix index and the evictor (the allocator evicts through it), the ledger (the
+``PageOps`` the policies call), one policy per group, admission, the prompt hasher, the host tier
+(when it has pages), the prefix lookup, the step commit, byte accounting, hit counts and the
+request intake.  Each part is handed the others it calls as constructor arguments; no part wires
+itself into another.  ``check_choices`` validates the named choices before anything is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from jenga.core.alloc.allocator import LargePageAllocator
+from jenga.core.evict.lru import PrefixEvictor
+from jenga.core.evict.reuse import ReuseEvictor
+from jenga.core.manager.accounting import ByteAccounting
+from jenga.core.manager.admission import Admission
+from jenga.core.manager.commit import StepCommit
+from jenga.core.manager.hit_counts import HitCounts
+from jenga.core.manager.intake import RequestIntake
+from jenga.core.manager.ledger import PageLedger
+from jenga.core.manager.lookup import PrefixLookup
+from jenga.core.manager.pool import large_page_count
+from jenga.core.manager.prompt_hashes import PromptHasher
+from jenga.core.policy.registry import Policy
+from jenga.core.prefix.index import PrefixIndex
+from jenga.core.specs import LayerGroup, ModelSpec
+from jenga.core.tier.host_tier import HOST_POLICIES, HostTier, host_page_count
+from jenga.errors import InvalidArgumentError
+
+#: eviction orders: plain LRU by (release time, -prefix length), or use-count classes
+EVICTORS = {"lru": PrefixEvictor, "reuse": ReuseEvictor}
+
+
+def check_choices(eviction: str, host_policy: str) -> None:
+    """Raise ``InvalidArgumentError`` on an unknown eviction order or host policy."""
+    if host_policy not in HOST_POLICIES:
+        raise InvalidArgumentError(f"unknown host_policy {host_policy!r}; choose one of {list(HOST_POLICIES)}")
+    if eviction not in EVICTORS:
+        raise InvalidArgumentError(f"unknown eviction policy {eviction!r}; choose one of {sorted(EVICTORS)}")
+
+
+@dataclass(frozen=True)
+class ManagerParts:
+    """What a manager owns (module doc)."""
+
+    alloc: LargePageAllocator
+    index: PrefixIndex
+    evictor: PrefixEvictor
+    ledger: PageLedger
+    policies: list[Policy]
+    admission: Admission
+    hasher: PromptHasher
+    host: HostTier | None
+    lookup: PrefixLookup
+    commit: StepCommit
+    accounting: ByteAccounting
+    hits: HitCounts
+    intake: RequestIntake
+
+
+def build_parts(model: ModelSpec, source_model: ModelSpec, memory_bytes: int, host_memory_bytes: int | None, *,
+                block: int, caching: bool, eviction: str, out_of_window_age: int, window_slack: int | None,
+                host_policy: str, policy_of: Callable[[int, LayerGroup], Policy],
+                admission_class: type[Admission],
+                promotion_quota: Callable[[list[int]], list[int] | None]) -> ManagerParts:
+    """Build and wire the parts of a manager of ``model`` (the groups it allocates; ``source_model``:
+    the one it was given) over the large pages ``memory_bytes`` holds (and ``host_memory_bytes`` on the
+    host; ``None``: no host tier; raises when a budget holds no large page).  ``policy_of(gi, group)``
+    makes each group's policy and ``admission_class`` the admission rule (baselines bring their own)."""
+    num_large = large_page_count(memory_bytes, model.lcm_page_bytes)
+    num_host_large = 0 if host_memory_bytes is None else host_page_count(host_memory_bytes, model.lcm_page_bytes)
+    alloc = LargePageAllocator([g.page_bytes for g in model.groups], num_large)
+    index = PrefixIndex(len(model.groups))
+    sizes = [num_large * k for k in alloc.k]
+    index.track_pages(sizes)  # registered flags for bulk frees
+    if EVICTORS[eviction].counts_uses:
+        index.track_uses(sizes)
+    evictor = EVICTORS[eviction](alloc, index)
+    alloc.evictor = evictor
+    ledger = PageLedger(alloc, index, evictor, caching=caching, out_of_range_age=out_of_window_age)
+    policies = [policy_of(i, g) for i, g in enumerate(model.groups)]
+    for pol in policies:
+        pol.set_window_slack(window_slack)
+    admission = admission_class(policies, alloc, index, evictor, ledger, block)
+    hasher = PromptHasher(policies, block)  # bounds how far a lookup hashes
+    host = None  # the host tier (:mod:`jenga.core.tier.host_tier`): told of every eviction
+    if num_host_large:
+        host = HostTier([g.page_bytes for g in model.groups], num_host_large, ledger, policies, policy=host_policy)
+        evictor.listener = host
+    lookup = PrefixLookup(policies, block, caching, hasher, ledger, index, host, promotion_quota)
+    commit = StepCommit(policies, ledger, hasher, index, block, caching)
+    accounting = ByteAccounting(policies, ledger, model)
+    hits = HitCounts()  # prompt tokens looked up / found cached
+    # images are text spans (must lie inside the prompt) when some group embeds them in-sequence
+    in_sequence = any(g.kind == "vision" for g in source_model.groups)
+    intake = RequestIntake(policies, block, caching, model.max_model_len, in_sequence, hasher, hits)
+    return ManagerParts(alloc, index, evictor, ledger, policies, admission, hasher, host, lookup, commit, accounting,
+                        hits, intake)
