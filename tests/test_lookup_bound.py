@@ -30,7 +30,7 @@ def test_the_lookup_hit_is_the_general_fixed_point(spec):
     assert mgr.hasher.bound is not None
 
     def check(req, prompt, cap, hit, bound):
-        assert hit == mgr._fixed_point(req, bound, mgr.policies), (req.request_id, prompt, cap)
+        assert hit == mgr.prefix_lookup.fixed_point(req, bound, mgr.policies), (req.request_id, prompt, cap)
         return hit > 0
 
     hits = random_lookups(mgr, random.Random(5), check)

@@ -209,7 +209,7 @@ def test_the_junction_from_the_lookup_bound_is_the_full_attention_fixed_point():
     mgr = make_manager(hybrid(), 40, tokens_per_page=2)
 
     def check(req, prompt, cap, hit, bound):
-        want = mgr._fixed_point(req, bound, mgr.junction.policies)
+        want = mgr.prefix_lookup.fixed_point(req, bound, mgr.junction.policies)
         assert req.junction == (want // 2 * 2 if want > hit else 0), (req.request_id, prompt, cap)
         return req.junction > 0
 

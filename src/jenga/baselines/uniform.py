@@ -104,6 +104,8 @@ def _fallback_full(model: ModelSpec, block: int) -> ModelSpec:
 class _ReleaseAtNextAllocate(FullPolicy):
     """Out-of-window pages are released when the request next allocates, not at commit."""
 
+    releases_at_next_allocate = True
+
     def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
         computed = req.num_computed
         self._register(req, gs, ops, computed)
@@ -223,7 +225,7 @@ class UncachedImagePolicy(ImagePolicy):
 def _releasing(policies: list[Policy], req: Request) -> list[tuple[_ReleaseAtNextAllocate, GroupState]]:
     """The groups whose out-of-window pages wait for the request's next allocate."""
     return [(pol, gs) for pol, gs in zip(policies, req.groups, strict=True)
-            if isinstance(pol, _ReleaseAtNextAllocate)]
+            if pol.releases_at_next_allocate]
 
 
 class UniformAdmission(Admission):

@@ -183,10 +183,6 @@ class KVCacheManager:
             return 0
         return self.prefix_lookup.peek(req, max_tokens)
 
-    def _fixed_point(self, req: Request, cand: int, policies: list[Policy], bound: Policy | None = None) -> int:
-        """The longest prefix no longer than ``cand`` every one of ``policies`` accepts (``PrefixLookup``)."""
-        return self.prefix_lookup.fixed_point(req, cand, policies, bound)
-
     def allocate(self, request_id: object, num_new_tokens: int, *, num_lookahead: int = 0,
                  num_placeholders: int = 0) -> PageTables | None:
         """Pages for tokens ``[computed, computed + num_new_tokens + num_lookahead)``.

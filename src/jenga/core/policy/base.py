@@ -128,6 +128,10 @@ class Policy(ABC):
     needs_junction = False
     #: the group holds pages per image, not per token (only requests with images use it)
     per_image = False
+    #: pages that left the group's window stay held until the request's next allocate, not its
+    #: commit (vLLM v1's ``remove_skipped_blocks``; the ``uniform`` baseline's sliding and chunked
+    #: policies, which then answer ``skipped`` / ``freed_by_release`` / ``release_skipped``)
+    releases_at_next_allocate = False
 
     def __init__(self, gi: int, group: LayerGroup, block: int):
         self.gi, self.group, self.block = gi, group, block
