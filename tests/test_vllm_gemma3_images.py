@@ -137,6 +137,9 @@ def runs(tmp_path_factory):
         else:
             os.environ["PYTHONPATH"] = old
     print_figures(ref, got)
+    st = scheduler(tight).jenga.stats()
+    print(f"tight budget ({TIGHT_BLOCKS} blocks): {scheduler(tight).num_preemptions} preemptions, "
+          f"{st.evicted_pages} pages evicted, {st.prefix_hit_tokens} prefix-hit tokens")
     yield dict(ref=ref, got=got, sched=scheduler(ample), tight_sched=scheduler(tight))
     close(ample)
     close(tight)
