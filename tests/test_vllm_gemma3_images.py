@@ -40,6 +40,7 @@ TOKENS = dict(max_tokens=MAX_TOKENS, pressure_tokens=PRESSURE_TOKENS)
 TEXT = dict(vocab_size=512, hidden_size=128, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
             head_dim=64, max_position_embeddings=2048, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 KW = dict(limit_mm_per_prompt={"image": 1})
+TIGHT_BLOCKS = 24  # vLLM blocks of 32 tokens: the pressure phase does not fit at once
 
 
 def gemma3_dir(root: Path) -> str:
@@ -90,6 +91,8 @@ def gemma3_dir(root: Path) -> str:
                                                                       IMAGE_TOKENS, strict=True)))
     tf.Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": 32, "width": 32}), tokenizer=hf_tok,
                        image_seq_length=16).save_pretrained(out)
+    # the saved processor loads without torchvision (vLLM loads it the same way)
+    assert type(tf.AutoProcessor.from_pretrained(out).image_processor) is Gemma3ImageProcessorPil
     return str(out)
 
 
@@ -144,8 +147,6 @@ def runs(tmp_path_factory):
     close(ample)
     close(tight)
 
-
-TIGHT_BLOCKS = 24
 
 
 def test_ample_memory_equals_stock_tokens_and_hits(runs):
