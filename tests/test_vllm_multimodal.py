@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from vllm_images import pictures, print_figures, run_phases, words
 from vllm_support import close, engine, scheduler
 
 pytestmark = pytest.mark.xdist_group("vllm-multimodal")
@@ -68,21 +69,10 @@ def vision_dir(root: Path) -> str:
     return str(out)
 
 
-def pictures(n: int):
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    return [Image.fromarray(rng.integers(0, 255, (256, 256, 3), dtype=np.uint8)) for _ in range(n)]
-
-
-def words(rng, n: int) -> str:
-    return " ".join(f"w{rng.integers(8, 500)}" for _ in range(n))
-
-
 def phases():
     """(name, prompts) run one after another: each prompt is (text with ``<image>``, picture)."""
     rng = np.random.default_rng(1)
-    img = pictures(4)
+    img = pictures(4, 256)
     body, lead = words(rng, 120), words(rng, 100)
     docs = [words(rng, 60), words(rng, 60)]
     return [
@@ -98,61 +88,23 @@ def phases():
     ]
 
 
-def run_phases(llm, names):
-    """Greedy tokens and ``num_cached_tokens`` per request of each phase in ``names``, and the
-    number of images vLLM's scheduler sent to the encoder."""
-    from vllm import SamplingParams
-
-    sched = scheduler(llm)
-    encoded = []
-    schedule = sched.schedule
-
-    def counting(*args, **kw):  # vLLM's scheduler output names each image it sends to the encoder
-        out = schedule(*args, **kw)
-        encoded.append(sum(len(v) for v in out.scheduled_encoder_inputs.values()))
-        return out
-
-    sched.schedule = counting
-    got = {}
-    for name, prompts in phases():
-        if name not in names:
-            continue
-        sp = SamplingParams(temperature=0, max_tokens=PRESSURE_TOKENS if name == "pressure" else MAX_TOKENS,
-                            ignore_eos=True)
-        before = len(encoded)
-        outs = llm.generate([{"prompt": t, "multi_modal_data": {"image": im}} for t, im in prompts], sp,
-                            use_tqdm=False)
-        got[name] = dict(tokens=[list(o.outputs[0].token_ids) for o in outs],
-                         cached=[o.num_cached_tokens for o in outs], prompt_len=[len(o.prompt_token_ids) for o in outs],
-                         encoded=sum(encoded[before:]))
-    return got
-
-
-def print_figures(ref: dict, got: dict) -> None:
-    """The closing note's figures (``pytest -s``): per phase, prompt tokens, prefix-hit tokens and
-    images encoded, stock vLLM / jenga."""
-    print(f"\n{'phase':<20}{'prompt':>7}{'hit stock':>11}{'hit jenga':>11}{'encoded stock':>15}{'encoded jenga':>15}")
-    for name in got:
-        print(f"{name:<20}{sum(got[name]['prompt_len']):>7}{sum(ref[name]['cached']):>11}"
-              f"{sum(got[name]['cached']):>11}{ref[name]['encoded']:>15}{got[name]['encoded']:>15}")
-
-
 ALL = [name for name, _ in phases()]
 SINGLE = ALL[:-1]  # one request at a time, ample memory
 KW = dict(limit_mm_per_prompt={"image": 1})
+TOKENS = dict(max_tokens=MAX_TOKENS, pressure_tokens=PRESSURE_TOKENS)
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     path = vision_dir(tmp_path_factory.getbasetemp())
     stock = engine(path, jenga=False, **KW)
-    ref = run_phases(stock, ALL)
+    ref = run_phases(stock, phases(), ALL, **TOKENS)
     close(stock)
     ample = engine(path, jenga=True, **KW)
-    got = run_phases(ample, SINGLE)
+    got = run_phases(ample, phases(), SINGLE, **TOKENS)
     print_figures(ref, got)
     tight = engine(path, jenga=True, num_blocks=32, max_model_len=224, **KW)
-    got["pressure"] = run_phases(tight, ["pressure"])["pressure"]
+    got["pressure"] = run_phases(tight, phases(), ["pressure"], **TOKENS)["pressure"]
     yield dict(ref=ref, got=got, sched=scheduler(ample), tight_sched=scheduler(tight))
     close(ample)
     close(tight)
