@@ -97,10 +97,17 @@ CASES: tuple[Case, ...] = (
     Case("Llama 4", "llama-4-scout", 8, _ARXIV, dict(num_articles=40, questions_per_article=4, order="shuffled"),
          dict(num_articles=2, max_prompt_len=32768), "paged", "v1", V1_H100_MAX_SEQS, 1_000_000, (True, True),
          {"h100-80gb": (1.16, 0.67)}, reserve_bytes=LLAMA4_RESERVE),
+    # Prefix caching off for both: the baseline's server command has no --enable-prefix-caching
+    # (figure14.md line 153) and the Jenga bar's result file is jamba-tp4.sys-no-cache.mmlu.json
+    # (line 165), although its server command (line 163) carries the flag.  Had caching been on,
+    # the artifact's fork keeps Mamba states only at --linear-chunk-size (1024-token) boundaries
+    # (branch vllm-v0-jenga, vllm/core/block_v3/custom_block.py, get_prefix_cache_alignment),
+    # not at each 5-shot prefix's end as jenga.core.policy.state does.
     Case("Jamba", "jamba-1.5-mini", 4, "mmlu-pro-5shot", dict(num_requests=1000, output_len=20),
-         dict(num_requests=64), "static", "v0", 1024, 8192, (False, True),
+         dict(num_requests=64), "static", "v0", 1024, 8192, (False, False),
          {"h100-80gb": (10.38, 7.47)}, eager=True,
-         notes={"*": "the artifact's Jenga result file is jamba-tp4.sys-no-cache.mmlu.json (its figure14.md)"}),
+         notes={"*": "prefix caching off for both (the artifact's Jenga result file is "
+                     "jamba-tp4.sys-no-cache.mmlu.json, figure14.md)"}),
     Case("Llama 3.1", "llama-3.1-70b", 4, "mmlu-pro-5shot", dict(num_requests=200, output_len=256),
          dict(num_requests=24), "paged", "v1", V1_H100_MAX_SEQS, 131072, (True, True),
          {"h100-80gb": (9.21, 9.23), "l4-24gb": (0.66, 0.66)},
