@@ -176,6 +176,11 @@ def throughput_rows(gpu: str, quick: bool) -> list[Row]:
                 f"jenga {j['throughput_req_s']:.3f} vs {b['throughput_req_s']:.3f} req/s")
         if case.note(gpu):
             note += f"; {case.note(gpu)}"
+        if "reusable_share" in r:
+            end, aligned = r["reusable_share"]
+            note += (f"; had its Jenga run with prefix caching, as its server command says (figure14.md), its fork "
+                     f"keeps states at {case.state_cache_alignment}-token multiples only: at most {aligned:.0%} of "
+                     f"the prompt tokens reusable on this trace, against {end:.0%} at each prefix's end (ours)")
         if p is None:
             note += "; paper's baseline OOM: not in the mean"
         else:
