@@ -192,7 +192,7 @@ def test_figure14_cases_follow_the_artifact():
     assert [c.engine for c in CASES] == ["v0", "v1", "v0", "v1", "v0", "v1"]
     assert by["mllama"].max_num_seqs == 52 and by["mllama"].budget == 131072
     assert by["Jamba"].baseline == "static" and by["Jamba"].budget == 8192 and by["Jamba"].max_num_seqs == 1024
-    assert by["Jamba"].prefix_caching == (False, True) and by["Jamba"].tp == 4
+    assert by["Jamba"].prefix_caching == (False, False) and by["Jamba"].tp == 4
     assert all(c.budget == 8192 and c.max_num_seqs == 1024 for c in CASES if c.engine == "v1")
     assert by["Llama 4"].tp == 8 and by["Llama 4"].workload_kw["num_articles"] == 40
     assert by["Ministral"].workload_kw["max_prompt_len"] == 80000 and by["Gemma-3"].workload_kw["num_articles"] == 10
@@ -214,3 +214,15 @@ def test_simulate_cli_takes_the_artifact_workload_options(capsys):
     assert data["requests"] == 4 and all(m["finished"] == 4 for m in data["managers"].values())
     assert main(["simulate", "--workload", "mmlu-pro", "--articles", "2", "--json"]) == 2
     assert "num_articles" in capsys.readouterr().err
+
+
+def test_reusable_prefix_share_counts_every_request_but_the_first_of_its_prefix():
+    from jenga.sim.artifact_workloads import arxiv_multiq, reusable_prefix_share
+
+    w = arxiv_multiq(num_articles=2, questions_per_article=3, order="grouped", seed=0, max_prompt_len=20000)
+    p = {r.prefix_id: r.prefix_len for r in w}
+    assert len(p) == 2 and all(v > 1024 for v in p.values())
+    total = sum(r.prompt_len for r in w)
+    assert reusable_prefix_share(w) == 2 * sum(p.values()) / total  # 2 of each document's 3 questions reuse it
+    assert reusable_prefix_share(w, 1024) == 2 * sum(v // 1024 * 1024 for v in p.values()) / total
+    assert reusable_prefix_share(w[:1]) == 0.0

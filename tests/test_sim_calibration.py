@@ -120,3 +120,35 @@ def test_stacked_cells_keep_their_order(ministral_cells):
     mixed = [replace(cells[0], engine="v1"), cells[1], replace(cells[2], engine="v0-eager")]
     got = F._Stacked(mixed).req_s(FITTED)
     assert np.allclose(got, [c.req_s(FITTED) for c in mixed], rtol=1e-12)
+
+
+def _calibration_block() -> tuple[str, str]:
+    """The README's generated calibration block and the prose after it."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    m = re.search(r"<!-- generated: calibration \| [^>]*-->\n(.*?)<!-- end -->\n\n(.*?)\n\n", text, re.S)
+    assert m, "README has no calibration block"
+    return m[1], m[2]
+
+
+def test_readme_calibration_prose_counts_what_its_table_shows():
+    """The counts the prose states equal the goal line of the block, and both equal a recount of
+    the block's held-out cells and ratios."""
+    import re
+
+    body, prose = _calibration_block()
+    cells, ratios = [], []
+    for line in body.splitlines():
+        cols = [c.strip() for c in line.strip("|").split("|")]
+        if len(cols) == 4 and re.fullmatch(r".+ \((paged|static|jenga)\)", cols[0]):
+            cells.append(float(cols[2]) / float(cols[1]))
+        elif len(cols) == 4 and re.fullmatch(r".+, \S+gb", cols[0]):
+            ratios.append(float(cols[2].rstrip("x")) / float(cols[1].rstrip("x")))
+    goal = re.search(r"Goal met by (\d+) of (\d+) held-out cells .* and (\d+) of (\d+) ratios", body)
+    said = re.search(r"met by (\d+) of the (\d+) cells and (\d+) of the (\d+) ratios", prose)
+    assert goal and said, "the block's goal line or the prose's counts are missing"
+    counted = (sum(map(F.cell_within_goal, cells)), len(cells), sum(map(F.ratio_within_goal, ratios)), len(ratios))
+    assert tuple(map(int, goal.groups())) == counted
+    assert tuple(map(int, said.groups())) == counted

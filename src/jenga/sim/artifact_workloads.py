@@ -120,4 +120,18 @@ def mmlu_pro_5shot(num_requests: int = 1000, rate: float = math.inf, seed: int =
                   prefix_ids=[f"mmlu-{s}" for s in subj], prefix_lens=plen)
 
 
+def reusable_prefix_share(w: Workload, align: int = 1) -> float:
+    """The share of ``w``'s prompt tokens a prefix cache could serve, requests taken in order:
+    each request after the first of its shared prefix reuses that prefix (its last prompt token
+    always recomputed), cut down to a multiple of ``align`` tokens (a cache that keeps states only
+    at such positions).  An upper bound: nothing is ever evicted."""
+    seen, reused, total = set(), 0, 0
+    for r in w:
+        total += r.prompt_len
+        if r.prefix_id is not None and r.prefix_id in seen:
+            reused += min(r.prefix_len, r.prompt_len - 1) // align * align
+        seen.add(r.prefix_id)
+    return reused / total if total else 0.0
+
+
 ARTIFACT_GENERATORS = {"arxiv-multiq": arxiv_multiq, "mmlu-pro-5shot": mmlu_pro_5shot}

@@ -82,11 +82,11 @@ ROOFLINE = Calibration("roofline", {
 #: are that command's leave-one-cell-out table, in the README).  ``scan_efficiency`` sits at its
 #: bound: Jamba's state scans are too few FLOPs to matter at any plausible share of peak.
 FITTED = Calibration("fitted", {
-    "v0": EngineEfficiency(0.001452961771217028, 0.0004362887567894816, 0.10223734164085077, 0.9003543793967461),
-    "v0-eager": EngineEfficiency(0.04217618333383905, 0.0004362887567894816, 0.10223734164085077,
-                                 0.9003543793967461),
-    "v1": EngineEfficiency(0.001583022193961472, 0.0004362887567894816, 0.30273285467532596, 0.8895475709812319),
-}, scan_efficiency=0.9990000650190649, vision_efficiency=0.6137379425903663, bandwidth_efficiency=0.9,
+    "v0": EngineEfficiency(0.0022798929226008928, 0.00017286087746020933, 0.11237790749298045, 0.8739239311076572),
+    "v0-eager": EngineEfficiency(0.04622540210063301, 0.00017286087746020933, 0.11237790749298045,
+                                 0.8739239311076572),
+    "v1": EngineEfficiency(0.0023919013913843274, 0.00017286087746020933, 0.27179696865238623, 0.9049250722369943),
+}, scan_efficiency=0.9989999493482733, vision_efficiency=0.5509519871447861, bandwidth_efficiency=0.9,
     source="jenga.sim.fit on figure14.csv")
 
 CALIBRATIONS = {"fitted": FITTED, "roofline": ROOFLINE}

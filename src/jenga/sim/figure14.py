@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from jenga.sched.v0_scheduler import v0_token_budget
 from jenga.sim.activation import profile_reserve_bytes
+from jenga.sim.artifact_workloads import reusable_prefix_share
 from jenga.sim.calibration import FITTED, Calibration
 from jenga.sim.gpu import DEFAULT_ACTIVATION_RESERVE_BYTES
 from jenga.sim.setup import build_setup
@@ -58,6 +59,8 @@ class Case:
     weight_dtype: dict = field(default_factory=dict)  # gpu -> weight dtype (L4 runs use fp8)
     notes: dict = field(default_factory=dict)  # gpu (or "*" for every GPU) -> a note on that GPU's row
     eager: bool = False  # the artifact's --enforce-eager (no CUDA graphs)
+    #: where the artifact's fork may cache a state (Mamba) prefix: multiples of --linear-chunk-size
+    state_cache_alignment: int | None = None
 
     @property
     def calibration_engine(self) -> str:
@@ -97,10 +100,17 @@ CASES: tuple[Case, ...] = (
     Case("Llama 4", "llama-4-scout", 8, _ARXIV, dict(num_articles=40, questions_per_article=4, order="shuffled"),
          dict(num_articles=2, max_prompt_len=32768), "paged", "v1", V1_H100_MAX_SEQS, 1_000_000, (True, True),
          {"h100-80gb": (1.16, 0.67)}, reserve_bytes=LLAMA4_RESERVE),
+    # Prefix caching off for both: the baseline's server command has no --enable-prefix-caching
+    # (figure14.md line 153) and the Jenga bar's result file is jamba-tp4.sys-no-cache.mmlu.json
+    # (line 165), although its server command (line 163) carries the flag.  Had caching been on,
+    # the artifact's fork keeps Mamba states only at --linear-chunk-size (1024-token) boundaries
+    # (branch vllm-v0-jenga, vllm/core/block_v3/custom_block.py, get_prefix_cache_alignment),
+    # not at each 5-shot prefix's end as jenga.core.policy.state does.
     Case("Jamba", "jamba-1.5-mini", 4, "mmlu-pro-5shot", dict(num_requests=1000, output_len=20),
-         dict(num_requests=64), "static", "v0", 1024, 8192, (False, True),
-         {"h100-80gb": (10.38, 7.47)}, eager=True,
-         notes={"*": "the artifact's Jenga result file is jamba-tp4.sys-no-cache.mmlu.json (its figure14.md)"}),
+         dict(num_requests=64), "static", "v0", 1024, 8192, (False, False),
+         {"h100-80gb": (10.38, 7.47)}, eager=True, state_cache_alignment=1024,
+         notes={"*": "prefix caching off for both (the artifact's Jenga result file is "
+                     "jamba-tp4.sys-no-cache.mmlu.json, figure14.md)"}),
     Case("Llama 3.1", "llama-3.1-70b", 4, "mmlu-pro-5shot", dict(num_requests=200, output_len=256),
          dict(num_requests=24), "paged", "v1", V1_H100_MAX_SEQS, 131072, (True, True),
          {"h100-80gb": (9.21, 9.23), "l4-24gb": (0.66, 0.66)},
@@ -143,7 +153,9 @@ def run_case(case: Case, gpu: str = "h100-80gb", quick: bool = False, record_eve
     """Simulate the baseline and jenga (and ``managers``) for ``case`` on ``gpu``; returns their
     summaries and the settings.  ``prefix_caching`` overrides the artifact's (baseline, jenga)
     flags (for ablations; extra managers get the baseline's); ``record_terms`` adds
-    ``out["terms"][manager]`` (every step's :meth:`CostModel.terms`) and ``out["cost"]``."""
+    ``out["terms"][manager]`` (every step's :meth:`CostModel.terms`) and ``out["cost"]``.  A case
+    with a ``state_cache_alignment`` adds ``out["reusable_share"]``: the share of the prompt tokens a
+    prefix cache could serve on this trace, at each prefix's end and at that alignment."""
     model, tp = L4_MODEL.get(case.label, (case.model, case.tp)) if gpu != "h100-80gb" else (case.model, case.tp)
     max_len, budget, seqs, reserve = _limits(case, gpu, model, tp)
     st = build_setup(model, gpu, tp, activation_reserve_bytes=reserve, weight_dtype=case.weight_dtype.get(gpu, "bf16"),
@@ -168,4 +180,6 @@ def run_case(case: Case, gpu: str = "h100-80gb", quick: bool = False, record_eve
             out["terms"][name] = res.step_terms
     b, j = out[case.baseline], out["jenga"]
     out["ratio"] = (j["throughput_req_s"] / b["throughput_req_s"]) if b["throughput_req_s"] else math.inf
+    if case.state_cache_alignment:
+        out["reusable_share"] = (reusable_prefix_share(w), reusable_prefix_share(w, case.state_cache_alignment))
     return out

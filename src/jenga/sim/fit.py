@@ -223,13 +223,35 @@ def markdown(cal: Calibration, rows: list[tuple[Cell, float]]) -> str:
         got[c.case, c.gpu, c.column] = v
         out.append(f"| {c.key} ({c.manager}) | {c.measured:.4g} | {v:.4g} | {v / c.measured:.2f}x |")
     out += ["", "| model, GPU | paper jenga / vllm | ours (held out) | ours / paper |", "|---|---|---|---|"]
+    ratios = []
     for case, gpus in MEASURED.items():
         for gpu, vals in gpus.items():
             j, b = got.get((case, gpu, "jenga")), got.get((case, gpu, "vllm"))
             if j and b:
                 p = vals[3] / vals[0]
+                ratios.append(j / b / p)
                 out.append(f"| {case}, {gpu} | {p:.3f}x | {j / b:.3f}x | {j / b / p:.2f} |")
+    cells = sum(cell_within_goal(v / c.measured) for c, v in rows)
+    near = sum(ratio_within_goal(r) for r in ratios)
+    out += ["", f"Goal met by {cells} of {len(rows)} held-out cells (within {CELL_GOAL}x of the measured req/s) "
+                f"and {near} of {len(ratios)} ratios (within {RATIO_GOAL:.0%} of the paper's)."]
     return "\n".join(out)
+
+
+#: The goal of the calibration: each held-out cell within this factor of its measured req/s
+#: (either way) ...
+CELL_GOAL = 1.5
+#: ... and each model's held-out jenga / baseline ratio within this share of the paper's (the
+#: 15 % that ``jenga reproduce`` flags a figure-14 row by).
+RATIO_GOAL = 0.15
+
+
+def cell_within_goal(ours_over_paper: float) -> bool:
+    return 1 / CELL_GOAL <= ours_over_paper <= CELL_GOAL
+
+
+def ratio_within_goal(ours_over_paper: float) -> bool:
+    return abs(ours_over_paper - 1) <= RATIO_GOAL
 
 
 def main(argv=None) -> int:

@@ -148,10 +148,12 @@ def _why(case, r: dict, gpu: str, quick: bool) -> str:
              f"({j['throughput_req_s'] / pj:.2f}x the paper's jenga, {b['throughput_req_s'] / pv:.2f}x its baseline)"]
     if abs(j["prefix_hit_rate"] - b["prefix_hit_rate"]) > 0.1 and not quick:
         off = run_case(case, gpu, quick, prefix_caching=(False, False))
-        parts.append(f"with prefix caching off for both: {off['ratio']:.2f}x")
+        parts.append(f"with prefix caching off for both: {off['ratio']:.2f}x (prefill tokens computed "
+                     f"{off['jenga']['prefill_tokens'] / 1e6:.2f}M vs {off[case.baseline]['prefill_tokens'] / 1e6:.2f}M, "
+                     f"preemptions {off['jenga']['preemptions']} vs {off[case.baseline]['preemptions']})")
     parts.append(f"max batch {j['max_concurrent']} vs {b['max_concurrent']}, prefix hits {j['prefix_hit_rate']:.2f} "
                  f"vs {b['prefix_hit_rate']:.2f}, prefill tokens computed {j['prefill_tokens'] / 1e6:.2f}M vs "
-                 f"{b['prefill_tokens'] / 1e6:.2f}M")
+                 f"{b['prefill_tokens'] / 1e6:.2f}M, preemptions {j['preemptions']} vs {b['preemptions']}")
     return "; ".join(parts)
 
 
@@ -174,6 +176,11 @@ def throughput_rows(gpu: str, quick: bool) -> list[Row]:
                 f"jenga {j['throughput_req_s']:.3f} vs {b['throughput_req_s']:.3f} req/s")
         if case.note(gpu):
             note += f"; {case.note(gpu)}"
+        if "reusable_share" in r:
+            end, aligned = r["reusable_share"]
+            note += (f"; had its Jenga run with prefix caching, as its server command says (figure14.md), its fork "
+                     f"keeps states at {case.state_cache_alignment}-token multiples only: at most {aligned:.0%} of "
+                     f"the prompt tokens reusable on this trace, against {end:.0%} at each prefix's end (ours)")
         if p is None:
             note += "; paper's baseline OOM: not in the mean"
         else:
