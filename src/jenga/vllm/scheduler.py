@@ -45,9 +45,9 @@ def refuse_unsupported(vllm_config) -> None:
          f"the speculative method {spec_method(vllm_config)!r} (verified against stock vLLM: "
          f"{', '.join(m for m in SPEC_METHODS if m)}; EAGLE-3 / MTP drafts are not yet)"),
         (vllm_config.model_config.is_encoder_decoder, "encoder-decoder models"),
-        (vllm_config.parallel_config.pipeline_parallel_size > 1,
-         "pipeline parallelism (the scheduler's one jenga plan covers every layer; each stage would need the "
-         "page-layer layout of its own layers)"),
+        (vllm_config.parallel_config.pipeline_parallel_size > 1 and layout_name() == "uniform",
+         "pipeline parallelism in JENGA_VLLM_LAYOUT=uniform (its plan counts one stage's layers; the default "
+         "page-layer layout plans every stage)"),
         (vllm_config.parallel_config.data_parallel_size > 1,
          "data parallelism (not yet verified against stock vLLM: one jenga scheduler per rank is untested)"),
         (vllm_config.parallel_config.decode_context_parallel_size > 1, "decode context parallelism"),
