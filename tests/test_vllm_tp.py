@@ -85,3 +85,89 @@ def test_pipeline_parallel_2_equals_stock(tmp_path_factory, monkeypatch):
         sched.jenga.check_integrity()
     finally:
         close(llm)
+
+
+def async_engine(path: str, *, jenga: bool, num_blocks: int | None = None, **kw):
+    """An ``AsyncLLM`` (the OpenAI server's engine client) over ``path``, as ``engine`` builds an ``LLM``."""
+    from vllm import envs as vllm_envs
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    args = dict(model=path, dtype="float32", enforce_eager=True, max_model_len=512, block_size=32, max_num_seqs=8,
+                seed=0, kv_cache_memory_bytes=16 << 20, num_gpu_blocks_override=num_blocks, disable_log_stats=False)
+    if jenga:
+        args["scheduler_cls"] = "jenga.vllm.JengaScheduler"
+    vllm_envs.disable_envs_cache()
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**{**args, **kw}))
+
+
+def serve(llm, prompts, tag: str) -> list[tuple[list[int], int]]:
+    """Greedy tokens and cached prompt tokens of ``prompts``, all submitted at once."""
+    import asyncio
+
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    sp = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+
+    async def one(i, p):
+        async for out in llm.generate(TokensPrompt(prompt_token_ids=p), sp, request_id=f"{tag}{i}"):
+            last = out
+        return list(last.outputs[0].token_ids), last.num_cached_tokens
+
+    async def every():
+        return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
+    return asyncio.get_event_loop().run_until_complete(every())
+
+
+def registry_sum(name: str) -> dict[str, float]:
+    """The samples called ``name`` in this process's Prometheus registry, summed per engine label."""
+    from prometheus_client import REGISTRY
+
+    out: dict[str, float] = {}
+    for family in REGISTRY.collect():
+        for sample in family.samples:
+            if sample.name == name:
+                engine_label = sample.labels.get("engine", "")
+                out[engine_label] = out.get(engine_label, 0.0) + sample.value
+    return out
+
+
+#: a budget (vLLM blocks per rank) under which the pressure workload preempts on each rank
+DP_TIGHT_BLOCKS = 16
+
+
+def test_data_parallel_2_dense_equals_stock(tmp_path_factory, monkeypatch):
+    """``data_parallel_size=2`` through ``AsyncLLM`` (what ``vllm serve --data-parallel-size 2`` runs): a
+    dense model's ranks are independent engine cores, each with its own jenga scheduler (vLLM sets each
+    core's data-parallel size to 1 before building it); the frontend balances requests over them.
+    Greedy tokens and cached prompt tokens equal stock's, ample and tight budgets, preemption in the tight one."""
+    import asyncio
+
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    path = model_dir("llama", tmp_path_factory.getbasetemp())
+    w = workloads()
+    tight = dict(num_blocks=DP_TIGHT_BLOCKS, max_model_len=320)
+    runs = {}
+    for name, jenga, budget, loads in (("stock", False, {}, ("first", "shared", "pressure")),
+                                       ("jenga", True, {}, ("first", "shared")),
+                                       ("jenga tight", True, tight, ("pressure",))):
+        llm = async_engine(path, jenga=jenga, data_parallel_size=2, **budget)
+        try:
+            runs[name] = {k: serve(llm, w[k], k) for k in loads}
+            runs[name]["preempted"] = sum(registry_sum("vllm:num_preemptions_total").values())
+            runs[name]["jenga pools"] = len(registry_sum("jenga_kv_pool_bytes"))
+        finally:
+            llm.shutdown()
+    print("data parallel 2:", {n: {k: v for k, v in r.items() if k in ("preempted", "jenga pools")}
+                               for n, r in runs.items()})
+    ref = runs["stock"]
+    for k in ("first", "shared"):
+        assert runs["jenga"][k] == ref[k]  # tokens and cached prompt tokens per request
+    assert sum(c for _, c in runs["jenga"]["shared"]) > 0 and runs["jenga"]["preempted"] == 0
+    assert [t for t, _ in runs["jenga tight"]["pressure"]] == [t for t, _ in ref["pressure"]]
+    assert runs["jenga tight"]["preempted"] > 0
+    assert runs["jenga"]["jenga pools"] == 2  # one jenga scheduler per rank
