@@ -1,9 +1,10 @@
 """``tensor_parallel_size=2`` and ``pipeline_parallel_size=2`` (two CPU worker processes over
-gloo): vLLM + jenga's greedy tokens equal stock vLLM's at the same parallelism, with the
-page-layer layout.  Each engine starts two worker processes: about 110 s wall for tensor
-parallelism on this 2-core machine, more for pipeline parallelism (its compiled model), so
-they run in ``make test-vllm-slow``, not in ``make test`` (which must stay under 10 minutes on
-2 cores)."""
+gloo), ``data_parallel_size=2`` (two engine cores): vLLM + jenga's greedy tokens equal stock
+vLLM's at the same parallelism, with the page-layer layout.  Each engine starts two worker
+processes or engine cores: about 110 s wall for tensor parallelism on this 2-core machine,
+about 3 to 4.5 min each for pipeline parallelism (its compiled model) and data parallelism (four
+engines), so they run in ``make test-vllm-slow``, not in ``make test`` (which must stay under 10
+minutes on 2 cores)."""
 
 from __future__ import annotations
 
@@ -154,6 +155,7 @@ def test_data_parallel_2_dense_equals_stock(tmp_path_factory, monkeypatch):
     runs = {}
     for name, jenga, budget, loads in (("stock", False, {}, ("first", "shared", "pressure")),
                                        ("jenga", True, {}, ("first", "shared")),
+                                       ("stock tight", False, tight, ("pressure",)),
                                        ("jenga tight", True, tight, ("pressure",))):
         llm = async_engine(path, jenga=jenga, data_parallel_size=2, **budget)
         try:
@@ -162,12 +164,17 @@ def test_data_parallel_2_dense_equals_stock(tmp_path_factory, monkeypatch):
             runs[name]["jenga pools"] = len(registry_sum("jenga_kv_pool_bytes"))
         finally:
             llm.shutdown()
-    print("data parallel 2:", {n: {k: v for k, v in r.items() if k in ("preempted", "jenga pools")}
-                               for n, r in runs.items()})
+    for n, r in runs.items():
+        done = [(k, out) for k, out in r.items() if k in w]
+        hits = sum(c for _, out in done for _, c in out)
+        prompt = sum(len(p) for k, _ in done for p in w[k])
+        print(f"data parallel 2, {n} ({'+'.join(k for k, _ in done)}): prompt tokens computed {prompt - hits}, "
+              f"hit tokens {hits}, preemptions {r['preempted']:.0f}")
     ref = runs["stock"]
     for k in ("first", "shared"):
         assert runs["jenga"][k] == ref[k]  # tokens and cached prompt tokens per request
     assert sum(c for _, c in runs["jenga"]["shared"]) > 0 and runs["jenga"]["preempted"] == 0
     assert [t for t, _ in runs["jenga tight"]["pressure"]] == [t for t, _ in ref["pressure"]]
+    assert [t for t, _ in runs["stock tight"]["pressure"]] == [t for t, _ in ref["pressure"]]
     assert runs["jenga tight"]["preempted"] > 0
     assert runs["jenga"]["jenga pools"] == 2  # one jenga scheduler per rank
