@@ -157,8 +157,7 @@ def test_cache_aware_admission_reorders_through_the_adapter(tmp_path_factory):
     ("speculative_config", None, SimpleNamespace(method="eagle3"), "speculative method 'eagle3'"),
     ("speculative_config", None, SimpleNamespace(method="mtp"), "speculative method 'mtp'"),
     ("kv_transfer_config", None, SimpleNamespace(kv_connector="OffloadingConnector"), "KV connectors"),
-    ("parallel_config", "pipeline_parallel_size", 2, "pipeline parallelism"),
-    ("parallel_config", "data_parallel_size", 2, "data parallelism"),
+    ("parallel_config", "data_parallel_size", 2, r"data parallelism of MoE models .*NotImplementedError.*all_gatherv"),
     ("model_config", "is_encoder_decoder", True, "encoder-decoder models"),
 ])
 def test_engine_start_refuses_each_unverified_feature_by_name(tmp_path_factory, part, field, value, named):
@@ -185,6 +184,22 @@ def test_engine_start_refuses_each_unverified_feature_by_name(tmp_path_factory, 
         value = changed
     setattr(cfg, part, value)
     with pytest.raises(compat.UnsupportedInVllm, match=named):
+        refuse_unsupported(cfg)
+
+
+def test_pipeline_parallelism_is_refused_in_the_uniform_layout_only(tmp_path_factory, monkeypatch):
+    """The page-layer plan covers every stage's layers (``tests/test_vllm_pp_plan.py``); vLLM's own
+    layout's plan counts one stage's layers, so there pipeline parallelism stays refused, by name."""
+    import copy
+
+    from jenga.vllm.scheduler import refuse_unsupported
+
+    cfg = copy.copy(async_config(model_dir("llama", tmp_path_factory.getbasetemp())))
+    cfg.parallel_config = copy.copy(cfg.parallel_config)
+    cfg.parallel_config.pipeline_parallel_size = 2
+    refuse_unsupported(cfg)
+    monkeypatch.setenv("JENGA_VLLM_LAYOUT", "uniform")
+    with pytest.raises(compat.UnsupportedInVllm, match="pipeline parallelism in JENGA_VLLM_LAYOUT=uniform"):
         refuse_unsupported(cfg)
 
 

@@ -156,19 +156,46 @@ def sub_block_page(layers, hash_block: int | None) -> int | None:
     return hash_block
 
 
+def _union_layers(cfgs) -> list[tuple[str, object]]:
+    """Every worker's layers once, in stage order (pipeline stages hold different layers; tensor
+    parallel ranks the same ones)."""
+    seen: dict[str, object] = {}
+    for cfg in cfgs:
+        for name, s in _layer_specs(cfg):
+            seen.setdefault(name, s)
+    return list(seen.items())
+
+
 def page_layer_plan(cfg, max_model_len: int, hash_block: int | None = None) -> tuple[VllmPlan, object]:
     """jenga's grouping and page sizes over vLLM's buffer: the plan and the rewritten config.
     ``hash_block``: vLLM's ``prefix_match_unit`` with prefix caching on (``sub_block_page``)."""
-    raw = _buffer_bytes(cfg)
-    layers = _layer_specs(cfg)
+    plan, (new_cfg,) = page_layer_plans([cfg], max_model_len, hash_block)
+    return plan, new_cfg
+
+
+def page_layer_plans(cfgs, max_model_len: int, hash_block: int | None = None) -> tuple[VllmPlan, list]:
+    """One plan for every worker's config (the scheduler hands the same block ids to all of them)
+    and each worker's rewritten config.
+
+    Groups are formed over the union of the workers' layers.  With pipeline parallelism a stage
+    holds only some layers of a group; every stage then cuts the group's pages for the largest
+    number of that group's layers any stage holds (the scheduler's one allocator needs the same
+    page sizes, hence the same large pages, on every stage), and views only its own layers in
+    them: a stage with fewer layers of a group leaves that part of its pages unused."""
+    raw = min(_buffer_bytes(cfg) for cfg in cfgs)
+    layers = _union_layers(cfgs)
     sub = sub_block_page(layers, hash_block)
     base = sub or min(s.block_size for _, s in layers)
     by_spec: dict[object, list[str]] = {}
     for name, s in layers:
         by_spec.setdefault(_normalized(s, base), []).append(name)
     groups = [(names, spec) for spec, names in by_spec.items()]
+    owned = [set(name for name, _ in _layer_specs(cfg)) for cfg in cfgs]
+    per_worker = [[([n for n in names if n in mine], spec) for names, spec in groups] for mine in owned]
+    widest = [max((w[i][0] for w in per_worker), key=len) for i in range(len(groups))]
+    envelope = [(names, spec) for names, (_, spec) in zip(widest, groups, strict=True)]
     _check_state_blocks(groups, base, sub_block=sub is not None)
-    model = model_of_groups(groups, name="vllm", max_model_len=max_model_len,
+    model = model_of_groups(envelope, name="vllm", max_model_len=max_model_len,
                             checkpoint_interval=no_periodic_checkpoints(max_model_len, base))
     fitted = manager_page_plan(with_base_page(model, base), MAX_LCM_RATIO).model
     S = fitted.lcm_page_bytes
@@ -184,17 +211,22 @@ def page_layer_plan(cfg, max_model_len: int, hash_block: int | None = None) -> t
     if num_large < 1:
         raise UnsupportedInVllm(f"jenga.vllm: vLLM's KV budget of {raw} B holds no large page of {S} B plus a "
                                 "slack page; give the KV cache more memory")
-    new_groups, tensors = [], []
-    for (names, spec), g in zip(groups, fitted.groups, strict=True):
-        new_groups.append(kvi.KVCacheGroupSpec(names, _normalized(spec, g.tokens_per_page)))
-        tensors.append(kvi.KVCacheTensor(size=raw, layers=list(names), layer_stride=g.layer_page_bytes,
-                                         block_stride=unit, offset=0))
     num_blocks = (num_large * S - min(pages) + sink) // unit + 1  # the highest exec id + 1
-    if sub and not state_copies_exact(groups, fitted.groups, raw == num_blocks * unit):
-        return page_layer_plan(cfg, max_model_len)  # states inside a block cannot move: vLLM's blocks
-    new_cfg = dataclasses.replace(cfg, num_blocks=num_blocks, kv_cache_tensors=tensors, kv_cache_groups=new_groups)
+    if sub and not all(state_copies_exact(w, fitted.groups, _buffer_bytes(cfg) == num_blocks * unit)
+                       for w, cfg in zip(per_worker, cfgs, strict=True)):
+        return page_layer_plans(cfgs, max_model_len)  # states inside a block cannot move: vLLM's blocks
+    out = []
+    for cfg, mine in zip(cfgs, per_worker, strict=True):
+        new_groups, tensors = [], []
+        for (names, spec), g in zip(mine, fitted.groups, strict=True):
+            new_groups.append(kvi.KVCacheGroupSpec(names, _normalized(spec, g.tokens_per_page)))
+            if names:  # a stage without layers of this group keeps the group (same block ids), no views
+                tensors.append(kvi.KVCacheTensor(size=_buffer_bytes(cfg), layers=list(names),
+                                                 layer_stride=g.layer_page_bytes, block_stride=unit, offset=0))
+        out.append(dataclasses.replace(cfg, num_blocks=num_blocks, kv_cache_tensors=tensors,
+                                       kv_cache_groups=new_groups))
     plan = VllmPlan("pages", model, (num_large + 1) * S, base, True, tuple(p // unit for p in pages), sink // unit)
-    return plan, new_cfg
+    return plan, out
 
 
 def state_copies_exact(groups, fitted, whole_storage: bool) -> bool:
@@ -244,12 +276,22 @@ def state_copies_exact(groups, fitted, whole_storage: bool) -> bool:
 def rewrite_config(cfg, max_model_len: int, hash_block: int | None = None):
     """The config the workers and the scheduler get, with the plan attached as ``jenga_plan``
     (``hash_block``: see ``page_layer_plan``)."""
+    return rewrite_configs([cfg], max_model_len, hash_block)[0]
+
+
+def rewrite_configs(cfgs, max_model_len: int, hash_block: int | None = None) -> list:
+    """Every worker's config (one per worker, as ``get_kv_cache_configs`` returns them), each with
+    the one plan attached as ``jenga_plan`` (``hash_block``: see ``page_layer_plan``)."""
     if layout_name() == "uniform":
-        plan = uniform_plan(cfg, max_model_len)
-        groups = [dataclasses.replace(g, kv_cache_spec=_no_internal_checkpoints(g.kv_cache_spec))
-                  for g in cfg.kv_cache_groups]
-        cfg = dataclasses.replace(cfg, kv_cache_groups=groups)
-    else:
-        plan, cfg = page_layer_plan(cfg, max_model_len, hash_block)
-    cfg.jenga_plan = plan
-    return cfg
+        out = []
+        for cfg in cfgs:
+            plan = uniform_plan(cfg, max_model_len)
+            groups = [dataclasses.replace(g, kv_cache_spec=_no_internal_checkpoints(g.kv_cache_spec))
+                      for g in cfg.kv_cache_groups]
+            out.append(dataclasses.replace(cfg, kv_cache_groups=groups))
+            out[-1].jenga_plan = plan
+        return out
+    plan, out = page_layer_plans(cfgs, max_model_len, hash_block)
+    for cfg in out:
+        cfg.jenga_plan = plan
+    return out

@@ -3,7 +3,8 @@
 vLLM runs ``register()`` in every process (engine core and workers).  It wraps
 ``vllm.v1.engine.core.get_kv_cache_configs`` so that, when the engine's scheduler is
 jenga's, the configs sent to the workers (and the scheduler's own) carry jenga's
-page-layer layout and plan (see :mod:`jenga.vllm.plan`).  On vLLM 0.34 it also turns the
+page-layer layout and plan (see :mod:`jenga.vllm.plan`; one plan over every worker's layers,
+so pipeline stages holding different layers get the same block ids).  On vLLM 0.34 it also turns the
 extensible KV cache off for such engines (:func:`jenga.vllm.compat.turn_off_extensible_kv_cache`),
 and registers jenga's ``/metrics`` collector (:mod:`jenga.vllm.metrics`).
 Engines with vLLM's own scheduler are left untouched.
@@ -43,14 +44,15 @@ def register() -> None:
         configs = original(vllm_config, *args, **kwargs)
         if not uses_jenga(vllm_config):
             return configs
-        from jenga.vllm.plan import rewrite_config
+        from jenga.vllm.plan import rewrite_configs
         from jenga.vllm.scheduler import refuse_unsupported
 
         refuse_unsupported(vllm_config)
         max_len = vllm_config.model_config.max_model_len
         cache = vllm_config.cache_config
         hash_block = getattr(cache, "prefix_match_unit", None) if cache.enable_prefix_caching else None
-        return [rewrite_config(cfg, max_len, hash_block) for cfg in configs]
+        # one plan for all workers: with pipeline parallelism each stage's config holds its own layers
+        return rewrite_configs(configs, max_len, hash_block)
 
     setattr(get_kv_cache_configs, _MARK, True)
     core.get_kv_cache_configs = get_kv_cache_configs

@@ -28,6 +28,14 @@ logger = init_logger("vllm.jenga")  # under vLLM's logger: its handlers and leve
 SPEC_METHODS = (None, "ngram", "draft_model", "eagle")
 
 
+#: why data parallelism stays refused.  A dense model's DP ranks are independent engines (vLLM sets each
+#: engine core's data_parallel_size to 1 before it builds the scheduler), so this is only met by a
+#: MoE model's DP engine cores, which share expert dispatch across ranks
+DP_REFUSAL = ("data parallelism of MoE models (not verified against stock vLLM: vLLM 0.32's CPU build does not "
+              "run it, its first step raises NotImplementedError in the CPU communicator's all_gatherv, "
+              "from the naive DP/EP MoE dispatch; offline LLM(data_parallel_size=2) is refused by vLLM itself)")
+
+
 def spec_method(vllm_config) -> str | None:
     """vLLM's speculative method of this engine (``None`` without speculative decoding)."""
     spec = vllm_config.speculative_config
@@ -45,11 +53,10 @@ def refuse_unsupported(vllm_config) -> None:
          f"the speculative method {spec_method(vllm_config)!r} (verified against stock vLLM: "
          f"{', '.join(m for m in SPEC_METHODS if m)}; EAGLE-3 / MTP drafts are not yet)"),
         (vllm_config.model_config.is_encoder_decoder, "encoder-decoder models"),
-        (vllm_config.parallel_config.pipeline_parallel_size > 1,
-         "pipeline parallelism (the scheduler's one jenga plan covers every layer; each stage would need the "
-         "page-layer layout of its own layers)"),
-        (vllm_config.parallel_config.data_parallel_size > 1,
-         "data parallelism (not yet verified against stock vLLM: one jenga scheduler per rank is untested)"),
+        (vllm_config.parallel_config.pipeline_parallel_size > 1 and layout_name() == "uniform",
+         "pipeline parallelism in JENGA_VLLM_LAYOUT=uniform (its plan counts one stage's layers; the default "
+         "page-layer layout plans every stage)"),
+        (vllm_config.parallel_config.data_parallel_size > 1, DP_REFUSAL),
         (vllm_config.parallel_config.decode_context_parallel_size > 1, "decode context parallelism"),
         (vllm_config.scheduler_config.watermark > 0, "a KV-cache watermark"),
         (getattr(vllm_config.cache_config, "use_replayssm", False),
