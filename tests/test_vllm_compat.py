@@ -154,22 +154,22 @@ def test_cache_aware_admission_reorders_through_the_adapter(tmp_path_factory):
 
 
 @pytest.mark.parametrize(("part", "field", "value", "named"), [
-    ("speculative_config", None, SimpleNamespace(method="eagle3"), "speculative method 'eagle3'"),
-    ("speculative_config", None, SimpleNamespace(method="mtp"), "speculative method 'mtp'"),
+    ("speculative_config", None, SimpleNamespace(method="medusa"), "speculative method 'medusa'"),
+    ("speculative_config", None, SimpleNamespace(method="dflash"), "speculative method 'dflash'"),
     ("kv_transfer_config", None, SimpleNamespace(kv_connector="OffloadingConnector"), "KV connectors"),
     ("parallel_config", "pipeline_parallel_size", 2, "pipeline parallelism"),
     ("parallel_config", "data_parallel_size", 2, "data parallelism"),
     ("model_config", "is_encoder_decoder", True, "encoder-decoder models"),
 ])
 def test_engine_start_refuses_each_unverified_feature_by_name(tmp_path_factory, part, field, value, named):
-    """n-gram, draft-model and EAGLE speculative decoding and multimodal models start; what stays
-    refused is named."""
+    """n-gram, draft-model, EAGLE, EAGLE-3 and MTP speculative decoding and multimodal models start;
+    what stays refused is named."""
     import copy
 
     from jenga.vllm.scheduler import refuse_unsupported
 
     cfg = copy.copy(async_config(model_dir("llama", tmp_path_factory.getbasetemp())))
-    for method in ("ngram", "draft_model", "eagle"):
+    for method in ("ngram", "draft_model", "eagle", "eagle3", "mtp"):
         cfg.speculative_config = SimpleNamespace(method=method)
         refuse_unsupported(cfg)
     cfg.speculative_config = None

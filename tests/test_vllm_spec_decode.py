@@ -9,9 +9,13 @@ jenga.  Draft slots go through jenga's lookahead allocation, rejected drafts thr
   and rejected) on the tiny Llama: the draft's layers are laid out in jenga's one pool next to
   the target's (the plugin's page-layer rewrite groups them by kind with the target's).
 * EAGLE (a one-layer EAGLE head on the tiny Llama; random quality: vLLM rejects most of its proposals),
-  its layer in jenga's pool likewise.
+  its layer in jenga's pool likewise;
+* EAGLE-3 (a head over three of the tiny Llama's hidden states, with its own smaller draft vocabulary),
+  its layer in jenga's pool likewise;
+* MTP (a tiny MiMo target: Qwen2 layers plus one multi-token-prediction layer that vLLM runs as the
+  drafter), the MTP layer's KV in jenga's pool next to the target's.
 
-The draft-model and EAGLE runs (45-80 s each on 2 shared cores) are in ``make test-vllm-slow``;
+The draft-model, EAGLE, EAGLE-3 and MTP runs (45-80 s each on 2 shared cores) are in ``make test-vllm-slow``;
 the n-gram runs (about 35 s) cover the lookahead and rejection paths in ``make test``.
 """
 
@@ -22,9 +26,11 @@ from vllm_support import (
     allow_engines_after_numba,
     close,
     draft_dir,
+    eagle3_dir,
     eagle_dir,
     engine,
     greedy,
+    mimo_dir,
     model_dir,
     scheduler,
     spec_stats,
@@ -70,7 +76,11 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3,
                                         pytest.param("draft", marks=[pytest.mark.xdist_group("vllm-spec-draft"),
                                                                      pytest.mark.slow]),
                                         pytest.param("eagle", marks=[pytest.mark.xdist_group("vllm-spec-eagle"),
-                                                                     pytest.mark.slow])])
+                                                                     pytest.mark.slow]),
+                                        pytest.param("eagle3", marks=[pytest.mark.xdist_group("vllm-spec-eagle3"),
+                                                                      pytest.mark.slow]),
+                                        pytest.param("mtp", marks=[pytest.mark.xdist_group("vllm-spec-mtp"),
+                                                                   pytest.mark.slow])])
 def runs(request, tmp_path_factory):
     root = tmp_path_factory.getbasetemp()
     if request.param == "ngram":
@@ -78,10 +88,12 @@ def runs(request, tmp_path_factory):
     elif request.param == "draft":
         target = model_dir("llama", root)
         out = side_by_side(target, {"model": draft_dir(target, root), "num_speculative_tokens": K}, 24)
-    else:
+    elif request.param in ("eagle", "eagle3"):
         target = model_dir("llama", root)
-        out = side_by_side(target, {"method": "eagle", "model": eagle_dir(target, root), "num_speculative_tokens": K},
-                           24)
+        head = (eagle_dir if request.param == "eagle" else eagle3_dir)(target, root)
+        out = side_by_side(target, {"method": request.param, "model": head, "num_speculative_tokens": K}, 24)
+    else:  # the MTP layer is in the target's own checkpoint
+        out = side_by_side(mimo_dir(root), {"method": "mtp", "num_speculative_tokens": K}, 24)
     out["method"] = request.param
     yield out
     for llm in out["engines"]:
