@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 MAX_TOKENS = 16
 K = 3
+ROWS = ("ngram", "draft", "eagle", "eagle3", "mtp")
 
 
 def run_row(method: str, root: Path) -> list[dict]:
@@ -68,7 +69,7 @@ def run_row(method: str, root: Path) -> list[dict]:
         path, tight = mimo_dir(root), 24
         spec = {"method": "mtp", "num_speculative_tokens": K}
     else:
-        raise SystemExit(f"unknown row {method!r}: ngram, draft, eagle, eagle3, mtp")
+        raise SystemExit(f"unknown row {method!r}: {', '.join(ROWS)}")
     w = workloads()
     sets = {"ample": w["first"] + w["shared"][:4], "tight": w["pressure"]}
     rows, ref = [], {}
@@ -109,8 +110,7 @@ def render(rows: list[dict], markdown: bool) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--markdown", action="store_true", help="print a markdown table")
-    ap.add_argument("--rows", default="ngram,draft,eagle,eagle3,mtp",
-                    help="comma-separated: ngram, draft, eagle, eagle3, mtp")
+    ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated: {', '.join(ROWS)}")
     args = ap.parse_args(argv)
     rows = []
     with TemporaryDirectory() as tmp:

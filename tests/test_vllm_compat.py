@@ -188,6 +188,23 @@ def test_engine_start_refuses_each_unverified_feature_by_name(tmp_path_factory, 
         refuse_unsupported(cfg)
 
 
+def test_speculative_state_blocks_of_a_hybrid_are_refused_by_name():
+    """MTP / EAGLE on a Mamba hybrid: vLLM asks for 1 + k state blocks per request, which jenga's
+    state pages do not plan (the measured end-to-end case is in ``test_vllm_spec_decode.py``)."""
+    import torch
+    from vllm.v1 import kv_cache_interface as kvi
+
+    from jenga.vllm.specs import state_spec
+
+    for mode in ("align", "none"):
+        spec = kvi.MambaSpec(block_size=96, shapes=((4,),), dtypes=(torch.bfloat16,), mamba_cache_mode=mode,
+                             num_speculative_blocks=3)
+        with pytest.raises(compat.UnsupportedInVllm, match=r"speculative Mamba blocks .* 1 \+ 3 state blocks"):
+            state_spec(spec, "m", checkpoint_interval=96)
+        assert state_spec(kvi.MambaSpec(block_size=96, shapes=((4,),), dtypes=(torch.bfloat16,),
+                                        mamba_cache_mode=mode), "m", checkpoint_interval=96).state_bytes() == 8
+
+
 def test_plugin_rewrites_the_planners_configs_with_this_versions_arguments(tmp_path_factory):
     """The engine core calls ``vllm.v1.engine.core.get_kv_cache_configs`` with 3 (0.32) or 4
     (0.33+) arguments; the plugin's wrapper gives jenga's engines the page-layer plan and leaves

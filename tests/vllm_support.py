@@ -227,6 +227,43 @@ def mimo_dir(root: Path) -> str:
     return str(out)
 
 
+def qwen3_next_mtp_dir(root: Path) -> str:
+    """The tiny Qwen3-Next (every layer's MLP a mixture of experts: vLLM's Qwen3-Next MTP model
+    wants its MTP layer to be one) with one MTP layer: transformers' ``Qwen3NextForCausalLM``
+    saved with ``save_pretrained``, ``num_nextn_predict_layers: 1`` in its config, and the
+    ``mtp.*`` weights (which transformers' class does not hold: the full-attention layer's
+    weights, ``fc`` passing the hidden-state half through, the norms) written with safetensors."""
+    from safetensors.torch import load_file, save_file
+
+    out = root / "qwen3_next_mtp"
+    if (out / "config.json").exists():
+        return str(out)
+    cfg = hf_config("qwen3_next")
+    cfg.decoder_sparse_step, cfg.dtype = 1, "float32"
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0, 0.05)
+            if name.endswith("norm.weight"):
+                p.add_(1.0)
+    model.save_pretrained(out)
+    tf.PreTrainedTokenizerFast(tokenizer_object=tiny_tokenizer(512).backend, bos_token="<bos>", eos_token="<eos>",
+                               pad_token="<pad>").save_pretrained(out)
+    w = load_file(out / "model.safetensors")
+    full, hidden = f"model.layers.{cfg.layer_types.index('full_attention')}.", cfg.hidden_size
+    mtp = {k.replace(full, "mtp.layers.0."): v.clone() for k, v in w.items() if k.startswith(full)}
+    fc = torch.zeros(hidden, 2 * hidden)
+    fc[:, hidden:] = torch.eye(hidden)
+    mtp.update({"mtp.fc.weight": fc, "mtp.norm.weight": w["model.norm.weight"].clone(),
+                "mtp.pre_fc_norm_hidden.weight": torch.zeros(hidden),
+                "mtp.pre_fc_norm_embedding.weight": torch.zeros(hidden)})
+    save_file({k: v.contiguous() for k, v in mtp.items()}, out / "mtp.safetensors")
+    conf = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**conf, "num_nextn_predict_layers": 1}))
+    return str(out)
+
+
 def lora_dir(target: str, root: Path, name: str, *, seed: int, rank: int = 8) -> str:
     """A random LoRA adapter for ``target`` in PEFT's on-disk format (``adapter_config.json`` +
     ``adapter_model.safetensors``) on the attention projections q / k / v / o."""
