@@ -13,7 +13,8 @@ jenga.  Draft slots go through jenga's lookahead allocation, rejected drafts thr
 * EAGLE-3 (a head over three of the tiny Llama's hidden states, with its own smaller draft vocabulary),
   its layer in jenga's pool likewise;
 * MTP (a tiny MiMo target: Qwen2 layers plus one multi-token-prediction layer that vLLM runs as the
-  drafter), the MTP layer's KV in jenga's pool next to the target's.
+  drafter), the MTP layer's KV in jenga's pool next to the target's;
+* MTP on a Mamba hybrid (tiny Qwen3-Next): refused at engine start, and why (no stock reference).
 
 The draft-model, EAGLE, EAGLE-3 and MTP runs (45-80 s each on 2 shared cores) are in ``make test-vllm-slow``;
 the n-gram runs (about 35 s) cover the lookahead and rejection paths in ``make test``.
