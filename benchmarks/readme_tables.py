@@ -177,7 +177,7 @@ def _vllm_spec_acceptance() -> str:
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for method in ("ngram", "draft", "eagle"):
+        for method in bench.ROWS:
             rows += bench.run_row(method, pathlib.Path(tmp))
     return bench.render(rows, markdown=True)
 

@@ -7,13 +7,17 @@ Needs the ``jenga[vllm]`` extra (``make test`` installs it into ``.venv``); runs
 Tiny random-weight models of ``tests/vllm_support.py``, greedy, 16 new tokens per request, the
 workloads of the vLLM tests: ``first`` + four ``shared`` prompts (one 150-token prefix) with
 ample memory, then ``pressure`` (eight prompts over two 200-token documents) at a budget that
-preempts (128 of vLLM's blocks for Gemma-3, 24 for Llama + draft / EAGLE).  Rows:
+preempts (128 of vLLM's blocks for Gemma-3, 24 for Llama + draft / EAGLE / EAGLE-3 and for MiMo).  Rows:
 
 * ``ngram``: n-gram proposals (k = 3, lookup 1..3 tokens) on the tiny Gemma-3 (5 sliding : 1 full);
 * ``draft``: a separate draft model (the tiny Llama's weights plus noise 0.01, k = 3) on the tiny
   Llama; with jenga the draft's layers live in jenga's pool next to the target's;
 * ``eagle``: a one-layer EAGLE head on the tiny Llama (k = 3; random quality, so vLLM rejects most of
-  its proposals), its layer in jenga's pool likewise.
+  its proposals), its layer in jenga's pool likewise;
+* ``eagle3``: a one-layer EAGLE-3 head on the tiny Llama over three of its hidden states, with a draft
+  vocabulary of 3/4 of the target's (k = 3; built to mostly repeat the last token), in jenga's pool;
+* ``mtp``: a tiny MiMo target (Qwen2 layers) whose one multi-token-prediction layer is the drafter
+  (k = 3, the layer reused for each step), the MTP layer's KV in jenga's pool.
 
 Per row and engine: draft tokens proposed, accepted, acceptance rate (accepted / proposed, from
 vLLM's ``spec_decode_num_*`` counters), preemptions, and whether jenga's greedy tokens equal
@@ -31,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 MAX_TOKENS = 16
 K = 3
+ROWS = ("ngram", "draft", "eagle", "eagle3", "mtp")
 
 
 def run_row(method: str, root: Path) -> list[dict]:
@@ -38,9 +43,11 @@ def run_row(method: str, root: Path) -> list[dict]:
         allow_engines_after_numba,
         close,
         draft_dir,
+        eagle3_dir,
         eagle_dir,
         engine,
         greedy,
+        mimo_dir,
         model_dir,
         scheduler,
         spec_stats,
@@ -54,9 +61,15 @@ def run_row(method: str, root: Path) -> list[dict]:
     elif method == "draft":
         path, tight = model_dir("llama", root), 24
         spec = {"model": draft_dir(path, root), "num_speculative_tokens": K}
-    else:
+    elif method in ("eagle", "eagle3"):
         path, tight = model_dir("llama", root), 24
-        spec = {"method": "eagle", "model": eagle_dir(path, root), "num_speculative_tokens": K}
+        head = (eagle_dir if method == "eagle" else eagle3_dir)(path, root)
+        spec = {"method": method, "model": head, "num_speculative_tokens": K}
+    elif method == "mtp":
+        path, tight = mimo_dir(root), 24
+        spec = {"method": "mtp", "num_speculative_tokens": K}
+    else:
+        raise SystemExit(f"unknown row {method!r}: {', '.join(ROWS)}")
     w = workloads()
     sets = {"ample": w["first"] + w["shared"][:4], "tight": w["pressure"]}
     rows, ref = [], {}
@@ -97,7 +110,7 @@ def render(rows: list[dict], markdown: bool) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--markdown", action="store_true", help="print a markdown table")
-    ap.add_argument("--rows", default="ngram,draft,eagle", help="comma-separated: ngram, draft, eagle")
+    ap.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated: {', '.join(ROWS)}")
     args = ap.parse_args(argv)
     rows = []
     with TemporaryDirectory() as tmp:

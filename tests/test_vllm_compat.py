@@ -154,21 +154,21 @@ def test_cache_aware_admission_reorders_through_the_adapter(tmp_path_factory):
 
 
 @pytest.mark.parametrize(("part", "field", "value", "named"), [
-    ("speculative_config", None, SimpleNamespace(method="eagle3"), "speculative method 'eagle3'"),
-    ("speculative_config", None, SimpleNamespace(method="mtp"), "speculative method 'mtp'"),
+    ("speculative_config", None, SimpleNamespace(method="medusa"), "speculative method 'medusa'"),
+    ("speculative_config", None, SimpleNamespace(method="dflash"), "speculative method 'dflash'"),
     ("kv_transfer_config", None, SimpleNamespace(kv_connector="OffloadingConnector"), "KV connectors"),
     ("parallel_config", "data_parallel_size", 2, r"data parallelism of MoE models .*NotImplementedError.*all_gatherv"),
     ("model_config", "is_encoder_decoder", True, "encoder-decoder models"),
 ])
 def test_engine_start_refuses_each_unverified_feature_by_name(tmp_path_factory, part, field, value, named):
-    """n-gram, draft-model and EAGLE speculative decoding and multimodal models start; what stays
-    refused is named."""
+    """n-gram, draft-model, EAGLE, EAGLE-3 and MTP speculative decoding and multimodal models start;
+    what stays refused is named."""
     import copy
 
     from jenga.vllm.scheduler import refuse_unsupported
 
     cfg = copy.copy(async_config(model_dir("llama", tmp_path_factory.getbasetemp())))
-    for method in ("ngram", "draft_model", "eagle"):
+    for method in ("ngram", "draft_model", "eagle", "eagle3", "mtp"):
         cfg.speculative_config = SimpleNamespace(method=method)
         refuse_unsupported(cfg)
     cfg.speculative_config = None
@@ -201,6 +201,23 @@ def test_pipeline_parallelism_is_refused_in_the_uniform_layout_only(tmp_path_fac
     monkeypatch.setenv("JENGA_VLLM_LAYOUT", "uniform")
     with pytest.raises(compat.UnsupportedInVllm, match="pipeline parallelism in JENGA_VLLM_LAYOUT=uniform"):
         refuse_unsupported(cfg)
+
+
+def test_speculative_state_blocks_of_a_hybrid_are_refused_by_name():
+    """MTP / EAGLE on a Mamba hybrid: vLLM asks for 1 + k state blocks per request, which jenga's
+    state pages do not plan (the measured end-to-end case is in ``test_vllm_spec_decode.py``)."""
+    import torch
+    from vllm.v1 import kv_cache_interface as kvi
+
+    from jenga.vllm.specs import state_spec
+
+    for mode in ("align", "none"):
+        spec = kvi.MambaSpec(block_size=96, shapes=((4,),), dtypes=(torch.bfloat16,), mamba_cache_mode=mode,
+                             num_speculative_blocks=3)
+        with pytest.raises(compat.UnsupportedInVllm, match=r"speculative Mamba blocks .* 1 \+ 3 state blocks"):
+            state_spec(spec, "m", checkpoint_interval=96)
+        assert state_spec(kvi.MambaSpec(block_size=96, shapes=((4,),), dtypes=(torch.bfloat16,),
+                                        mamba_cache_mode=mode), "m", checkpoint_interval=96).state_bytes() == 8
 
 
 def test_plugin_rewrites_the_planners_configs_with_this_versions_arguments(tmp_path_factory):

@@ -9,9 +9,14 @@ jenga.  Draft slots go through jenga's lookahead allocation, rejected drafts thr
   and rejected) on the tiny Llama: the draft's layers are laid out in jenga's one pool next to
   the target's (the plugin's page-layer rewrite groups them by kind with the target's).
 * EAGLE (a one-layer EAGLE head on the tiny Llama; random quality: vLLM rejects most of its proposals),
-  its layer in jenga's pool likewise.
+  its layer in jenga's pool likewise;
+* EAGLE-3 (a head over three of the tiny Llama's hidden states, with its own smaller draft vocabulary),
+  its layer in jenga's pool likewise;
+* MTP (a tiny MiMo target: Qwen2 layers plus one multi-token-prediction layer that vLLM runs as the
+  drafter), the MTP layer's KV in jenga's pool next to the target's;
+* MTP on a Mamba hybrid (tiny Qwen3-Next): refused at engine start, and why (no stock reference).
 
-The draft-model and EAGLE runs (45-80 s each on 2 shared cores) are in ``make test-vllm-slow``;
+The draft-model, EAGLE, EAGLE-3 and MTP runs (45-80 s each on 2 shared cores) are in ``make test-vllm-slow``;
 the n-gram runs (about 35 s) cover the lookahead and rejection paths in ``make test``.
 """
 
@@ -22,10 +27,13 @@ from vllm_support import (
     allow_engines_after_numba,
     close,
     draft_dir,
+    eagle3_dir,
     eagle_dir,
     engine,
     greedy,
+    mimo_dir,
     model_dir,
+    qwen3_next_mtp_dir,
     scheduler,
     spec_stats,
     workloads,
@@ -70,7 +78,11 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 3,
                                         pytest.param("draft", marks=[pytest.mark.xdist_group("vllm-spec-draft"),
                                                                      pytest.mark.slow]),
                                         pytest.param("eagle", marks=[pytest.mark.xdist_group("vllm-spec-eagle"),
-                                                                     pytest.mark.slow])])
+                                                                     pytest.mark.slow]),
+                                        pytest.param("eagle3", marks=[pytest.mark.xdist_group("vllm-spec-eagle3"),
+                                                                      pytest.mark.slow]),
+                                        pytest.param("mtp", marks=[pytest.mark.xdist_group("vllm-spec-mtp"),
+                                                                   pytest.mark.slow])])
 def runs(request, tmp_path_factory):
     root = tmp_path_factory.getbasetemp()
     if request.param == "ngram":
@@ -78,10 +90,12 @@ def runs(request, tmp_path_factory):
     elif request.param == "draft":
         target = model_dir("llama", root)
         out = side_by_side(target, {"model": draft_dir(target, root), "num_speculative_tokens": K}, 24)
-    else:
+    elif request.param in ("eagle", "eagle3"):
         target = model_dir("llama", root)
-        out = side_by_side(target, {"method": "eagle", "model": eagle_dir(target, root), "num_speculative_tokens": K},
-                           24)
+        head = (eagle_dir if request.param == "eagle" else eagle3_dir)(target, root)
+        out = side_by_side(target, {"method": request.param, "model": head, "num_speculative_tokens": K}, 24)
+    else:  # the MTP layer is in the target's own checkpoint
+        out = side_by_side(mimo_dir(root), {"method": "mtp", "num_speculative_tokens": K}, 24)
     out["method"] = request.param
     yield out
     for llm in out["engines"]:
@@ -127,3 +141,33 @@ def test_every_page_reclaimed(runs):
     for sched in (runs["ample"], runs["tight"]):
         assert sched.jenga.used_bytes == 0 and not sched.jenga.requests
         sched.jenga.check_integrity()
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("vllm-spec-hybrid-mtp")
+def test_mtp_on_a_hybrid_is_refused_and_why(tmp_path_factory):
+    """MTP on the tiny Qwen3-Next (3 Gated DeltaNet : 1 attention, one MTP layer): stock vLLM runs
+    it with prefix caching off; jenga refuses vLLM's speculative state blocks at engine start, by
+    name; with prefix caching on, stock vLLM 0.32's CPU build itself fails at its first step (the
+    align-mode state pre-copy is a Triton kernel), so there is no reference to verify jenga against."""
+    from jenga.vllm.specs import UnsupportedInVllm
+
+    allow_engines_after_numba()
+    path = qwen3_next_mtp_dir(tmp_path_factory.getbasetemp())
+    prompts = workloads()["first"]
+    kw = dict(dtype="bfloat16", mamba_ssm_cache_dtype="bfloat16", disable_log_stats=False,
+              speculative_config={"method": "mtp", "num_speculative_tokens": K})
+    stock = engine(path, jenga=False, enable_prefix_caching=False, **kw)
+    try:
+        greedy(stock, prompts, max_tokens=4)
+        assert spec_stats(stock)["draft_tokens"] > 0
+    finally:
+        close(stock)
+    with pytest.raises(UnsupportedInVllm, match=r"speculative Mamba blocks .* 1 \+ 3 state blocks"):
+        engine(path, jenga=True, enable_prefix_caching=False, **kw)
+    stock = engine(path, jenga=False, **kw)
+    try:
+        with pytest.raises(TypeError, match="not subscriptable"):
+            greedy(stock, prompts, max_tokens=4)
+    finally:
+        close(stock)

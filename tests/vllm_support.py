@@ -135,6 +135,135 @@ def eagle_dir(target: str, root: Path) -> str:
     return str(out)
 
 
+def eagle3_dir(target: str, root: Path) -> str:
+    """An EAGLE-3 head for the tiny Llama ``target`` in the published EAGLE-3 format that vLLM's
+    ``Eagle3LlamaForCausalLM`` loads (transformers has no EAGLE-3 class, so the weights are written
+    with safetensors from the target's): ``midlayer.*`` (one decoder layer whose q / k / v read the
+    concatenated [token embedding, hidden state], plus ``hidden_norm``), ``fc`` over three of the
+    target's hidden states (``eagle_aux_hidden_state_layer_ids`` 0, 1, 2), ``norm`` and an
+    ``lm_head`` over a draft vocabulary of 3/4 of the target's with its ``d2t`` offsets.  ``fc``
+    passes the last layer's state through and ``norm`` / ``lm_head`` are the target's, the layer's
+    outputs are small noise: the head mostly proposes the target's last token again, so vLLM
+    accepts it in repetitions and rejects it elsewhere (and never proposes ids outside its vocabulary)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    out = root / (Path(target).name + "-eagle3")
+    if (out / "config.json").exists():
+        return str(out)
+    cfg = json.loads((Path(target) / "config.json").read_text())
+    w = load_file(Path(target) / "model.safetensors")
+    hidden, vocab = cfg["hidden_size"], cfg["vocab_size"]
+    gen = torch.Generator().manual_seed(4)
+
+    def noise(*shape, scale=0.01):
+        return torch.randn(*shape, generator=gen) * scale
+
+    kept = torch.tensor([i for i in range(vocab) if i % 4 != 3])  # the draft vocabulary
+    lm_head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+    kv, heads, hd = cfg["num_key_value_heads"], cfg["num_attention_heads"], cfg["head_dim"]
+    fc = torch.zeros(hidden, 3 * hidden)
+    fc[:, 2 * hidden:] = torch.eye(hidden)
+    t = {"fc.weight": fc, "norm.weight": w["model.norm.weight"].clone(), "lm_head.weight": lm_head[kept].clone(),
+         "d2t": kept - torch.arange(len(kept)), "t2d": torch.isin(torch.arange(vocab), kept),
+         "midlayer.hidden_norm.weight": torch.ones(hidden), "midlayer.input_layernorm.weight": torch.ones(hidden),
+         "midlayer.post_attention_layernorm.weight": torch.ones(hidden),
+         "midlayer.self_attn.q_proj.weight": noise(heads * hd, 2 * hidden, scale=0.05),
+         "midlayer.self_attn.k_proj.weight": noise(kv * hd, 2 * hidden, scale=0.05),
+         "midlayer.self_attn.v_proj.weight": noise(kv * hd, 2 * hidden, scale=0.05),
+         "midlayer.self_attn.o_proj.weight": noise(hidden, heads * hd),
+         "midlayer.mlp.gate_proj.weight": noise(cfg["intermediate_size"], hidden, scale=0.05),
+         "midlayer.mlp.up_proj.weight": noise(cfg["intermediate_size"], hidden, scale=0.05),
+         "midlayer.mlp.down_proj.weight": noise(hidden, cfg["intermediate_size"])}
+    out.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in t.items()}, out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps({
+        **cfg, "num_hidden_layers": 1, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": len(kept),
+        "target_hidden_size": hidden, "eagle_config": {"eagle_aux_hidden_state_layer_ids": [0, 1, 2]}}))
+    for f in Path(target).glob("tok*"):
+        shutil.copy(f, out)
+    return str(out)
+
+
+def mimo_dir(root: Path) -> str:
+    """A tiny MiMo target with one MTP layer: transformers' ``Qwen2ForCausalLM`` (MiMo's dense
+    architecture; transformers has no MiMo class) saved with ``save_pretrained``, its config given
+    MiMo's architecture name and ``num_nextn_predict_layers: 1``, and the MTP layer's weights
+    (``model.mtp_layers.0.*``, which transformers' classes do not hold) written with safetensors
+    next to the saved weights: the target's last decoder layer plus noise, ``input_proj`` passing
+    the hidden-state half through, ``final_layernorm`` the target's final norm."""
+    from safetensors.torch import load_file, save_file
+
+    out = root / "mimo"
+    if (out / "config.json").exists():
+        return str(out)
+    cfg = tf.Qwen2Config(**_COMMON, num_hidden_layers=2, dtype="float32")
+    torch.manual_seed(0)
+    model = tf.Qwen2ForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0, 0.05)
+            if name.endswith("norm.weight"):
+                p.add_(1.0)
+    model.save_pretrained(out)
+    tf.PreTrainedTokenizerFast(tokenizer_object=tiny_tokenizer(512).backend, bos_token="<bos>", eos_token="<eos>",
+                               pad_token="<pad>").save_pretrained(out)
+    w = load_file(out / "model.safetensors")
+    last, hidden = f"model.layers.{cfg.num_hidden_layers - 1}.", cfg.hidden_size
+    gen = torch.Generator().manual_seed(5)
+    mtp = {k.replace(last, "model.mtp_layers.0."): v + torch.randn(v.shape, generator=gen) * 0.01
+           for k, v in w.items() if k.startswith(last)}
+    proj = torch.randn(hidden, 2 * hidden, generator=gen) * 0.01
+    proj[:, :hidden] += torch.eye(hidden)  # [previous hidden state, token embedding] -> hidden
+    mtp.update({"model.mtp_layers.0.input_proj.weight": proj,
+                "model.mtp_layers.0.token_layernorm.weight": torch.ones(hidden),
+                "model.mtp_layers.0.hidden_layernorm.weight": torch.ones(hidden),
+                "model.mtp_layers.0.final_layernorm.weight": w["model.norm.weight"].clone()})
+    save_file({k: v.contiguous() for k, v in mtp.items()}, out / "mtp.safetensors")
+    conf = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**conf, "architectures": ["MiMoForCausalLM"],
+                                                 "num_nextn_predict_layers": 1}))
+    return str(out)
+
+
+def qwen3_next_mtp_dir(root: Path) -> str:
+    """The tiny Qwen3-Next (every layer's MLP a mixture of experts: vLLM's Qwen3-Next MTP model
+    wants its MTP layer to be one) with one MTP layer: transformers' ``Qwen3NextForCausalLM``
+    saved with ``save_pretrained``, ``num_nextn_predict_layers: 1`` in its config, and the
+    ``mtp.*`` weights (which transformers' class does not hold: the full-attention layer's
+    weights, ``fc`` passing the hidden-state half through, the norms) written with safetensors."""
+    from safetensors.torch import load_file, save_file
+
+    out = root / "qwen3_next_mtp"
+    if (out / "config.json").exists():
+        return str(out)
+    cfg = hf_config("qwen3_next")
+    cfg.decoder_sparse_step, cfg.dtype = 1, "float32"
+    torch.manual_seed(0)
+    model = tf.AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0, 0.05)
+            if name.endswith("norm.weight"):
+                p.add_(1.0)
+    model.save_pretrained(out)
+    tf.PreTrainedTokenizerFast(tokenizer_object=tiny_tokenizer(512).backend, bos_token="<bos>", eos_token="<eos>",
+                               pad_token="<pad>").save_pretrained(out)
+    w = load_file(out / "model.safetensors")
+    full, hidden = f"model.layers.{cfg.layer_types.index('full_attention')}.", cfg.hidden_size
+    mtp = {k.replace(full, "mtp.layers.0."): v.clone() for k, v in w.items() if k.startswith(full)}
+    fc = torch.zeros(hidden, 2 * hidden)
+    fc[:, hidden:] = torch.eye(hidden)
+    mtp.update({"mtp.fc.weight": fc, "mtp.norm.weight": w["model.norm.weight"].clone(),
+                "mtp.pre_fc_norm_hidden.weight": torch.zeros(hidden),
+                "mtp.pre_fc_norm_embedding.weight": torch.zeros(hidden)})
+    save_file({k: v.contiguous() for k, v in mtp.items()}, out / "mtp.safetensors")
+    conf = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**conf, "num_nextn_predict_layers": 1}))
+    return str(out)
+
+
 def lora_dir(target: str, root: Path, name: str, *, seed: int, rank: int = 8) -> str:
     """A random LoRA adapter for ``target`` in PEFT's on-disk format (``adapter_config.json`` +
     ``adapter_model.safetensors``) on the attention projections q / k / v / o."""

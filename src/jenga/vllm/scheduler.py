@@ -24,8 +24,9 @@ from jenga.vllm.specs import UnsupportedInVllm
 
 logger = init_logger("vllm.jenga")  # under vLLM's logger: its handlers and level
 
-#: speculative methods verified against stock vLLM (greedy tokens, acceptance counters); None: no drafts
-SPEC_METHODS = (None, "ngram", "draft_model", "eagle")
+#: speculative methods verified against stock vLLM (greedy tokens, acceptance counters); None: no drafts.
+#: "mtp" on attention-only targets: on Mamba hybrids vLLM's speculative state blocks are refused (specs.state_spec)
+SPEC_METHODS = (None, "ngram", "draft_model", "eagle", "eagle3", "mtp")
 
 
 #: why data parallelism stays refused.  A dense model's DP ranks are independent engines (vLLM sets each
@@ -51,7 +52,7 @@ def refuse_unsupported(vllm_config) -> None:
          "KV connectors (offloading, disaggregated prefill, LMCache/NIXL transfers)"),
         (spec_method(vllm_config) not in SPEC_METHODS,
          f"the speculative method {spec_method(vllm_config)!r} (verified against stock vLLM: "
-         f"{', '.join(m for m in SPEC_METHODS if m)}; EAGLE-3 / MTP drafts are not yet)"),
+         f"{', '.join(m for m in SPEC_METHODS if m)})"),
         (vllm_config.model_config.is_encoder_decoder, "encoder-decoder models"),
         (vllm_config.parallel_config.pipeline_parallel_size > 1 and layout_name() == "uniform",
          "pipeline parallelism in JENGA_VLLM_LAYOUT=uniform (its plan counts one stage's layers; the default "
