@@ -143,16 +143,18 @@ def _plan(model: str, memory: str) -> Block:
     return Block(cmd, render)
 
 
-def _bench() -> Block:
-    """``jenga bench``'s counts (every run of the same code alike: scheduling never reads a sampled
-    token, EOS is ignored); its tokens/s stay in the README as measured, with date and commit.
-    Sampled by jenga's column (``--managers jenga``: each manager runs alone on the same workload)."""
-    cmd = "jenga bench"
-    one = "jenga bench --managers jenga"
-    return Block(cmd, _bench_table(cmd), Sample(one, _bench_table(one), prefix=True))
+def _bench(*args: str, managers: str | None = None, hits: bool = False, sample: bool = True) -> Block:
+    """``jenga bench ARGS``'s counts (every run of the same code alike: scheduling never reads a sampled
+    token, EOS is ignored; ``hits``: with the prefix hit rate); its tokens/s stay in the README as
+    measured, with date and commit.  Sampled by jenga's column (``--managers jenga``: each manager runs
+    alone on the same workload) where ``sample``."""
+    cmd = " ".join(["jenga bench", *args, *(["--managers", managers] if managers else [])])
+    one = " ".join(["jenga bench", *args, "--managers", "jenga"])
+    part = Sample(one, _bench_table(one, hits), prefix=True) if sample else None
+    return Block(cmd, _bench_table(cmd, hits), part)
 
 
-def _bench_table(cmd: str) -> Callable[[], str]:
+def _bench_table(cmd: str, hits: bool) -> Callable[[], str]:
     def render() -> str:
         from jenga.units import fmt_bytes
 
@@ -162,6 +164,8 @@ def _bench_table(cmd: str) -> Callable[[], str]:
                 ("peak KV held", "peak_kv_used_bytes", "bytes"), ("peak KV needed", "peak_kv_needed_bytes", "bytes"),
                 ("mean waste", "waste_frac_mean", "pct"), ("preemptions", "preemptions", "{}"),
                 ("evicted pages", "evicted_pages", "{}"), ("steps", "steps", "{}")]
+        if hits:
+            rows.insert(5, ("prefix hit rate", "prefix_hit_rate", "pct"))
         head = ["metric", *res] + (["jenga / paged"] if both else [])
         out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
         for label, key, f in rows:
@@ -253,6 +257,9 @@ BLOCKS: dict[str, Block] = {
     "calibration": Block("python -m jenga.sim.fit", _calibration),
     "vllmfeat": Block(".venv/bin/python benchmarks/vllm_spec_acceptance.py --markdown", _vllm_spec_acceptance),
     "bench": _bench(),
+    # the tiny Jamba: ~10-20 s per manager (53 s for the three), checked under -m slow only
+    "bench-jamba": _bench("--model", "tiny-jamba-1to7", "--shared-prefix", "128", "--state-checkpoint-interval", "64",
+                          managers="jenga,paged,uniform", hits=True, sample=False),
     "vs-vllm-main": _script("vs_vllm_manager", "--rows", "main", "--markdown", "--outcome",
                             sample=("--rows", "llama-3.1-8b:long", "--markdown", "--outcome")),
     "vs-vllm-extra": _script("vs_vllm_manager", "--rows", "extra", "--markdown", "--outcome",
