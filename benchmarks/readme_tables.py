@@ -261,11 +261,11 @@ BLOCKS: dict[str, Block] = {
     "bench-jamba": _bench("--model", "tiny-jamba-1to7", "--shared-prefix", "128", "--state-checkpoint-interval", "64",
                           managers="jenga,paged,uniform", hits=True, sample=False),
     "vs-vllm-main": _script("vs_vllm_manager", "--rows", "main", "--markdown", "--outcome",
-                            sample=("--rows", "llama-3.1-8b:long", "--markdown", "--outcome")),
+                            sample=("--rows", "gemma-3-12b:articles16", "--markdown", "--outcome")),
     "vs-vllm-extra": _script("vs_vllm_manager", "--rows", "extra", "--markdown", "--outcome",
                              sample=("--rows", "jamba-1.5-mini:hybrid-short", "--markdown", "--outcome")),
     "vs-vllm-no-prefix-caching": _script("vs_vllm_manager", "--rows", "main", "--no-prefix-caching", "--markdown",
-                                         "--outcome", sample=("--rows", "llama-3.1-8b:long", "--no-prefix-caching",
+                                         "--outcome", sample=("--rows", "jamba-1.5-mini:long", "--no-prefix-caching",
                                                               "--markdown", "--outcome")),
     "vllm-side-by-side": _script("vllm_side_by_side", "--markdown", "--outcome"),
     "host-tier": _host_tier("articles64,chats64", "0,2,4,8", sample=("jamba-1.5-mini", "chats64", "2", "per-kind")),
@@ -297,6 +297,9 @@ def stale_samples(text: str, names, rendered: dict[str, str] | None = None) -> d
     found = blocks_in(text)
     out = {}
     for name in names:
+        if name not in found:
+            out[name] = f"README has no block {name!r}"
+            continue
         sample = BLOCKS[name].sample
         got = rendered[name] if rendered is not None else sample.render()
         line = missing_line(found[name][1], got, sample.prefix)
