@@ -76,10 +76,11 @@ def test_slow_block_sample_is_in_the_readme(name):
 
 def test_slow_blocks_without_a_sample_are_the_known_ones():
     # the calibration's fit and Figure 14's throughput sections, the vLLM engine runs (a row starts
-    # engines for a minute) and the tiny Jamba's bench (10-20 s a manager): checked under -m slow only
+    # engines for a minute), the tiny Jamba's bench (10-20 s a manager) and the tiny mllama engine run (~6 s):
+    # checked under -m slow only
     assert {n for n in SLOW if rt.BLOCKS[n].sample is None} == {
         "calibration", "reproduce-figure14-h100", "reproduce-figure14-l4", "vllmfeat", "vllm-side-by-side",
-        "bench-jamba"}
+        "bench-jamba", "mllama-cross-pages"}
 
 
 def test_a_sample_is_lines_of_its_blocks_full_render():
