@@ -268,9 +268,12 @@ BLOCKS: dict[str, Block] = {
                                          "--outcome", sample=("--rows", "jamba-1.5-mini:long", "--no-prefix-caching",
                                                               "--markdown", "--outcome")),
     "vllm-side-by-side": _script("vllm_side_by_side", "--markdown", "--outcome"),
-    # the engine on a Llama-3.2-Vision shape (~6 s of CPU) and on a tiny Gemma-3 VLM: -m slow only
+    # engine runs of tiny models, 6-13 s of CPU each: -m slow only
     "mllama-cross-pages": _script("mllama_cross_pages", "--markdown", "--outcome"),
     "vlm-embedding-cache": _script("vlm_embedding_cache", "--markdown", "--outcome"),
+    "spec-pool-copy": _script("spec_decode_pool", "--kv-memory", "6MiB", "--markdown", "--outcome"),
+    "spec-pool-llama": _script("spec_decode_pool", "--kv-memory", "6MiB", "--draft", "tiny-llama", "--markdown",
+                               "--outcome"),
     "host-tier": _host_tier("articles64,chats64", "0,2,4,8", sample=("jamba-1.5-mini", "chats64", "2", "per-kind")),
 }
 #: Blocks make test re-renders whole (seconds each); the rest under ``-m slow``, their samples in make test.
