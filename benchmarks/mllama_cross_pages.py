@@ -10,7 +10,9 @@ which ``--cross`` are cross-attention, Llama-3.2-11B's 1 in 5 by default; 2 tile
 tokens/s (prompt + output tokens per wall second), encoder runs and the mean KV waste; greedy
 outputs must be identical across managers.
 
-Usage: ``python benchmarks/mllama_cross_pages.py [--requests 24] [--kv-memory 6MiB] ...``
+Usage: ``python benchmarks/mllama_cross_pages.py [--requests 24] [--kv-memory 6MiB] ...``;
+``--markdown --outcome`` prints the columns every run of the same code prints alike (no times) as
+Markdown: the README's generated table.
 """
 
 from __future__ import annotations
@@ -78,6 +80,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cross", default="3,8", help="cross-attention layer indices")
     ap.add_argument("--managers", default="jenga,paged", help="comma-separated; the first is the reference")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    ap.add_argument("--outcome", action="store_true", help="only the columns that do not depend on the machine "
+                    "(no tokens/s, no wall time)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     names = args.managers.split(",")
@@ -89,6 +94,9 @@ def main(argv=None) -> int:
     for name, r in res.items():
         if r["tokens"] != ref["tokens"]:
             raise SystemExit(f"outputs of {name} differ from {names[0]}'s")
+    if args.markdown:
+        print(markdown(res, names, args.outcome))
+        return 0
     t = Table(title=f"Llama-3.2-Vision shape ({args.layers} layers, cross {args.cross}): {args.requests} requests "
                     f"x 1 image (34 tokens) + {args.text_tokens} text, {args.output_len} out, {args.kv_memory} KV")
     for col in ("manager", "max running", "preemptions", "tokens/s", "encoder runs", "KV waste", "wall s"):
@@ -102,6 +110,22 @@ def main(argv=None) -> int:
                   f"[bold]{ref['tokens_per_s'] / r['tokens_per_s']:.2f}x[/bold]", "", "", "")
     Console().print(t)
     return 0
+
+
+def markdown(res: dict, names: list[str], outcome: bool) -> str:
+    """The table as Markdown; ``outcome``: without tokens/s and wall time (machine-dependent)."""
+    cols = ["manager", "max running", "preemptions", "encoder runs", "KV waste"] + ([] if outcome else ["tokens/s"])
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for name, r in res.items():
+        cells = [name, str(r["max_running"]), str(r["preemptions"]), str(r["encoder_runs"]), f"{100 * r['waste']:.1f} %"]
+        out.append("| " + " | ".join(cells + ([] if outcome else [f"{r['tokens_per_s']:.1f}"])) + " |")
+    ref = res[names[0]]
+    for name in names[1:]:
+        r = res[name]
+        cells = [f"{names[0]} / {name}", f"{ref['max_running'] / max(r['max_running'], 1):.2f}x", "", "", ""]
+        out.append("| " + " | ".join(cells + ([] if outcome else [f"{ref['tokens_per_s'] / r['tokens_per_s']:.2f}x"]))
+                   + " |")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

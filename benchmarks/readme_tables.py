@@ -8,15 +8,19 @@ Each such table sits between two markers that name it and the command a reader r
 
 Only the text between a block's markers is rewritten, so other README edits merge around it.
 A block's renderer calls the same code as its command and prints the same figures (same
-formats).  :data:`FAST` blocks take seconds and are checked by ``make test``
+formats).  :data:`FAST` blocks take seconds and are re-rendered whole by ``make test``
 (``tests/test_readme_tables.py``); the rest by the same test under ``-m slow`` or by
-``--check`` here.  Machine-dependent figures (µs, tokens/s) are never generated: the README
-marks them as measured, with the date and command.
+``--check`` here.  A slow block has a :class:`Sample`: a few of its rows (one trace, one
+section, one manager's column) that the same code renders in seconds with a narrower command;
+``make test`` checks that each sampled line is in the README's block as it is rendered now, so a
+stale slow block fails there too.  Machine-dependent figures (µs, tokens/s) are never generated:
+the README marks them as measured, with the date and command.
 
     python benchmarks/readme_tables.py              # rewrite every block (minutes: the slow ones too)
     python benchmarks/readme_tables.py --fast       # only the fast blocks
     python benchmarks/readme_tables.py --check      # exit 1 and show the difference if any block is stale
     python benchmarks/readme_tables.py --only NAME  # one block (repeatable)
+    python benchmarks/readme_tables.py --samples    # exit 1 if a sampled row is not in its block (seconds)
 """
 
 from __future__ import annotations
@@ -34,9 +38,23 @@ MARK = re.compile(r"<!-- generated: (?P<name>[\w.-]+) \| (?P<cmd>[^\n]*?) -->\n(
 
 
 @dataclass(frozen=True)
+class Sample:
+    """Lines of a block that a narrower command renders through the same code in seconds.
+
+    Contract: every non-empty line ``render`` returns is, in order, a line of the block's full
+    render (with ``prefix``: the start of one, up to a column's ``|``: the leading columns only,
+    as one manager's column of a table with a column per manager).  ``tests/test_readme_tables.py``
+    proves it for a fast block, and for every block under ``-m slow``."""
+    command: str  # what the reader runs to see these lines
+    render: Callable[[], str]
+    prefix: bool = False
+
+
+@dataclass(frozen=True)
 class Block:
     command: str  # what the reader runs; shown in the marker
     render: Callable[[], str]
+    sample: Sample | None = None  # slow blocks: what make test checks of them
 
 
 # ------------------------------------------------------------------------------------- renderers
@@ -69,15 +87,30 @@ def _rows_table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def _reproduce(*sections: str) -> Block:
-    cmd = "jenga reproduce " + " ".join(f'--section "{s}"' for s in sections)
-    return Block(cmd, lambda: _rows_table(_cli_json(cmd)["rows"]))
+def _reproduce_cmd(sections) -> str:
+    return "jenga reproduce " + " ".join(f'--section "{s}"' for s in sections)
 
 
-def _simulate(model: str, workload: str, requests: int, rate: float, managers: str) -> Block:
-    cmd = (f"jenga simulate --model {model} --workload {workload} --requests {requests} --rate {rate} "
-           f"--gpu h100-80gb --manager {managers}")
+def _reproduce(*sections: str, sample: str | None = None) -> Block:
+    """``jenga reproduce``'s rows of ``sections``; sampled by one section of them."""
+    cmd = _reproduce_cmd(sections)
+    part = None
+    if sample is not None:
+        one = _reproduce_cmd([sample])
+        part = Sample(one, lambda: _rows_table(_cli_json(one)["rows"]))
+    return Block(cmd, lambda: _rows_table(_cli_json(cmd)["rows"]), part)
 
+
+def _simulate(model: str, workload: str, requests: int, rate: float, managers: str, sample: str) -> Block:
+    """``jenga simulate``'s table, a row per manager; sampled by the ``sample`` manager's row (each
+    manager runs alone on the same workload)."""
+    base = (f"jenga simulate --model {model} --workload {workload} --requests {requests} --rate {rate} "
+            f"--gpu h100-80gb --manager ")
+    return Block(base + managers, _simulate_table(base + managers),
+                 Sample(base + sample, _simulate_table(base + sample)))
+
+
+def _simulate_table(cmd: str) -> Callable[[], str]:
     def render() -> str:
         from jenga.sim.report import COLUMNS
 
@@ -90,7 +123,7 @@ def _simulate(model: str, workload: str, requests: int, rate: float, managers: s
         for name, s in d["managers"].items():
             out.append(f"| {name} | " + " | ".join(fmt[k].format(s[k]) for k in keys) + " |")
         return "\n".join(out)
-    return Block(cmd, render)
+    return render
 
 
 def _plan(model: str, memory: str) -> Block:
@@ -110,34 +143,55 @@ def _plan(model: str, memory: str) -> Block:
     return Block(cmd, render)
 
 
-def _bench() -> Block:
-    """``jenga bench``'s counts (every run of the same code alike: scheduling never reads a sampled
-    token, EOS is ignored); its tokens/s stay in the README as measured, with date and commit."""
-    cmd = "jenga bench"
+def _bench(*args: str, managers: str | None = None, hits: bool = False, sample: bool = True) -> Block:
+    """``jenga bench ARGS``'s counts (every run of the same code alike: scheduling never reads a sampled
+    token, EOS is ignored; ``hits``: with the prefix hit rate); its tokens/s stay in the README as
+    measured, with date and commit.  Sampled by jenga's column (``--managers jenga``: each manager runs
+    alone on the same workload) where ``sample``."""
+    cmd = " ".join(["jenga bench", *args, *(["--managers", managers] if managers else [])])
+    one = " ".join(["jenga bench", *args, "--managers", "jenga"])
+    part = Sample(one, _bench_table(one, hits), prefix=True) if sample else None
+    return Block(cmd, _bench_table(cmd, hits), part)
 
+
+def _bench_table(cmd: str, hits: bool) -> Callable[[], str]:
     def render() -> str:
         from jenga.units import fmt_bytes
 
         res = _cli_json(cmd)["managers"]
-        j, p = res["jenga"], res["paged"]
+        both = "jenga" in res and "paged" in res
         rows = [("mean decode batch", "decode_batch_mean", "{:.1f}"), ("max running", "max_running", "{}"),
                 ("peak KV held", "peak_kv_used_bytes", "bytes"), ("peak KV needed", "peak_kv_needed_bytes", "bytes"),
                 ("mean waste", "waste_frac_mean", "pct"), ("preemptions", "preemptions", "{}"),
                 ("evicted pages", "evicted_pages", "{}"), ("steps", "steps", "{}")]
-        out = ["| metric | jenga | paged | jenga / paged |", "|---|---|---|---|"]
+        if hits:
+            rows.insert(5, ("prefix hit rate", "prefix_hit_rate", "pct"))
+        head = ["metric", *res] + (["jenga / paged"] if both else [])
+        out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
         for label, key, f in rows:
             cells = [fmt_bytes(m[key]) if f == "bytes" else f"{100 * m[key]:.1f} %" if f == "pct" else f.format(m[key])
-                     for m in (j, p)]
-            ratio = f"{j[key] / p[key]:.2f}x" if key == "decode_batch_mean" and p[key] else ""
-            out.append(f"| {label} | {cells[0]} | {cells[1]} | {ratio} |")
+                     for m in res.values()]
+            if both:
+                j, p = res["jenga"][key], res["paged"][key]
+                cells.append(f"{j / p:.2f}x" if key == "decode_batch_mean" and p else "")
+            out.append("| " + " | ".join([label, *cells]) + " |")
         return "\n".join(out)
-    return Block(cmd, render)
+    return render
 
 
-def _script(name: str, *argv: str) -> Block:
-    """The Markdown table ``benchmarks/NAME.py ARGV`` prints (run in this process; its stderr is progress)."""
-    cmd = f"python benchmarks/{name}.py " + " ".join(argv)
+def _script(name: str, *argv: str, sample: tuple[str, ...] | None = None) -> Block:
+    """The Markdown table ``benchmarks/NAME.py ARGV`` prints; sampled by the same script on ``sample``'s
+    arguments (a row filter: each row runs alone)."""
+    part = None if sample is None else Sample(_script_cmd(name, sample), _script_table(name, sample))
+    return Block(_script_cmd(name, argv), _script_table(name, argv), part)
 
+
+def _script_cmd(name: str, argv) -> str:
+    return f"python benchmarks/{name}.py " + " ".join(argv)
+
+
+def _script_table(name: str, argv) -> Callable[[], str]:
+    """What ``benchmarks/NAME.py ARGV`` prints (run in this process; its stderr is progress), table lines only."""
     def render() -> str:
         import contextlib
         import importlib
@@ -148,18 +202,27 @@ def _script(name: str, *argv: str) -> Block:
             importlib.import_module(name).main(list(argv))
         # the table's lines only: vLLM's engines log to stdout too
         return "\n".join(line for line in buf.getvalue().splitlines() if line.startswith("|"))
-    return Block(cmd, render)
+    return render
 
 
-def _host_tier(traces: str, hosts: str) -> Block:
-    cmd = f"python benchmarks/host_tier.py --traces {traces} --hosts {hosts} --markdown"
+def _host_tier(traces: str, hosts: str, sample: tuple[str, str, str, str]) -> Block:
+    """``host_tier.py``'s rows; sampled by one (model, trace, host, policy) row (each row runs alone)."""
+    model, trace, host, policy = sample
+    return Block(f"python benchmarks/host_tier.py --traces {traces} --hosts {hosts} --markdown",
+                 _host_tier_table(traces=traces.split(","), hosts=[int(x) for x in hosts.split(",")]),
+                 Sample(f"python benchmarks/host_tier.py --models {model} --traces {trace} --hosts {host} "
+                        f"--policies {policy} --markdown",
+                        _host_tier_table(models=[model], traces=[trace], hosts=[int(host)], policies=[policy])))
 
+
+def _host_tier_table(**kw) -> Callable[[], str]:
+    """``host_tier.rows(**kw)`` (its defaults for what ``kw`` leaves out) as the script's Markdown."""
     def render() -> str:
         import host_tier
 
-        rows = host_tier.rows(traces=traces.split(","), hosts=[int(x) for x in hosts.split(",")])
+        rows = host_tier.rows(**kw)
         return "\n".join([host_tier.markdown_header()] + [host_tier.markdown_row(r) for r in rows])
-    return Block(cmd, render)
+    return render
 
 
 def _calibration() -> str:
@@ -183,22 +246,37 @@ def _vllm_spec_acceptance() -> str:
 
 
 BLOCKS: dict[str, Block] = {
-    "reproduce-closed-form": _reproduce("closed form", "Llama-4 context"),
+    "reproduce-closed-form": _reproduce("closed form", "Llama-4 context", sample="closed form"),
     "plan-ministral": _plan("ministral-8b", "64GiB"),
     "reproduce-figure14-h100": _reproduce("throughput"),
     "reproduce-figure14-l4": _reproduce("throughput L4"),
-    "reproduce-others": _reproduce("Ministral waste", "decode batch", "prefix caching", "spec decoding"),
-    "simulate-gemma": _simulate("gemma-3-12b", "arxiv-qa", 40, 0.2, "jenga,paged,uniform"),
-    "simulate-ministral": _simulate("ministral-8b", "arxiv-multiq", 36, 0.25, "jenga,paged,uniform"),
+    "reproduce-others": _reproduce("Ministral waste", "decode batch", "prefix caching", "spec decoding",
+                                   sample="decode batch"),
+    "simulate-gemma": _simulate("gemma-3-12b", "arxiv-qa", 40, 0.2, "jenga,paged,uniform", sample="jenga"),
+    "simulate-ministral": _simulate("ministral-8b", "arxiv-multiq", 36, 0.25, "jenga,paged,uniform", sample="jenga"),
     "calibration": Block("python -m jenga.sim.fit", _calibration),
     "vllmfeat": Block(".venv/bin/python benchmarks/vllm_spec_acceptance.py --markdown", _vllm_spec_acceptance),
     "bench": _bench(),
-    "vs-vllm-main": _script("vs_vllm_manager", "--rows", "main", "--markdown", "--outcome"),
-    "vs-vllm-extra": _script("vs_vllm_manager", "--rows", "extra", "--markdown", "--outcome"),
+    # the tiny Jamba: ~10-20 s per manager (53 s for the three), checked under -m slow only
+    "bench-jamba": _bench("--model", "tiny-jamba-1to7", "--shared-prefix", "128", "--state-checkpoint-interval", "64",
+                          managers="jenga,paged,uniform", hits=True, sample=False),
+    "vs-vllm-main": _script("vs_vllm_manager", "--rows", "main", "--markdown", "--outcome",
+                            sample=("--rows", "gemma-3-12b:articles16", "--markdown", "--outcome")),
+    "vs-vllm-extra": _script("vs_vllm_manager", "--rows", "extra", "--markdown", "--outcome",
+                             sample=("--rows", "jamba-1.5-mini:hybrid-short", "--markdown", "--outcome")),
+    "vs-vllm-no-prefix-caching": _script("vs_vllm_manager", "--rows", "main", "--no-prefix-caching", "--markdown",
+                                         "--outcome", sample=("--rows", "jamba-1.5-mini:long", "--no-prefix-caching",
+                                                              "--markdown", "--outcome")),
     "vllm-side-by-side": _script("vllm_side_by_side", "--markdown", "--outcome"),
-    "host-tier": _host_tier("articles64,chats64", "0,2,4,8"),
+    # engine runs of tiny models, 6-13 s of CPU each: -m slow only
+    "mllama-cross-pages": _script("mllama_cross_pages", "--markdown", "--outcome"),
+    "vlm-embedding-cache": _script("vlm_embedding_cache", "--markdown", "--outcome"),
+    "spec-pool-copy": _script("spec_decode_pool", "--kv-memory", "6MiB", "--markdown", "--outcome"),
+    "spec-pool-llama": _script("spec_decode_pool", "--kv-memory", "6MiB", "--draft", "tiny-llama", "--markdown",
+                               "--outcome"),
+    "host-tier": _host_tier("articles64,chats64", "0,2,4,8", sample=("jamba-1.5-mini", "chats64", "2", "per-kind")),
 }
-#: Blocks make test re-renders (seconds each); the rest run under ``-m slow``.
+#: Blocks make test re-renders whole (seconds each); the rest under ``-m slow``, their samples in make test.
 FAST = ("reproduce-closed-form", "plan-ministral")
 
 
@@ -207,6 +285,34 @@ FAST = ("reproduce-closed-form", "plan-ministral")
 def blocks_in(text: str) -> dict[str, tuple[str, str]]:
     """``{name: (command, body)}`` of the README's generated blocks."""
     return {m["name"]: (m["cmd"], m["body"]) for m in MARK.finditer(text)}
+
+
+def missing_line(body: str, sample: str, prefix: bool = False) -> str | None:
+    """The first of ``sample``'s non-empty lines not found in ``body``, the lines taken in order (each
+    equal to a line of the body; with ``prefix``, the start of one), or ``None`` when all are there."""
+    lines = iter(line for line in body.splitlines() if line)
+    for want in (line for line in sample.splitlines() if line):
+        if not any(line == want or prefix and line.startswith(want) for line in lines):
+            return want
+    return None
+
+
+def stale_samples(text: str, names, rendered: dict[str, str] | None = None) -> dict[str, str]:
+    """``{name: message}`` of the blocks ``names`` whose sample, rendered now (or given in
+    ``rendered``), is not in the README ``text``'s block."""
+    found = blocks_in(text)
+    out = {}
+    for name in names:
+        if name not in found:
+            out[name] = f"README has no block {name!r}"
+            continue
+        sample = BLOCKS[name].sample
+        got = rendered[name] if rendered is not None else sample.render()
+        line = missing_line(found[name][1], got, sample.prefix)
+        if line is not None:
+            out[name] = (f"README block {name!r}: `{sample.command}` prints {line!r}, which the block lacks; "
+                         f"run `python benchmarks/readme_tables.py --only {name}`")
+    return out
 
 
 def render(names) -> dict[str, str]:
@@ -235,7 +341,14 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="do not write; exit 1 if a block differs")
     ap.add_argument("--fast", action="store_true", help="only the fast blocks (the ones make test checks)")
     ap.add_argument("--only", action="append", help="only this block (repeatable)")
+    ap.add_argument("--samples", action="store_true", help="do not write; render the slow blocks' samples "
+                    "(seconds each) and exit 1 if a sampled line is not in its README block")
     a = ap.parse_args(argv)
+    if a.samples:
+        names = [n for n in a.only or BLOCKS if BLOCKS[n].sample is not None]
+        stale = stale_samples(README.read_text(), names)
+        print("\n".join(stale.values()) or f"{len(names)} samples in their blocks")
+        return 1 if stale else 0
     names = a.only or [n for n in BLOCKS if n in FAST or not a.fast]
     text = README.read_text()
     regenerate(text, [], {})  # markers and commands checked before minutes of rendering

@@ -17,7 +17,9 @@ EOS ignored, fp32 on the CPU, one thread.  Prints tokens/s, acceptance rate, tok
 forward, the largest running batch and preemptions, and checks that both runs emit the same
 tokens.
 
-Usage: ``python benchmarks/spec_decode_pool.py [--requests 24] [--kv-memory 10MiB] [--k 3]``
+Usage: ``python benchmarks/spec_decode_pool.py [--requests 24] [--kv-memory 10MiB] [--k 3]``;
+``--markdown --outcome`` prints the rows every run of the same code prints alike (no tokens/s) as
+Markdown: the README's generated tables.
 """
 
 from __future__ import annotations
@@ -71,12 +73,18 @@ def main(argv=None) -> int:
     ap.add_argument("--draft-noise", type=float, default=0.02)
     ap.add_argument("--max-num-batched-tokens", type=int, default=512)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    ap.add_argument("--outcome", action="store_true", help="only the rows that do not depend on the machine "
+                    "(no tokens/s)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     work = make_workload(args.requests, args.prompt_min, args.prompt_max, args.output_len, 512, args.seed)
     res = {name: run(name, work.prompts, args) for name in ("jenga", "static")}
     if res["jenga"]["tokens"] != res["static"]["tokens"]:
         raise SystemExit("outputs differ between the two managers")
+    if args.markdown:
+        print(markdown(res["jenga"], res["static"], args.outcome))
+        return 0
     t = Table(title=f"speculative decoding (k={args.k}): tiny-gemma3 target + {args.draft} draft, {args.requests} requests, "
                     f"KV {args.kv_memory}")
     t.add_column("metric")
@@ -93,6 +101,20 @@ def main(argv=None) -> int:
     t.add_row("preemptions", str(j["preemptions"]), str(s["preemptions"]), "")
     Console().print(t)
     return 0
+
+
+def markdown(j: dict, s: dict, outcome: bool) -> str:
+    """The table as Markdown; ``outcome``: without tokens/s (machine-dependent)."""
+    rows = [] if outcome else [("tokens/s", f"{j['tokens_per_s']:.1f}", f"{s['tokens_per_s']:.1f}",
+                                f"{j['tokens_per_s'] / s['tokens_per_s']:.2f}x")]
+    rows += [("acceptance rate", f"{j['acceptance']:.2f}", f"{s['acceptance']:.2f}", ""),
+             ("tokens / target forward", f"{j['per_forward']:.2f}", f"{s['per_forward']:.2f}", ""),
+             ("max running batch", str(j["max_running"]), str(s["max_running"]),
+              f"{j['max_running'] / max(1, s['max_running']):.2f}x"),
+             ("mean batch", f"{j['decode_batch']:.1f}", f"{s['decode_batch']:.1f}", ""),
+             ("preemptions", str(j["preemptions"]), str(s["preemptions"]), "")]
+    out = ["| metric | jenga (one pool) | static (fixed pools) | jenga / static |", "|---|---|---|---|"]
+    return "\n".join(out + ["| " + " | ".join(r) + " |" for r in rows])
 
 
 if __name__ == "__main__":

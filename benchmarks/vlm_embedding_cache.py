@@ -9,7 +9,9 @@ Gemma-3 text model; a SigLIP tower of ``--vision-layers`` layers of width ``--vi
 224x224 images, 16x16 patches pooled to 64 tokens per image), fp32 on the CPU.  Prints encoder
 runs, tokens/s (prompt + output tokens per wall second) and the ratio.
 
-Usage: ``python benchmarks/vlm_embedding_cache.py [--requests 12] [--chunk 32] ...``
+Usage: ``python benchmarks/vlm_embedding_cache.py [--requests 12] [--chunk 32] ...``;
+``--markdown --outcome`` prints the columns every run of the same code prints alike (encoder runs,
+steps; no times) as Markdown: the README's generated table.
 """
 
 from __future__ import annotations
@@ -83,6 +85,9 @@ def main(argv=None) -> int:
     ap.add_argument("--vision-layers", type=int, default=4)
     ap.add_argument("--vision-width", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    ap.add_argument("--outcome", action="store_true", help="only the columns that do not depend on the machine "
+                    "(no tokens/s, no wall time)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as d:
@@ -92,6 +97,9 @@ def main(argv=None) -> int:
     a, b = res["embedding cache"], res["re-encode per chunk"]
     if a["tokens"] != b["tokens"]:
         raise SystemExit("outputs differ between the two runs")
+    if args.markdown:
+        print(markdown(res, args.outcome))
+        return 0
     t = Table(title=f"VLM chunked prefill: {args.requests} requests x {args.images_per_request} images "
                     f"(64 tokens each), {args.chunk}-token chunks")
     for col in ("", "encoder runs", "tokens/s", "steps", "wall s"):
@@ -102,6 +110,19 @@ def main(argv=None) -> int:
               f"[bold]{a['tokens_per_s'] / b['tokens_per_s']:.2f}x[/bold]", "", "")
     Console().print(t)
     return 0
+
+
+def markdown(res: dict, outcome: bool) -> str:
+    """The table as Markdown; ``outcome``: without tokens/s and wall time (machine-dependent)."""
+    cols = ["", "encoder runs", "steps"] + ([] if outcome else ["tokens/s"])
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for name, r in res.items():
+        out.append("| " + " | ".join([name, str(r["encoder_runs"]), str(r["steps"])]
+                                     + ([] if outcome else [f"{r['tokens_per_s']:.1f}"])) + " |")
+    a, b = res["embedding cache"], res["re-encode per chunk"]
+    out.append("| " + " | ".join(["cache / re-encode", f"{a['encoder_runs'] / b['encoder_runs']:.2f}x", ""]
+                                 + ([] if outcome else [f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}x"])) + " |")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """The README's generated tables are what the code prints now (``benchmarks/readme_tables.py``).
 
 The fast blocks are re-rendered here on every ``make test``; the slow ones (simulations of
-minutes) under ``-m slow``.  Every block the generator knows is in the README, with its command.
+minutes) under ``-m slow``, and in ``make test`` through their samples: a few rows each that the
+same code renders in seconds, which must be in the README's block as printed now.  Every block the
+generator knows is in the README, with its command.
 """
 
 from __future__ import annotations
@@ -36,10 +38,74 @@ def test_fast_block_matches_the_code(name):
     _check(name)
 
 
+SLOW = [n for n in rt.BLOCKS if n not in rt.FAST]
+#: samples that run vLLM's manager: one worker imports vLLM once for them
+VLLM_SAMPLES = ("vs-vllm-main", "vs-vllm-extra", "vs-vllm-no-prefix-caching")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in rt.BLOCKS if n not in rt.FAST])
+@pytest.mark.parametrize("name", SLOW)
 def test_slow_block_matches_the_code(name):
     _check(name)
+
+
+def _stale_figure(text: str, name: str, sample: str) -> str:
+    """``text`` with the last digit of the block's first sampled row (a figure) changed."""
+    body = rt.blocks_in(text)[name][1]
+    row = next(ln for ln in sample.splitlines() if ln.startswith("| ") and any(c.isdigit() for c in ln)
+               and not set(ln) <= set("|-"))
+    line = next(ln for ln in body.splitlines() if ln.startswith(row))
+    at = max(i for i, c in enumerate(row) if c.isdigit())
+    stale_line = line[:at] + str((int(line[at]) + 1) % 10) + line[at + 1:]
+    return text.replace(body, body.replace(line, stale_line, 1), 1)
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xdist_group("readme-vs-vllm") if n in VLLM_SAMPLES else ())
+    for n in SLOW if rt.BLOCKS[n].sample is not None])
+def test_slow_block_sample_is_in_the_readme(name):
+    """The slow block's sampled rows, rendered now, are in its README block; and a README whose
+    sampled row has one figure changed is found stale."""
+    got = rt.BLOCKS[name].sample.render()
+    assert got.strip()
+    assert rt.stale_samples(TEXT, [name], {name: got}) == {}, rt.stale_samples(TEXT, [name], {name: got})[name]
+    stale = _stale_figure(TEXT, name, got)
+    assert stale != TEXT
+    assert name in rt.stale_samples(stale, [name], {name: got})
+
+
+def test_slow_blocks_without_a_sample_are_the_known_ones():
+    # the calibration's fit and Figure 14's throughput sections, the vLLM engine runs (a row starts
+    # engines for a minute), the tiny Jamba's bench (10-20 s a manager) and the tiny engines' runs (6-13 s each):
+    # checked under -m slow only
+    assert {n for n in SLOW if rt.BLOCKS[n].sample is None} == {
+        "calibration", "reproduce-figure14-h100", "reproduce-figure14-l4", "vllmfeat", "vllm-side-by-side",
+        "bench-jamba", "mllama-cross-pages", "vlm-embedding-cache", "spec-pool-copy", "spec-pool-llama"}
+
+
+def test_a_sample_is_lines_of_its_blocks_full_render():
+    """A fast block with a sample: the narrower command prints the full command's lines."""
+    name = "reproduce-closed-form"
+    block = rt.BLOCKS[name]
+    full, got = block.render(), block.sample.render()
+    assert len(got.splitlines()) < len(full.splitlines())
+    assert rt.missing_line(full, got, block.sample.prefix) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in SLOW if rt.BLOCKS[n].sample is not None])
+def test_a_slow_blocks_sample_is_lines_of_its_full_render(name):
+    block = rt.BLOCKS[name]
+    assert rt.missing_line(block.render(), block.sample.render(), block.sample.prefix) is None
+
+
+def test_sample_lines_are_matched_in_order_whole_or_as_leading_columns():
+    body = "| a | 1 | 2 |\n| b | 3 | 4 |\n\n- note\n"
+    assert rt.missing_line(body, "| b | 3 | 4 |\n\n- note") is None
+    assert rt.missing_line(body, "| b | 3 | 4 |\n| a | 1 | 2 |") == "| a | 1 | 2 |"  # order kept
+    assert rt.missing_line(body, "| b | 3 |") == "| b | 3 |"  # a whole line unless prefix
+    assert rt.missing_line(body, "| a | 1 |\n| b | 3 |", prefix=True) is None
+    assert rt.missing_line(body, "| b | 5 |", prefix=True) == "| b | 5 |"
 
 
 def test_a_stale_block_is_found_and_only_its_text_changes():
