@@ -120,6 +120,41 @@ def test_images_cross_attention_model():
     assert res["jenga"]["waste_frac_mean"] <= res["paged"]["waste_frac_mean"]
 
 
+def test_cross_attention_images_are_encoder_tokens_not_decoder_positions():
+    """Llama 3.2 Vision's self-attention layers never see the image tokens (they are the encoder's,
+    read through the cross-attention layers): one mmmu-pro request makes the scheduler prefill its
+    text and one image token, and jenga's pages hold the text in the self-attention group and the
+    image in the cross group; paged (vLLM v0) holds both sequences in every layer.  The step's
+    cost still runs the tower over the whole image."""
+    st = build_setup("llama-3.2-11b-vision", memory_bytes=4 * GiB)
+    w = get_workload("mmmu-pro", num_requests=1, seed=55555)
+    (_, n, _), = w[0].images
+    text = w[0].prompt_len - n
+    cfg = SimConfig(enable_prefix_caching=False, record_every=1, scheduler="v0", record_terms=True)
+    per_token = {g.kind: g.page_bytes // g.tokens_per_page for g in st.model.groups}
+    res = {m: Simulator(st, cfg).run(w, m) for m in ("jenga", "paged")}
+    for r in res.values():
+        assert r.prefill_tokens == text + 1  # the decoder's prompt: text + one <|image|> token
+    held = res["jenga"].timeline[0].used_bytes
+    assert held < 1.05 * (n * per_token["cross"] + (text + 1 + 64) * per_token["full"])
+    assert res["paged"].timeline[0].used_bytes >= (n + text + 1) * (per_token["full"] + per_token["cross"])
+    assert res["jenga"].step_terms[0][2] == res["paged"].step_terms[0][2] > 0  # the tower's FLOPs
+
+
+def test_decoder_view_maps_decoder_ranges_to_trace_ranges():
+    import numpy as np
+
+    from jenga.sim.decoder_view import decoder_view
+
+    ids = np.arange(100)
+    v = decoder_view(ids, ((5, 20, "a"), (40, 10, "b")), cross_attention=True)
+    assert v.images == ((5, 20, "a"), (21, 10, "b")) and len(v.ids) == 100 - 19 - 9
+    assert v.ids[5] == 5 and v.ids[21] == 40  # each image keeps its first token
+    assert [v.expanded(p) for p in (0, 5, 6, 21, 22, len(v.ids))] == [0, 5, 25, 40, 50, 100]
+    same = decoder_view(ids, ((5, 20, "a"),), cross_attention=False)
+    assert same.ids is ids and same.images == ((5, 20, "a"),) and same.expanded(30) == 30
+
+
 def test_closed_form_numbers_pinned():
     assert f"{100 * mllama_waste():.1f}" == "79.6"
     assert f"{100 * swa_waste('gemma-2-9b'):.0f}" == "25"

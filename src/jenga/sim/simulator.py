@@ -8,7 +8,9 @@ Contract of :meth:`Simulator.run` (one manager, one trace):
   ``max_num_batched_tokens``, preemption by recompute of the newest running request.
 * Prompt ids come from ``SimRequest.prompt_token_ids`` (shared prefixes and images are real
   shared token runs, so prefix caching sees them); output ids are synthetic but a pure
-  function of ``(seed, request id, position)``.
+  function of ``(seed, request id, position)``.  A cross-attention model's images are encoder
+  tokens: the scheduler and the manager get the decoder's prompt (text + one image token per
+  image, :mod:`jenga.sim.decoder_view`); the cost model still prices the trace's positions.
 * Speculative decoding (``num_spec_tokens = k > 0``): each decode step allocates ``1 + k``
   slots (``num_lookahead = k``) and accepts ``min(k, Geometric)`` draft tokens + 1, i.e. a
   draft token survives with probability ``acceptance`` given its predecessors did; draws are a
@@ -38,6 +40,7 @@ from jenga.errors import InvalidArgumentError
 from jenga.sched.sampling_params import SamplingParams
 from jenga.sched.sequence import Sequence
 from jenga.sim.batching import SCHEDULERS, ManagerView
+from jenga.sim.decoder_view import DecoderView, decoder_view
 from jenga.sim.gpu import TERMS
 from jenga.sim.host_copies import HostTierTotals
 from jenga.sim.setup import Setup, build_setup
@@ -94,6 +97,7 @@ class _Track:
     img_tokens: int
     out_base: int
     accepts: np.ndarray | None
+    view: DecoderView
     verify_steps: int = 0
     first_token_s: float = math.nan
     finish_s: float = math.nan
@@ -170,13 +174,14 @@ class Simulator:
 
     def _track(self, r: SimRequest, k: int, acceptance: float) -> _Track:
         c = self.cfg
-        ids = r.prompt_token_ids(vocab_size=c.vocab_size, seed=c.seed).tolist()
-        seq = Sequence(r.request_id, ids, SamplingParams(max_tokens=int(r.output_len), ignore_eos=True))
+        view = decoder_view(r.prompt_token_ids(vocab_size=c.vocab_size, seed=c.seed), r.images,
+                            self.setup.coster.images_in_cross)
+        seq = Sequence(r.request_id, view.ids.tolist(), SamplingParams(max_tokens=int(r.output_len), ignore_eos=True))
         acc = None
         if k:
             rng = np.random.default_rng([c.seed, _stable_int("accept", r.request_id)])
             acc = np.minimum(rng.geometric(max(1e-9, 1.0 - acceptance), size=int(r.output_len)) - 1, k)
-        return _Track(r, seq, sum(n for _, n, _ in r.images), _stable_int(c.seed, r.request_id), acc)
+        return _Track(r, seq, sum(n for _, n, _ in r.images), _stable_int(c.seed, r.request_id), acc, view)
 
     def _out_ids(self, t: _Track, n: int) -> list[int]:
         span = self.cfg.vocab_size - FIRST_TOKEN_ID
@@ -227,7 +232,7 @@ class Simulator:
                     continue
                 t = self._track(r, k, acc)
                 tracks[r.request_id] = t
-                sched.add_sim(t.seq, r.images)
+                sched.add_sim(t.seq, t.view.images)
             if not sched.has_unfinished:
                 now = max(now, arrivals[i].arrival_s)
                 continue
@@ -296,30 +301,33 @@ class Simulator:
                          _time.perf_counter() - wall0, None if terms is None else np.array(terms).reshape(-1, len(TERMS)),
                          prefill_tokens, host)
 
-    def _arrays(self, items, tracks) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        end = np.fromiter((it.start + it.num_tokens for it in items), np.int64, len(items))
-        q = np.fromiter((it.num_tokens for it in items), np.int64, len(items))
+    @staticmethod
+    def _arrays(items, tracks) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(start, end, q, image tokens) per item, positions of the trace (:class:`DecoderView`)."""
+        views = [tracks[it.seq.request_id].view for it in items]
+        start = np.fromiter((v.expanded(it.start) for v, it in zip(views, items)), np.int64, len(items))
+        end = np.fromiter((v.expanded(it.start + it.num_tokens) for v, it in zip(views, items)), np.int64, len(items))
         img = np.fromiter((tracks[it.seq.request_id].img_tokens for it in items), np.int64, len(items))
-        return end, q, img
+        return start, end, end - start, img
 
     @staticmethod
-    def _image_overlap(items, tracks, upto_start: bool) -> np.ndarray:
+    def _image_overlap(items, tracks, start: np.ndarray, end: np.ndarray, upto_start: bool) -> np.ndarray:
         """Image positions per item in ``[0, start)`` (``upto_start``) or in the step's new tokens."""
         out = np.zeros(len(items), np.int64)
         for j, it in enumerate(items):
             spans = tracks[it.seq.request_id].req.images
-            lo, hi = (0, it.start) if upto_start else (it.start, it.start + it.num_tokens)
+            lo, hi = (0, start[j]) if upto_start else (start[j], end[j])
             out[j] = sum(max(0, min(hi, o + n) - max(lo, o)) for o, n, _ in spans)
         return out
 
     def _step_time(self, plan, tracks, k: int, record: list | None = None) -> float:
         st = self.setup
         items = plan.scheduled
-        end, q, img = self._arrays(items, tracks)
+        start, end, q, img = self._arrays(items, tracks)
         img_new = img_ctx = None
         if img.any():
-            img_new = self._image_overlap(items, tracks, False)
-            img_ctx = self._image_overlap(items, tracks, True) + img_new
+            img_new = self._image_overlap(items, tracks, start, end, False)
+            img_ctx = self._image_overlap(items, tracks, start, end, True) + img_new
         decode = np.fromiter((it.sample and bool(it.seq.output_token_ids) and it.num_tokens <= 1 + k
                               for it in items), bool, len(items))
         if k:  # the target verifies 1 + k tokens per decoding request
