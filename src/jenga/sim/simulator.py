@@ -305,8 +305,8 @@ class Simulator:
     def _arrays(items, tracks) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(start, end, q, image tokens) per item, positions of the trace (:class:`DecoderView`)."""
         views = [tracks[it.seq.request_id].view for it in items]
-        start = np.fromiter((v.expanded(it.start) for v, it in zip(views, items)), np.int64, len(items))
-        end = np.fromiter((v.expanded(it.start + it.num_tokens) for v, it in zip(views, items)), np.int64, len(items))
+        start = np.fromiter((v.expanded(it.start) for v, it in zip(views, items, strict=True)), np.int64, len(items))
+        end = np.fromiter((v.expanded(it.start + it.num_tokens) for v, it in zip(views, items, strict=True)), np.int64, len(items))
         img = np.fromiter((tracks[it.seq.request_id].img_tokens for it in items), np.int64, len(items))
         return start, end, end - start, img
 
