@@ -82,11 +82,11 @@ ROOFLINE = Calibration("roofline", {
 #: are that command's leave-one-cell-out table, in the README).  ``scan_efficiency`` sits at its
 #: bound: Jamba's state scans are too few FLOPs to matter at any plausible share of peak.
 FITTED = Calibration("fitted", {
-    "v0": EngineEfficiency(0.0022798929226008928, 0.00017286087746020933, 0.11237790749298045, 0.8739239311076572),
-    "v0-eager": EngineEfficiency(0.04622540210063301, 0.00017286087746020933, 0.11237790749298045,
-                                 0.8739239311076572),
-    "v1": EngineEfficiency(0.0023919013913843274, 0.00017286087746020933, 0.27179696865238623, 0.9049250722369943),
-}, scan_efficiency=0.9989999493482733, vision_efficiency=0.5509519871447861, bandwidth_efficiency=0.9,
+    "v0": EngineEfficiency(0.002555149300785527, 0.00014057903452983954, 0.11664650156819081, 0.869406808755618),
+    "v0-eager": EngineEfficiency(0.07199023086072423, 0.00014057903452983954, 0.11664650156819081,
+                                 0.869406808755618),
+    "v1": EngineEfficiency(0.0027261602425085723, 0.00014057903452983954, 0.2674288835661846, 0.907498880869787),
+}, scan_efficiency=0.9990000915589526, vision_efficiency=0.12380117450824195, bandwidth_efficiency=0.9,
     source="jenga.sim.fit on figure14.csv")
 
 CALIBRATIONS = {"fitted": FITTED, "roofline": ROOFLINE}
