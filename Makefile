@@ -70,7 +70,7 @@ test-vllm-versions: $(VLLM_STAMPS)
 	@$(START_VLLM_VERSIONS); $(WAIT_VLLM_VERSIONS); exit $$rc
 
 test-vllm-slow: $(STAMP)
-	$(PY) -m pytest -n 2 --dist loadgroup tests/test_vllm_server.py tests/test_vllm_tp.py tests/test_vllm_spec_decode.py
+	$(PY) -m pytest -n 2 --dist loadgroup tests/test_vllm_server.py tests/test_vllm_tp.py tests/test_vllm_spec_decode.py tests/test_vllm_spec_hybrid.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/manager_overhead.py

@@ -40,4 +40,6 @@ def test_snapshot_to_gauges(tmp_path, monkeypatch):
         assert b > 0 and f'jenga_kv_used_bytes{{engine="{e}",group="{g}"}} {float(b)}' in text
     assert f'jenga_kv_waste_bytes{{cause="large_page",engine="{e}"}} {float(s.waste_large_page_bytes)}' in text
     assert "999999999" not in text
+    snaps.close()  # the engine core shut down, its process lives on (an in-process LLM)
+    assert f'engine="{e}"' not in generate_latest(reg).decode()
     assert "jenga active" in startup_line(mgr) and f"pool {mgr.alloc.num_large} large pages" in startup_line(mgr)

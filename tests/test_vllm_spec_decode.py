@@ -14,7 +14,8 @@ jenga.  Draft slots go through jenga's lookahead allocation, rejected drafts thr
   its layer in jenga's pool likewise;
 * MTP (a tiny MiMo target: Qwen2 layers plus one multi-token-prediction layer that vLLM runs as the
   drafter), the MTP layer's KV in jenga's pool next to the target's;
-* MTP on a Mamba hybrid (tiny Qwen3-Next): refused at engine start, and why (no stock reference).
+* MTP on a Mamba hybrid: ``tests/test_vllm_spec_hybrid.py`` (its own module: this module's engines,
+  held by the fixture until the module ends, would share the process's parallel groups with it).
 
 The draft-model, EAGLE, EAGLE-3 and MTP runs (45-80 s each on 2 shared cores) are in ``make test-vllm-slow``;
 the n-gram runs (about 35 s) cover the lookahead and rejection paths in ``make test``.
@@ -33,7 +34,6 @@ from vllm_support import (
     greedy,
     mimo_dir,
     model_dir,
-    qwen3_next_mtp_dir,
     scheduler,
     spec_stats,
     workloads,
@@ -141,33 +141,3 @@ def test_every_page_reclaimed(runs):
     for sched in (runs["ample"], runs["tight"]):
         assert sched.jenga.used_bytes == 0 and not sched.jenga.requests
         sched.jenga.check_integrity()
-
-
-@pytest.mark.slow
-@pytest.mark.xdist_group("vllm-spec-hybrid-mtp")
-def test_mtp_on_a_hybrid_is_refused_and_why(tmp_path_factory):
-    """MTP on the tiny Qwen3-Next (3 Gated DeltaNet : 1 attention, one MTP layer): stock vLLM runs
-    it with prefix caching off; jenga refuses vLLM's speculative state blocks at engine start, by
-    name; with prefix caching on, stock vLLM 0.32's CPU build itself fails at its first step (the
-    align-mode state pre-copy is a Triton kernel), so there is no reference to verify jenga against."""
-    from jenga.vllm.specs import UnsupportedInVllm
-
-    allow_engines_after_numba()
-    path = qwen3_next_mtp_dir(tmp_path_factory.getbasetemp())
-    prompts = workloads()["first"]
-    kw = dict(dtype="bfloat16", mamba_ssm_cache_dtype="bfloat16", disable_log_stats=False,
-              speculative_config={"method": "mtp", "num_speculative_tokens": K})
-    stock = engine(path, jenga=False, enable_prefix_caching=False, **kw)
-    try:
-        greedy(stock, prompts, max_tokens=4)
-        assert spec_stats(stock)["draft_tokens"] > 0
-    finally:
-        close(stock)
-    with pytest.raises(UnsupportedInVllm, match=r"speculative Mamba blocks .* 1 \+ 3 state blocks"):
-        engine(path, jenga=True, enable_prefix_caching=False, **kw)
-    stock = engine(path, jenga=False, **kw)
-    try:
-        with pytest.raises(TypeError, match="not subscriptable"):
-            greedy(stock, prompts, max_tokens=4)
-    finally:
-        close(stock)

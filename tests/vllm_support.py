@@ -326,9 +326,19 @@ def engine(path: str, *, jenga: bool, num_blocks: int | None = None, **kw):
 
 
 def close(llm) -> None:
+    """Shut ``llm``'s in-process engine core down; a jenga scheduler's ``/metrics`` snapshot goes with it."""
+    snapshots = getattr(getattr(llm.llm_engine.engine_core, "engine_core", None), "scheduler", None)
+    snapshots = getattr(snapshots, "snapshots", None)
     llm.llm_engine.engine_core.shutdown()
+    if snapshots is not None:
+        assert not snapshots.path.exists(), "the engine core shut down and its snapshot stayed"
     del llm
     gc.collect()
+    # the next engine in this process builds its own parallel groups (a MoE model's expert group
+    # is made only when the first engine of the process is one)
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    cleanup_dist_env_and_memory()
 
 
 def scheduler(llm):

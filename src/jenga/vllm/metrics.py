@@ -81,6 +81,11 @@ class Snapshots:
         tmp.write_text(json.dumps(figures(mgr)))
         os.replace(tmp, self.path)
 
+    def close(self) -> None:
+        """The engine core shut down: its gauges leave ``/metrics`` (its process may live on)."""
+        self.path.unlink(missing_ok=True)
+        self.path.with_suffix(".tmp").unlink(missing_ok=True)
+
 
 def _alive(pid: int) -> bool:
     try:

@@ -167,6 +167,11 @@ class JengaScheduler(Scheduler):
             self.snapshots.write(self.kv_cache_manager.manager)
         return stats
 
+    def shutdown(self) -> None:
+        super().shutdown()
+        if self.snapshots is not None:
+            self.snapshots.close()
+
     def _preempt_request(self, request, *args, **kwargs) -> None:
         self.num_preemptions += 1  # counted for tests and benchmarks; jenga frees the pages in free()
         super()._preempt_request(request, *args, **kwargs)
