@@ -26,6 +26,8 @@ from __future__ import annotations
 import pytest
 from vllm_support import (
     allow_engines_after_numba,
+    check_pages_reclaimed,
+    check_pressure_effects,
     close,
     draft_dir,
     eagle3_dir,
@@ -110,10 +112,8 @@ def test_ample_memory_equals_stock_with_prefix_hits(runs):
 
 
 def test_tight_budget_preempts_evicts_and_equals_stock(runs):
-    sched = runs["tight"]
     assert runs["got"][1] == runs["ref"][1]
-    st = sched.jenga.stats()
-    assert sched.num_preemptions > 0 and st.evicted_pages > 0 and st.prefix_hit_tokens > 0, (sched.num_preemptions, st)
+    check_pressure_effects(runs["tight"])
 
 
 def test_drafts_are_proposed_accepted_and_rejected_as_with_stock(runs):
@@ -138,6 +138,4 @@ def test_draft_layers_live_in_jengas_pool(runs):
 
 
 def test_every_page_reclaimed(runs):
-    for sched in (runs["ample"], runs["tight"]):
-        assert sched.jenga.used_bytes == 0 and not sched.jenga.requests
-        sched.jenga.check_integrity()
+    check_pages_reclaimed(runs["ample"], runs["tight"])

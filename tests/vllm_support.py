@@ -68,6 +68,23 @@ def hf_config(family: str):
     raise ValueError(family)
 
 
+def randomized(model, *, unit_norm=lambda name: name.endswith("norm.weight")):
+    """``model`` with small random weights drawn from torch's generator (the caller seeds it before
+    building the model) and the norms ``unit_norm`` names around 1."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0, 0.05)
+            if unit_norm(name):
+                p.add_(1.0)
+    return model
+
+
+def save_tiny_tokenizer(out: Path) -> None:
+    """The byte-level BPE tokenizer of the tiny models, saved next to a model."""
+    tf.PreTrainedTokenizerFast(tokenizer_object=tiny_tokenizer(512).backend, bos_token="<bos>", eos_token="<eos>",
+                               pad_token="<pad>").save_pretrained(out)
+
+
 def model_dir(family: str, root: Path) -> str:
     """Write the tiny model (seeded random weights, byte-level BPE tokenizer) under ``root``."""
     out = root / family
@@ -76,16 +93,10 @@ def model_dir(family: str, root: Path) -> str:
     cfg = hf_config(family)
     cfg.dtype = "float32"
     torch.manual_seed(0)
-    model = tf.AutoModelForCausalLM.from_config(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(0, 0.05)
-            if name.endswith("norm.weight") and family not in ("gemma3", "gemma2"):
-                p.add_(1.0)
-    model.save_pretrained(out)
-    tok = tiny_tokenizer(512)
-    tf.PreTrainedTokenizerFast(tokenizer_object=tok.backend, bos_token="<bos>", eos_token="<eos>",
-                               pad_token="<pad>").save_pretrained(out)
+    # Gemma's norms scale by 1 + weight
+    unit_norm = (lambda name: False) if family in ("gemma3", "gemma2") else (lambda name: name.endswith("norm.weight"))
+    randomized(tf.AutoModelForCausalLM.from_config(cfg), unit_norm=unit_norm).save_pretrained(out)
+    save_tiny_tokenizer(out)
     return str(out)
 
 
@@ -200,15 +211,8 @@ def mimo_dir(root: Path) -> str:
         return str(out)
     cfg = tf.Qwen2Config(**_COMMON, num_hidden_layers=2, dtype="float32")
     torch.manual_seed(0)
-    model = tf.Qwen2ForCausalLM(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(0, 0.05)
-            if name.endswith("norm.weight"):
-                p.add_(1.0)
-    model.save_pretrained(out)
-    tf.PreTrainedTokenizerFast(tokenizer_object=tiny_tokenizer(512).backend, bos_token="<bos>", eos_token="<eos>",
-                               pad_token="<pad>").save_pretrained(out)
+    randomized(tf.Qwen2ForCausalLM(cfg)).save_pretrained(out)
+    save_tiny_tokenizer(out)
     w = load_file(out / "model.safetensors")
     last, hidden = f"model.layers.{cfg.num_hidden_layers - 1}.", cfg.hidden_size
     gen = torch.Generator().manual_seed(5)
@@ -241,15 +245,8 @@ def qwen3_next_mtp_dir(root: Path) -> str:
     cfg = hf_config("qwen3_next")
     cfg.decoder_sparse_step, cfg.dtype = 1, "float32"
     torch.manual_seed(0)
-    model = tf.AutoModelForCausalLM.from_config(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.normal_(0, 0.05)
-            if name.endswith("norm.weight"):
-                p.add_(1.0)
-    model.save_pretrained(out)
-    tf.PreTrainedTokenizerFast(tokenizer_object=tiny_tokenizer(512).backend, bos_token="<bos>", eos_token="<eos>",
-                               pad_token="<pad>").save_pretrained(out)
+    randomized(tf.AutoModelForCausalLM.from_config(cfg)).save_pretrained(out)
+    save_tiny_tokenizer(out)
     w = load_file(out / "model.safetensors")
     full, hidden = f"model.layers.{cfg.layer_types.index('full_attention')}.", cfg.hidden_size
     mtp = {k.replace(full, "mtp.layers.0."): v.clone() for k, v in w.items() if k.startswith(full)}
@@ -409,14 +406,23 @@ def check_ample(runs: dict, *, min_hit_tokens: int) -> None:
 
 
 def check_tight(runs: dict) -> None:
-    sched = runs["tight"]
     assert runs["got"]["pressure"] == runs["ref"]["pressure"]
+    check_pressure_effects(runs["tight"])
+
+
+def check_pressure_effects(sched) -> None:
+    """The tight budget did what it is for: jenga's scheduler preempted, evicted and still hit."""
     st = sched.jenga.stats()
     assert sched.num_preemptions > 0 and st.evicted_pages > 0 and st.prefix_hit_tokens > 0, (sched.num_preemptions, st)
 
 
 def check_reclaimed(runs: dict) -> None:
-    for sched in (runs["ample"], runs["tight"]):
+    check_pages_reclaimed(runs["ample"], runs["tight"])
+
+
+def check_pages_reclaimed(*schedulers) -> None:
+    """Every page back in each jenga scheduler's pool, no request left, the pool consistent."""
+    for sched in schedulers:
         mgr = sched.jenga
         assert mgr.used_bytes == 0 and not mgr.requests
         mgr.check_integrity()
