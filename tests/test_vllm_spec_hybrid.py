@@ -23,10 +23,10 @@ K = 3
 @pytest.mark.slow
 @pytest.mark.xdist_group("vllm-spec-hybrid-mtp")
 def test_mtp_on_a_hybrid_is_refused_and_why(tmp_path_factory):
-    """MTP on the tiny Qwen3-Next: stock vLLM runs
-    it with prefix caching off; jenga refuses vLLM's speculative state blocks at engine start, by
-    name; with prefix caching on, stock vLLM 0.32's CPU build itself fails at its first step (the
-    align-mode state pre-copy is a Triton kernel), so there is no reference to verify jenga against."""
+    """Stock vLLM runs MTP on the tiny Qwen3-Next with prefix caching off; jenga refuses vLLM's
+    speculative state blocks at engine start, by name; with prefix caching on, stock vLLM 0.32's CPU
+    build itself fails at its first step (the align-mode state pre-copy is a Triton kernel), so there
+    is no reference to verify jenga against."""
     from jenga.vllm.specs import UnsupportedInVllm
 
     allow_engines_after_numba()

@@ -93,9 +93,9 @@ def model_dir(family: str, root: Path) -> str:
     cfg = hf_config(family)
     cfg.dtype = "float32"
     torch.manual_seed(0)
-    # Gemma's norms scale by 1 + weight
-    unit_norm = (lambda name: False) if family in ("gemma3", "gemma2") else (lambda name: name.endswith("norm.weight"))
-    randomized(tf.AutoModelForCausalLM.from_config(cfg), unit_norm=unit_norm).save_pretrained(out)
+    model = randomized(tf.AutoModelForCausalLM.from_config(cfg),  # Gemma's norms scale by 1 + weight
+                       unit_norm=lambda name: name.endswith("norm.weight") and family not in ("gemma3", "gemma2"))
+    model.save_pretrained(out)
     save_tiny_tokenizer(out)
     return str(out)
 
@@ -324,8 +324,7 @@ def engine(path: str, *, jenga: bool, num_blocks: int | None = None, **kw):
 
 def close(llm) -> None:
     """Shut ``llm``'s in-process engine core down; a jenga scheduler's ``/metrics`` snapshot goes with it."""
-    snapshots = getattr(getattr(llm.llm_engine.engine_core, "engine_core", None), "scheduler", None)
-    snapshots = getattr(snapshots, "snapshots", None)
+    snapshots = getattr(scheduler(llm), "snapshots", None)  # a jenga scheduler's, with vLLM's stats on
     llm.llm_engine.engine_core.shutdown()
     if snapshots is not None:
         assert not snapshots.path.exists(), "the engine core shut down and its snapshot stayed"
