@@ -40,7 +40,15 @@ def startup_line(mgr) -> str:
                        for g, pb in zip(mgr.model.groups, pool.page_bytes, strict=True))
     return (f"jenga active: KV-cache manager {type(mgr).__name__}; groups: {groups}; large page "
             f"{fmt_bytes(pool.large_page_bytes)}; pool {pool.num_large_pages} large pages "
-            f"({fmt_bytes(pool.total_bytes)})")
+            f"({fmt_bytes(pool.total_bytes)})" + host_part(mgr))
+
+
+def host_part(mgr) -> str:
+    """The start-up line's host tier (``kv_offloading_size`` inside vLLM), empty without one."""
+    if mgr.host is None:
+        return ""
+    return (f"; host tier (kv_offloading_size): {mgr.host_num_large} large pages "
+            f"({fmt_bytes(mgr.host.total_bytes)}), {mgr.host.policy} demotion")
 
 
 def metrics_dir() -> Path:
