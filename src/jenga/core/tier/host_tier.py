@@ -102,6 +102,10 @@ class HostTier(EvictionListener):
         """Bytes of host pages holding content (cached or pinned)."""
         return sum((self.alloc.used_small[g] + len(self.evictor.keys[g])) * b for g, b in enumerate(self.page_bytes))
 
+    def group_used_bytes(self) -> list[int]:
+        """Per group: bytes of host pages holding content (cached or pinned)."""
+        return [(self.alloc.used_small[g] + len(self.evictor.keys[g])) * b for g, b in enumerate(self.page_bytes)]
+
     def tables(self) -> list[dict[bytes, int]]:
         """Per group: the host index (read only)."""
         return self.index.table
