@@ -368,7 +368,7 @@ class JengaKVCacheAdapter:
         return out
 
     def __getattr__(self, name: str):
-        # anything else of vLLM's manager (connectors, offloading, P/D) is refused at engine
-        # start; reaching it here means a path jenga does not cover
+        # anything else of vLLM's manager (other connectors, P/D) is refused at engine start;
+        # reaching it here means a path jenga does not cover
         raise AttributeError(f"jenga.vllm: vLLM called KVCacheManager.{name}, which jenga's adapter does not "
-                             "provide (KV connectors / offloading / disaggregated prefill are not supported)")
+                             "provide (KV connectors other than jenga's host tier, disaggregated prefill)")
