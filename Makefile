@@ -10,7 +10,7 @@ VLLM_VERSIONS := 0.33.0 0.34.0
 VLLM_ENVS ?= .vllm-envs
 VLLM_STAMPS := $(VLLM_VERSIONS:%=$(VLLM_ENVS)/%/.installed)
 VLLM_VERSION_TESTS := tests/test_vllm_drift.py tests/test_vllm_compat.py tests/test_vllm_async.py \
-  tests/test_vllm_sched_families.py
+  tests/test_vllm_sched_families.py tests/test_vllm_host_connector.py
 
 # START_VLLM_VERSIONS launches one pytest per extra vLLM version in the background (niced: they take
 # the cores the main pytest leaves idle, e.g. its last long vLLM group); WAIT_VLLM_VERSIONS waits for
@@ -70,7 +70,8 @@ test-vllm-versions: $(VLLM_STAMPS)
 	@$(START_VLLM_VERSIONS); $(WAIT_VLLM_VERSIONS); exit $$rc
 
 test-vllm-slow: $(STAMP)
-	$(PY) -m pytest -n 2 --dist loadgroup tests/test_vllm_server.py tests/test_vllm_tp.py tests/test_vllm_spec_decode.py tests/test_vllm_spec_hybrid.py
+	$(PY) -m pytest -n 2 --dist loadgroup tests/test_vllm_server.py tests/test_vllm_tp.py tests/test_vllm_spec_decode.py tests/test_vllm_spec_hybrid.py \
+	  tests/test_vllm_host_tier.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/manager_overhead.py
