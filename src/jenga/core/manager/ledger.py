@@ -2,7 +2,7 @@
 to the evictor at zero references, unregistered ones freed.
 
 ``PageLedger`` is the ``PageOps`` the policies call.  It owns the per-group reference counts, the
-keys of releases by other holders (:mod:`jenga.core.manager.released_keys`), the log of holds an
+keys of releases by other holders (:mod:`jenga.core.manager.holds`), the log of holds an
 allocation may have to undo, the current allocation's grant and a lookup's pending hit; the
 manager hands it the allocator, the index and the evictor it works on.
 
@@ -31,8 +31,7 @@ import numpy as np
 from jenga.core.alloc.allocator import LargePageAllocator
 from jenga.core.evict.lru import PrefixEvictor
 from jenga.core.flat_arrays import BULK, as_ids, int64s, view, zeros
-from jenga.core.manager.released_keys import ReleasedKeys
-from jenga.core.manager.unhold import unhold
+from jenga.core.manager.holds import ReleasedKeys, unhold
 from jenga.core.policy.base import OUT_OF_RANGE_AGE, PageOps
 from jenga.core.prefix.index import PrefixIndex
 from jenga.core.request import Request
