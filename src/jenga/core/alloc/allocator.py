@@ -24,17 +24,16 @@ list.  No other suffix; ``RunMoves.verb`` (numpy over a long run) is one path of
 from __future__ import annotations
 
 import math
+from array import array
 from functools import reduce
 
 import numpy as np
 
 from jenga.core.alloc.allocator_check import check_allocator
-from jenga.core.alloc.evictable_set import EvictableSet
-from jenga.core.alloc.free_pool import FreePool
-from jenga.core.alloc.free_slots import FreeSlots
+from jenga.core.alloc.free_space import EvictableSet, FreePool, FreeSlots
 from jenga.core.alloc.page_states import CACHED, FREE, USED, EvictionSource, Supply
 from jenga.core.alloc.run_moves import RunMoves
-from jenga.core.flat_arrays import BULK, zeros
+from jenga.core.flat_arrays import BULK, view, zeros
 
 CARVE_LOOP = 16  # up to this many large pages carved at once: a slice assignment each
 
@@ -212,7 +211,7 @@ class LargePageAllocator:
         k, state, m = self.k[group], self.state[group], len(larges)
         group_of, tag_of, n_used = self.group_of, self.tag_of, self.n_used
         if m > 1 and larges[-1] - larges[0] == m - 1 and larges == list(range(larges[0], larges[-1] + 1)):
-            self.moves.carve_range(group, tag, larges[0], m, out)  # ascending, consecutive: one slice each
+            self._carve_range(group, tag, larges[0], m, out)  # ascending, consecutive: one slice each
             self.num_carved += m
             return
         if m > CARVE_LOOP and m * k > BULK:
@@ -220,7 +219,7 @@ class LargePageAllocator:
                 assert group_of[large] == -1, f"large page {large} popped while owned"
                 group_of[large] = group
                 tag_of[large] = tag
-            self.moves.carve_flat(group, np.asarray(larges, dtype=np.int64))
+            self._carve_flat(group, np.asarray(larges, dtype=np.int64))
         elif k == 1:  # one page each: its state byte
             for large in larges:
                 assert group_of[large] == -1, f"large page {large} popped while owned"
@@ -245,6 +244,28 @@ class LargePageAllocator:
             for large in larges:
                 out.extend(range(large * k, large * k + k))
         self.num_carved += m
+        self.owned[group] += m
+        self.used_small[group] += m * k
+
+    def _carve_flat(self, group: int, larges: np.ndarray) -> None:
+        """The page state of large pages ``larges`` just carved for ``group``: all pages USED."""
+        state, k = view(self.state[group]), self.k[group]
+        pages = larges if k == 1 else (larges[:, None] * k + np.arange(k)).ravel()
+        assert not state[pages].any(), "large pages carved with pages in use"
+        state[pages] = USED
+        view(self.n_used)[larges] = k
+
+    def _carve_range(self, group: int, tag: object, lo: int, m: int, out: list[int]) -> None:
+        """Carve the consecutive fresh large pages ``[lo, lo + m)`` for ``group`` and take all
+        their pages: one slice assignment per array, the pages appended to ``out`` in order."""
+        k, state, group_of, hi = self.k[group], self.state[group], self.group_of, lo + m
+        assert group_of[lo:hi].count(-1) == m, f"large pages {lo}..{hi - 1} popped while owned"
+        group_of[lo:hi] = [group] * m
+        self.tag_of[lo:hi] = [tag] * m
+        self.n_used[lo:hi] = array("q", [k]) * m
+        assert state.count(FREE, lo * k, hi * k) == m * k, f"large pages {lo}..{hi - 1} carved with pages in use"
+        state[lo * k:hi * k] = bytes([USED]) * (m * k)
+        out.extend(range(lo * k, hi * k))
         self.owned[group] += m
         self.used_small[group] += m * k
 
