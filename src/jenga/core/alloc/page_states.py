@@ -1,5 +1,5 @@
 """What the allocator and the evictor tell each other: page states, the supply an allocation may
-draw on, and the evictor's interface (implemented by ``jenga.core.evict.lru``)."""
+draw on, and the evictor's interface (implemented by ``jenga.core.evict.evictor``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ FREE, USED, CACHED = 0, 1, 2
 
 
 class EvictionSource(ABC):
-    """What the allocator asks of the evictor (implemented by ``jenga.core.evict.lru``)."""
+    """What the allocator asks of the evictor (implemented by ``jenga.core.evict.evictor``)."""
 
     @abstractmethod
     def evict_large(self, group: int | None = None) -> int | None:

@@ -7,7 +7,7 @@ comes before everything else is evicted in bulk, merged across groups with numpy
 smallest head is popped one at a time, looking again only at the group that changed, and each
 group's pops are evicted together at the end.
 
-``LargeEviction`` is a part the evictor (:class:`jenga.core.evict.lru.PrefixEvictor`) owns: it
+``LargeEviction`` is a part the evictor (:class:`jenga.core.evict.evictor.PrefixEvictor`) owns: it
 holds the per-group orders of fully evictable large pages (``heaps``, one ``RunHeap`` each) and
 each large page's version (``ver``: an entry is valid while its large page is in ``E`` at the
 version it entered with); the evictor pushes entries and bumps versions, and hands it the

@@ -1,7 +1,7 @@
 """A scan-resistant evictor: pages whose content proved reusable outlive one-off pages, and
 among those a stable subset stays resident when the reused set is larger than the pool.
 
-Plain LRU (:class:`~jenga.core.evict.lru.PrefixEvictor`) thrashes on a cyclic working set
+Plain LRU (:class:`~jenga.core.evict.evictor.PrefixEvictor`) thrashes on a cyclic working set
 bigger than the pool: every page is evicted just before its next use.  Here each block
 hash has a *use count* (computed or hit; kept by :class:`~jenga.core.prefix.index.PrefixIndex`
 beyond the page's eviction, like ARC's ghost lists).  Eviction order, first to last:
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jenga.core.evict.lru import PrefixEvictor
+from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.evict.run_heap import SMALL
 from jenga.core.flat_arrays import BULK, as_ids, unique_counts, view, zeros
 from jenga.core.policy.base import held_window_time

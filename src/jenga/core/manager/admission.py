@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from jenga.core.alloc.allocator import LargePageAllocator, Supply
-from jenga.core.evict.lru import PrefixEvictor
+from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.flat_arrays import BULK, int64s, view
 from jenga.core.manager.ledger import PageLedger
 from jenga.core.policy.registry import Policy, cdiv

@@ -18,7 +18,7 @@ Functions over the manager's parts; ``KVCacheManager``'s methods of the same nam
 from __future__ import annotations
 
 from jenga.core.alloc.allocator import LargePageAllocator
-from jenga.core.evict.lru import PrefixEvictor
+from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.policy.base import Policy
 from jenga.core.prefix.events import KVEvent
 from jenga.core.prefix.index import PrefixIndex

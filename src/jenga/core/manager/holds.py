@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from jenga.core.evict.lru import PrefixEvictor
+from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.flat_arrays import view, zeros
 
 Key = tuple[int, int]  # (release time, -prefix length)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jenga.core.alloc.allocator import LargePageAllocator
-from jenga.core.evict.lru import PrefixEvictor
+from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.flat_arrays import BULK, as_ids, int64s, view, zeros
 from jenga.core.manager.holds import ReleasedKeys, unhold
 from jenga.core.policy.base import OUT_OF_RANGE_AGE, PageOps

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from jenga.core.alloc.allocator import LargePageAllocator
-from jenga.core.evict.lru import PrefixEvictor
+from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.evict.reuse import ReuseEvictor
 from jenga.core.manager.accounting import ByteAccounting
 from jenga.core.manager.admission import Admission

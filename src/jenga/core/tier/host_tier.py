@@ -34,8 +34,8 @@ import numpy as np
 
 from jenga.core.alloc.allocator import LargePageAllocator
 from jenga.core.alloc.page_states import CACHED, FREE, USED
+from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.evict.listener import EvictionListener
-from jenga.core.evict.lru import PrefixEvictor
 from jenga.core.flat_arrays import zeros
 from jenga.core.manager.ledger import Grant, PageLedger
 from jenga.core.prefix.index import PrefixIndex

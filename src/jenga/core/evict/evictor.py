@@ -1,4 +1,6 @@
-"""The prefix-subset evictor: one global order by ``(last access, -prefix length)``.
+"""``PrefixEvictor``, the base of every evictor: the keys of CACHED pages and one global order by
+``(last access, -prefix length)`` (``eviction="lru"``, the paper's; :mod:`jenga.core.evict.reuse`
+orders by use count on top of it).
 
 *Balanced*: all groups of a request get the request's access time when it frees them.
 *Aligned*: a page's prefix length is the token position of its end, the same in every
