@@ -155,7 +155,7 @@ class _NoRegister:
         self._ops = ops
         self.caching = False
         self.now = ops.now
-        self.out_of_range_age = ops.out_of_range_age
+        self.out_of_window_age = ops.out_of_window_age
 
     def drop(self, *args) -> None:
         self._ops.drop(*args)

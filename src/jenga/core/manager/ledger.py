@@ -32,7 +32,7 @@ from jenga.core.alloc.allocator import LargePageAllocator
 from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.flat_arrays import BULK, as_ids, int64s, view, zeros
 from jenga.core.manager.holds import ReleasedKeys, unhold
-from jenga.core.policy.base import OUT_OF_RANGE_AGE, PageOps
+from jenga.core.policy.base import OUT_OF_WINDOW_AGE, PageOps
 from jenga.core.prefix.index import PrefixIndex
 from jenga.core.request import Request
 
@@ -56,10 +56,10 @@ class PageLedger(PageOps):
     """Reference counts and the hand-offs between allocator, index and evictor (module doc)."""
 
     def __init__(self, alloc: LargePageAllocator, index: PrefixIndex, evictor: PrefixEvictor, *, caching: bool,
-                 out_of_range_age: int = OUT_OF_RANGE_AGE):
+                 out_of_window_age: int = OUT_OF_WINDOW_AGE):
         self.alloc, self.index, self.evictor = alloc, index, evictor
         self.caching = caching
-        self.out_of_range_age = out_of_range_age
+        self.out_of_window_age = out_of_window_age
         self.now = 0  # the manager's clock: one tick per allocate
         self.ref = [zeros(alloc.num_large * k) for k in alloc.k]  # per group and page: references
         self.released = ReleasedKeys([alloc.num_large * k for k in alloc.k])  # keys for undone pins

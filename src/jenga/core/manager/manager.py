@@ -30,7 +30,7 @@ from jenga.core.manager.parts import build_parts, check_choices
 from jenga.core.manager.pool import PoolShape
 from jenga.core.manager.stats import CacheStats, collect_stats
 from jenga.core.pagesize import manager_page_plan, with_base_page
-from jenga.core.policy.registry import OUT_OF_RANGE_AGE, Policy, policy_for
+from jenga.core.policy.registry import OUT_OF_WINDOW_AGE, Policy, policy_for
 from jenga.core.prefix.events import EventLog, KVEvent
 from jenga.core.prefix.hashing import ImageRef
 from jenga.core.request import GroupState, Request, RequestView
@@ -63,7 +63,7 @@ class KVCacheManager:
 
     def __init__(self, model: ModelSpec, memory_bytes: int | str, *, tokens_per_page: int = 16,
                  enable_prefix_caching: bool = True, device: str = "cpu", max_lcm_ratio: float = 8.0,
-                 fit_pages: bool = True, window_slack: int | None = None, out_of_window_age: int = OUT_OF_RANGE_AGE,
+                 fit_pages: bool = True, window_slack: int | None = None, out_of_window_age: int = OUT_OF_WINDOW_AGE,
                  eviction: str | None = None, host_memory_bytes: int | str | None = None,
                  host_policy: str = "per-kind"):
         tokens_per_page = checked_int(tokens_per_page, "tokens_per_page")

@@ -81,7 +81,7 @@ def build_parts(model: ModelSpec, source_model: ModelSpec, memory_bytes: int, ho
         index.track_uses(sizes)
     evictor = EVICTORS[eviction](alloc, index)
     alloc.evictor = evictor
-    ledger = PageLedger(alloc, index, evictor, caching=caching, out_of_range_age=out_of_window_age)
+    ledger = PageLedger(alloc, index, evictor, caching=caching, out_of_window_age=out_of_window_age)
     policies = [policy_of(i, g) for i, g in enumerate(model.groups)]
     for pol in policies:
         pol.set_window_slack(window_slack)

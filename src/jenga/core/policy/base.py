@@ -26,7 +26,7 @@ class PageOps(ABC):
 
     now: int
     caching: bool
-    out_of_range_age: int = 0
+    out_of_window_age: int = 0
 
     @abstractmethod
     def take(self, group: int) -> int:
@@ -93,7 +93,7 @@ class PageOps(ABC):
 NEVER = 1 << 62
 #: Default age of pages released because they left the window / chunk: stamped this much
 #: older than "now", they are evicted before any page a request still held when it finished.
-OUT_OF_RANGE_AGE = 1 << 40
+OUT_OF_WINDOW_AGE = 1 << 40
 #: Pages a request lets go while it still holds the prefix they complete (the window before a
 #: branch point, released during decode) are released at ``UNTIL_FREE + now``: plain LRU and the
 #: reuse order's one-off class read the time ``now``; its class of reused pages (newest first)

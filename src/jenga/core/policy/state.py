@@ -220,7 +220,7 @@ class MambaPolicy(Policy):
         branch point goes before other cached pages."""
         aged = pos % self.every == 0 and pos not in self._marks(req) \
             and pos < req.prompt_len // self.block * self.block
-        return ops.now - ops.out_of_range_age if aged else ops.now
+        return ops.now - ops.out_of_window_age if aged else ops.now
 
     def _is_checkpoint(self, req: Request, pos: int) -> bool:
         return pos > 0 and (pos % self.every == 0 or pos in self._marks(req))

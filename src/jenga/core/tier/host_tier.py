@@ -179,7 +179,7 @@ class HostTier(EvictionListener):
         if self.policy == "per-kind":
             ids = np.asarray(fresh, dtype=np.int64)
             ts = dev.evictor.release_times(group, ids, np.asarray([key_t[p] for p in fresh], dtype=np.int64))
-            age = dev.out_of_range_age
+            age = dev.out_of_window_age
             aged_below = now - age // 2 if age > 0 else -UNLIMITED
             mask = self.policies[group].demotable(np.asarray(ts, dtype=np.int64), aged_below)
             fresh = [p for p, m in zip(fresh, mask.tolist(), strict=True) if m]
