@@ -297,7 +297,7 @@ class LargePageAllocator:
         self.n_used[large] -= 1
         self.used_small[group] -= 1
         self.slots.add(group, large, page % self.k[group])
-        self.e.settle(large)
+        self.e.place(large)
 
     def release_many(self, group: int, pages) -> None:
         """``release`` for each of the distinct USED ``pages`` of ``group`` (a list or an int
@@ -317,7 +317,7 @@ class LargePageAllocator:
         self.to_cached_many(group, (page,))
 
     def to_cached_many(self, group: int, pages, larges=None, counts=None) -> None:
-        """USED -> CACHED for each page (one pass; large pages settled once at the end).
+        """USED -> CACHED for each page (one pass; large pages placed once at the end).
         ``larges``, ``counts``: the pages' distinct large pages ascending and how many pages each
         has (a caller that has them; else counted here)."""
         k = self.k[group]
@@ -394,7 +394,7 @@ class LargePageAllocator:
         self.n_cached[large] -= 1
         self.cached_small[group] -= 1
         self.slots.add(group, large, page % self.k[group])
-        self.e.settle(large)
+        self.e.place(large)
 
     def evict_whole(self, large: int) -> None:
         """Every CACHED page of fully evictable ``large`` -> FREE at once; the large page

@@ -299,7 +299,7 @@ class EvictableSet:
     flat array of the allocator's, like ``k``, ``group_of``, ``n_used`` and ``n_cached``, handed
     over at construction: the allocator's per-page loops may flip flags themselves and then report
     the large pages that ``entered_whole`` or ``left_many``.  Moves the allocator's
-    ``cached_small`` counters (pages cached outside ``E``); ``settle`` also gives an all-free large
+    ``cached_small`` counters (pages cached outside ``E``); ``place`` also gives an all-free large
     page back (``tag_of``, ``owned``, ``pool``).
     """
 
@@ -315,8 +315,9 @@ class EvictableSet:
         self.slots, self.k, self.group_of, self.tag_of = slots, k, group_of, tag_of
         self.n_used, self.n_cached, self.cached_small, self.owned, self.pool = n_used, n_cached, cached_small, owned, pool
 
-    def settle(self, large: int) -> None:
-        """Return an all-free large page to the pool; keep ``E`` membership exact."""
+    def place(self, large: int) -> None:
+        """Put ``large`` where its counts say: back to the pool when all free, in ``E`` when it holds
+        cached pages but no used one, out of ``E`` else."""
         group = self.group_of[large]
         if self.n_used[large] == 0 and self.n_cached[large] == 0:
             self.leave(large)

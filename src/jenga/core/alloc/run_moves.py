@@ -56,8 +56,8 @@ class RunMoves:
 
     def release(self, group: int, pages) -> None:
         """USED -> FREE for the distinct ``pages`` of ``group`` (k > 1): the same state as one
-        release per page, each large page settled once after all its pages (before that its
-        settle changes nothing: it still has a USED page, so it is not in E), large pages that
+        release per page, each large page placed once after all its pages (before that its
+        place changes nothing: it still has a USED page, so it is not in E), large pages that
         end all free back to the pool together."""
         k = self.k[group]
         ids = as_ids(pages)
@@ -72,7 +72,7 @@ class RunMoves:
         ends = np.cumsum(counts).tolist()
         empty = ((n_used[larges] == 0) & (view(self.n_cached)[larges] == 0)).tolist()
         freed = (ids % k).tolist()
-        slots, settle, group_of, tag_of = self.slots, self.e.settle, self.group_of, self.tag_of
+        slots, place, group_of, tag_of = self.slots, self.e.place, self.group_of, self.tag_of
         lo, back = 0, []
         for large, hi, whole in zip(larges.tolist(), ends, empty, strict=True):
             new = freed[lo:hi]
@@ -84,7 +84,7 @@ class RunMoves:
                 back.append(large)
                 continue
             slots.add_many(group, large, new)
-            settle(large)
+            place(large)
         if back:
             self.owned[group] -= len(back)
             self.pool.push_many(back)
