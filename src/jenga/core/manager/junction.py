@@ -1,4 +1,4 @@
-"""Recompute under shared pages: a hit whose state lies below the cached attention prefix.
+"""The junction: a state hit below the cached attention prefix shares that prefix (recompute under shared pages).
 
 On a hybrid model a lookup's hit is the longest prefix *every* group can resume from; a state
 group resumes only at a checkpoint, so its hit ``h`` may lie below the *junction* ``j``, where

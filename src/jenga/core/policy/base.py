@@ -116,7 +116,7 @@ class Policy(ABC):
 
     #: a hit of this kind below the full-attention groups' cached prefix may leave those groups
     #: holding that prefix while the tokens between are recomputed (their engine writes no K/V
-    #: below ``TokenTable.write_from``; :mod:`jenga.core.manager.shared_recompute`)
+    #: below ``TokenTable.write_from``; :mod:`jenga.core.manager.junction`)
     recompute_under_shared = False
     #: a hit needs every page of the group below it (full attention): it bounds how far a lookup
     #: hashes (:mod:`jenga.core.manager.prompt_hashes`) and where the junction lies
@@ -124,7 +124,7 @@ class Policy(ABC):
     #: what a lookup this kind's pages cut short missed (``jenga.core.manager.miss_reasons``)
     miss_reason = "window_evicted"
     #: the group resumes from less than the whole prefix (a window, a state checkpoint): it needs the
-    #: junction, where the cached full-attention prefix ends (:mod:`jenga.core.manager.shared_recompute`)
+    #: junction, where the cached full-attention prefix ends (:mod:`jenga.core.manager.junction`)
     needs_junction = False
     #: the group holds pages per image, not per token (only requests with images use it)
     per_image = False
