@@ -25,13 +25,14 @@ class StaticAdmission(Admission):
         evictable large pages can always be recycled."""
         alloc = self.alloc
         sup = sup or alloc.supply()
-        room = [c - o for c, o in zip(self.caps, alloc.owned, strict=True)]
+        room = [c - alloc.owned_large(g) for g, c in enumerate(self.caps)]
         least = [cdiv(max(0, x - f - c), k)
                  for x, f, c, k in zip(need, sup.free_small, sup.cached_small, alloc.k, strict=True)]
         if sum(least) > sup.whole_large or any(
-                lo > r + e for lo, r, e in zip(least, room, alloc.e_count, strict=True)):
+                lo > r + alloc.evictable_large(g) for g, (lo, r) in enumerate(zip(least, room, strict=True))):
             return None
-        most = [min(cdiv(x, k), r + e) for x, k, r, e in zip(need, alloc.k, room, alloc.e_count, strict=True)]
+        most = [min(cdiv(x, k), r + alloc.evictable_large(g))
+                for g, (x, k, r) in enumerate(zip(need, alloc.k, room, strict=True))]
         if sum(most) <= sup.whole_large:
             return most
         return least

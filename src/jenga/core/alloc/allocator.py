@@ -31,13 +31,13 @@ import numpy as np
 
 from jenga.core.alloc.allocator_check import check_allocator
 from jenga.core.alloc.free_space import EvictableSet, FreePool, FreeSlots
-from jenga.core.alloc.page_states import CACHED, FREE, USED, EvictionSource, Supply
+from jenga.core.alloc.page_states import CACHED, FREE, USED, EvictionSource, PageViews, Supply
 from jenga.core.alloc.run_moves import RunMoves
 from jenga.core.flat_arrays import BULK, view, zeros
 
 CARVE_LOOP = 16  # up to this many large pages carved at once: a slice assignment each
 
-__all__ = ["CACHED", "FREE", "USED", "EvictionSource", "LargePageAllocator", "Supply"]
+__all__ = ["CACHED", "FREE", "USED", "EvictionSource", "LargePageAllocator", "PageViews", "Supply"]
 
 class LargePageAllocator:
     """The large-page pool and per-group carving, with request tags: a façade over its parts, the
@@ -75,6 +75,8 @@ class LargePageAllocator:
         self.free_small = self.slots.free_small  # visible free slots
         self.hidden_free = self.slots.hidden_free  # free slots inside E
         self.e_count = self.e.e_count  # fully evictable large pages per group
+        # what the evictor reads in place; every other user asks the queries below
+        self.views = PageViews(self.state, self.in_e, self.group_of, self.n_cached)
 
     @property
     def evictor(self) -> EvictionSource | None:
@@ -100,6 +102,41 @@ class LargePageAllocator:
 
     def large_of(self, group: int, page: int) -> int:
         return page // self.k[group]
+
+    def used_pages(self, group: int) -> int:
+        """USED small pages of ``group``."""
+        return self.used_small[group]
+
+    def used_bytes(self) -> int:
+        """Bytes of the USED small pages of every group."""
+        return sum(n * b for n, b in zip(self.used_small, self.page_bytes, strict=True))
+
+    def free_slots(self, group: int) -> int:
+        """Free slots of ``group``'s carved large pages outside ``E`` (visible to steps 1 and 4)."""
+        return self.slots.free_small[group]
+
+    def free_bytes(self) -> int:
+        """Bytes free without evicting: free large pages and the free slots outside ``E``."""
+        free = len(self.free_large) * self.large_bytes
+        for n, b in zip(self.slots.free_small, self.page_bytes, strict=True):
+            free += n * b
+        return free
+
+    def hidden_free_bytes(self) -> int:
+        """Bytes of the free slots inside ``E`` (freed with their large page's cached pages)."""
+        return sum(n * b for n, b in zip(self.slots.hidden_free, self.page_bytes, strict=True))
+
+    def owned_large(self, group: int) -> int:
+        """Large pages carved for ``group`` now."""
+        return self.owned[group]
+
+    def evictable_large(self, group: int) -> int:
+        """Fully evictable large pages (in ``E``) of ``group``."""
+        return self.e.e_count[group]
+
+    def page_states(self, group: int) -> bytes:
+        """A copy of the state (FREE / USED / CACHED) of each small page of ``group`` (checks)."""
+        return bytes(self.state[group])
 
     def snapshot(self) -> dict:
         """Plain copies of the pool and the free-slot structures (read-only view for tests)."""

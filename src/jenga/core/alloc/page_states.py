@@ -54,6 +54,17 @@ class EvictionSource(ABC):
         """``large`` left ``E`` (a page was touched, or it was evicted / emptied)."""
 
 
+class PageViews(NamedTuple):
+    """The allocator's per-page arrays its evictor reads in place (read only: only the allocator
+    writes them).  The evictor's heaps check, per entry, that a page is still CACHED and a large
+    page still in ``E``; a call per check would cost more than the check."""
+
+    state: list[bytearray]  # per group, per small page: FREE / USED / CACHED
+    in_e: bytearray  # per large page: 1 while in E (fully evictable)
+    group_of: list[int]  # per large page: the group it is carved for, -1 while free
+    n_cached: object  # per large page: its CACHED small pages (an ``array('q')``)
+
+
 class Supply(NamedTuple):
     """Pages an allocation may draw on without breaking a whole large page."""
 

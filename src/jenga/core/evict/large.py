@@ -34,6 +34,7 @@ class LargeEviction:
 
     def __init__(self, alloc: LargePageAllocator, index: PrefixIndex, drop_pages: Callable[[int, list[int]], None]):
         self.alloc, self.index, self.drop_pages = alloc, index, drop_pages
+        self.pages = alloc.views  # read in place (``PageViews``)
         # per group: fully evictable large pages by key; an element is valid while the large
         # page's version is the one it entered E with (ties go to the lower large page id)
         self.ver = zeros(alloc.num_large)
@@ -41,11 +42,11 @@ class LargeEviction:
 
     def valid(self, large, t, n, v) -> bool:
         """Whether an entry of ``large`` at version ``v`` is current."""
-        return self.ver[large] == v and self.alloc.in_e[large] == 1
+        return self.ver[large] == v and self.pages.in_e[large] == 1
 
     def valid_many(self, larges, ts, ns, vs) -> np.ndarray:
         """``valid`` for arrays of entries."""
-        return (view(self.ver)[larges] == vs) & (view(self.alloc.in_e)[larges] == 1)
+        return (view(self.ver)[larges] == vs) & (view(self.pages.in_e)[larges] == 1)
 
     def evict_one(self, group: int | None = None) -> int | None:
         """``PrefixEvictor.evict_large``: the large page with the smallest key (of ``group`` only,
@@ -135,7 +136,7 @@ class LargeEviction:
         if k == 1:
             pages = larges
         else:
-            st = alloc.state[g]
+            st = self.pages.state[g]
             pages = [p for large in larges for p in range(large * k, (large + 1) * k) if st[p] == CACHED]
         self.drop_pages(g, pages)
         alloc.evict_whole_many(g, larges)
@@ -164,7 +165,7 @@ class LargeEviction:
                 pages = mine
             else:  # the cached pages of each large page, in order
                 block = (mine[:, None] * k + np.arange(k)).ravel()
-                pages = block[view(alloc.state[g])[block] == CACHED]
+                pages = block[view(self.pages.state[g])[block] == CACHED]
             self.drop_pages(g, pages.tolist())
             alloc.evict_whole_many(g, mine)
         return larges.tolist()

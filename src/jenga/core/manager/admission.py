@@ -189,9 +189,7 @@ class Admission:
         need = 0
         for pol, gs in zip(self.policies, req.groups, strict=True):
             need += pol.plan(req, gs, end, ledger) * pb[pol.gi]
-        free = alloc.num_free_large * alloc.large_bytes
-        for g, p in enumerate(pb):
-            free += alloc.free_small[g] * p
+        free = alloc.free_bytes()
         if need <= free:  # free pages alone hold it (what is out of reach below is all cached)
             return False
         if req.reserve_cached is None:
@@ -206,9 +204,9 @@ class Admission:
                     unheld = [r[p] for p in pages].count(0)
                 held += unheld * pb[group]
             req.reserve_cached = held
-        avail = free
+        avail = free + alloc.hidden_free_bytes()
         for g, p in enumerate(pb):
-            avail += (alloc.hidden_free[g] + len(keys[g])) * p
+            avail += len(keys[g]) * p
         # out of reach: the hit's cached pages, and for an admission the protected pages; the two
         # may overlap, so the larger counts (both lie in cached pages and the free slots of fully
         # evictable large pages)

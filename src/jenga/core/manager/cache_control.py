@@ -72,7 +72,7 @@ def reset_prefix_cache(alloc: LargePageAllocator, index: PrefixIndex, evictor: P
     Like vLLM's, it refuses while any request holds pages (their pages are shared through the
     index): returns False and changes nothing then, else True.  With KV events on, it records
     one ``AllBlocksCleared``."""
-    if any(alloc.used_small):
+    if alloc.used_bytes():
         return False
     events, index.events = index.events, None
     try:

@@ -100,7 +100,7 @@ class HostTier(EvictionListener):
     @property
     def used_bytes(self) -> int:
         """Bytes of host pages holding content (cached or pinned)."""
-        return sum((self.alloc.used_small[g] + len(self.evictor.keys[g])) * b for g, b in enumerate(self.page_bytes))
+        return self.alloc.used_bytes() + sum(len(self.evictor.keys[g]) * b for g, b in enumerate(self.page_bytes))
 
     def tables(self) -> list[dict[bytes, int]]:
         """Per group: the host index (read only)."""
@@ -325,8 +325,8 @@ class HostTier(EvictionListener):
         for (g, h) in self.pending.demote:
             assert index.is_registered(g, h), f"demote target {g}:{h} not indexed on the host"
             pins[(g, h)] = pins.get((g, h), 0) + 1
-        for g, st in enumerate(alloc.state):
-            ref = ledger.ref[g]
+        for g in range(len(alloc.k)):
+            st, ref = alloc.page_states(g), ledger.ref[g]
             for page, s in enumerate(st):
                 assert ref[page] == pins.get((g, page), 0), f"host page {g}:{page}: {ref[page]} pins"
                 if s == FREE:
