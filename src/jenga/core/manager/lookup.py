@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from jenga.core.manager.junction import Junction
+from jenga.core.manager.junction import Junction, fixed_point
 from jenga.core.manager.ledger import PageLedger
 from jenga.core.manager.miss_reasons import MissReasons
 from jenga.core.manager.prompt_hashes import PromptHasher
@@ -36,7 +36,7 @@ class PrefixLookup:
         self.hasher, self.ledger, self.index = hasher, ledger, index
         self.host = host  # a host tier: the hit over both tiers is promoted first (jenga.core.tier.promotion)
         self.promotion_quota = promotion_quota  # the admission rule promotions follow (Admission.promotion_quota)
-        self.junction = Junction(policies, block, caching, hasher.bound, self.fixed_point)
+        self.junction = Junction(policies, block, caching, hasher.bound, ledger)
         self.misses = MissReasons(block)
 
     def find(self, req: Request, max_tokens: int | None) -> int:
@@ -72,13 +72,7 @@ class PrefixLookup:
         """The longest prefix no longer than ``cand`` that every one of ``policies`` accepts;
         ``bound``: a FullPolicy with all its pages below ``cand`` cached (``PromptHasher.for_lookup``);
         ``ops``: the pages seen (default the device ledger; both tiers' ``TierView``)."""
-        ledger = self.ledger if ops is None else ops
-        while True:
-            start = cand
-            for pol in policies:
-                cand = cand // pol.tpp * pol.tpp if pol is bound else pol.longest_prefix(req, cand, ledger)
-            if cand == start:
-                return cand
+        return fixed_point(req, cand, policies, self.ledger if ops is None else ops, bound)
 
     def release(self, req: Request) -> None:
         """Let go of the hit the last lookup found (pending or held); fresh group states."""
