@@ -96,7 +96,7 @@ class PrefixEvictor(EvictionSource):
             valid = _CachedWithKey(self.pages.state[g], self.key_t[g], self.key_n[g])
             self._heaps.append(RunHeap(valid.one, valid.many, reads="tni"))
         # per group: the order of fully evictable large pages, and evicting many at once
-        self.large = LargeEviction(allocator, index, self._drop_pages)
+        self.large = LargeEviction(allocator, index)
         self.num_evicted_pages = 0
         self.listener: EvictionListener | None = None  # told of each eviction first (a host tier)
 
@@ -300,11 +300,39 @@ class PrefixEvictor(EvictionSource):
         self.alloc.evict_cached(group, page)
 
     def evict_large(self, group: int | None = None) -> int | None:
-        return self.large.evict_one(group)
+        picked = self.large.pick_one(group)
+        if picked is None:
+            return None
+        g, large = picked
+        self._evict_whole(g, [large])
+        return large
 
     def evict_large_many(self, m: int) -> list[int]:
-        """``evict_large()`` up to ``m`` times, in its order (``LargeEviction.evict_many``)."""
-        return self.large.evict_many(m)
+        """``evict_large()`` up to ``m`` times, in its order (``LargeEviction.pick_many``)."""
+        out: list[int] = []
+        for g, larges in self.large.pick_many(m, out):
+            self._evict_whole(g, larges)
+        return out
+
+    def _evict_whole(self, g: int, larges: list[int] | np.ndarray) -> None:
+        """Every cached page of each of the fully evictable ``larges`` of group ``g`` (popped from
+        its order; a list, or an int array) leaves, dropped in one call; they are free."""
+        k = self.alloc.k[g]
+        if type(larges) is np.ndarray:
+            if k == 1:
+                pages = larges
+            else:  # the cached pages of each large page, in order
+                block = (larges[:, None] * k + np.arange(k)).ravel()
+                pages = block[view(self.pages.state[g])[block] == CACHED]
+            self._drop_pages(g, pages.tolist())
+        else:
+            if k == 1:
+                pages = larges
+            else:
+                st = self.pages.state[g]
+                pages = [p for large in larges for p in range(large * k, (large + 1) * k) if st[p] == CACHED]
+            self._drop_pages(g, pages)
+        self.alloc.evict_whole_many(g, larges)
 
     def on_evictable(self, large: int) -> None:
         self.on_evictable_many(self.pages.group_of[large], (large,))
