@@ -24,7 +24,8 @@ from jenga.core.request import Request
 class Admission:
     """Need, quota and fit of an allocation (module doc).  ``margin``: pages per token group and
     running request an admission leaves evictable beside the protected ones; ``protected_share``:
-    share of the pool beyond which protected pages no longer hold admissions back."""
+    share of the pool beyond which protected pages no longer hold admissions back.  ``admitted``:
+    live requests past their first allocate (the manager counts them; the rules below read it)."""
 
     def __init__(self, policies: list[Policy], alloc: LargePageAllocator, index: PrefixIndex,
                  evictor: PrefixEvictor, ledger: PageLedger, block: int, *, margin: int = 1,
@@ -33,6 +34,7 @@ class Admission:
         self.block = block
         self.margin, self.protected_share = margin, protected_share
         self.state_group = [not pol.group.spec.per_token for pol in policies]
+        self.admitted = 0
 
     def plan(self, req: Request, end: int, pairs) -> tuple[list[int], list]:
         """Pages each group of ``pairs`` ((policy, state) pairs) needs to cover ``[0, end)``, and

@@ -86,15 +86,13 @@ class KVCacheManager:
         self.memory_bytes = memory_bytes
         p = build_parts(model, self.source_model, memory_bytes, host_memory_bytes, block=self.block, caching=self.caching,
                         eviction=eviction, out_of_window_age=out_of_window_age, window_slack=window_slack,
-                        host_policy=host_policy, policy_of=self._policy, admission_class=self.admission_class,
-                        promotion_quota=self._promotion_quota)
+                        host_policy=host_policy, policy_of=self._policy, admission_class=self.admission_class)
         self._alloc, self._index, self._evictor, self.ledger = p.alloc, p.index, p.evictor, p.ledger
         self.policies: list[Policy] = p.policies
         self.admission, self.hasher, self.host, self.prefix_lookup = p.admission, p.hasher, p.host, p.lookup
         self.junction = p.lookup.junction  # where a state hit's cached attention prefix ends
         self.step_commit, self.accounting, self.hits, self.intake = p.commit, p.accounting, p.hits, p.intake
         self.requests: dict[object, Request] = {}
-        self._allocated = 0  # live requests past their first allocate
         self._max_tokens = model.max_model_len + 1
         self._layout = None
 
@@ -120,7 +118,7 @@ class KVCacheManager:
                          None if a.caps is None else tuple(a.caps))
 
     now = property(lambda self: self.ledger.now, doc="The clock: one tick per ``allocate``.")
-    num_allocated = property(lambda self: self._allocated, doc="Live requests past their first ``allocate``.")
+    num_allocated = property(lambda self: self.admission.admitted, doc="Live requests past their first ``allocate``.")
 
     def view(self, request_id: object) -> RequestView | None:
         """A read-only view of a live request (``None`` if it is not live)."""
@@ -231,12 +229,12 @@ class KVCacheManager:
         if req.tables is None and self.host is not None and self.host.waits(req.request_id):
             return None  # its host hit's promotion was refused (jenga.core.tier.host_tier)
         old_lookahead, req.num_lookahead = req.num_lookahead, lookahead
-        if ledger.pending is req and admission.hit_cannot_fit(req, end, self._allocated):
+        if ledger.pending is req and admission.hit_cannot_fit(req, end, admission.admitted):
             req.num_lookahead = old_lookahead
             return None
         pairs = req.pairs or list(zip(self.policies, req.groups, strict=True))
         need, log = admission.plan(req, end, pairs)
-        quota = admission.quota_of(req, need, end, self._allocated)
+        quota = admission.quota_of(req, need, end, admission.admitted)
         if quota is None:
             admission.rollback(req, log)
             req.num_lookahead = old_lookahead
@@ -260,7 +258,7 @@ class KVCacheManager:
         req.num_scheduled += n
         req.last_access = ledger.now
         if req.tables is None:
-            self._allocated += 1
+            admission.admitted += 1
             req.tables = PageTables(req.request_id, 0, 0, 0, [gs.table for gs in req.groups])
             req.pairs = self._active(req)
         t = req.tables
@@ -289,10 +287,6 @@ class KVCacheManager:
                                        f"the model's max length {self.model.max_model_len}")
         self.step_commit.commit(req, token_ids, num_rejected)
 
-    def _promotion_quota(self, need: list[int]) -> list[int] | None:
-        """A lookup's promotion of ``need`` host pages per group under admission's rule."""
-        return self.admission.promotion_quota(need, self._allocated)
-
     def _active(self, req: Request) -> list[tuple[Policy, GroupState]]:
         """(policy, state) pairs with work after the first allocate: image groups only with images."""
         if req.images:
@@ -308,7 +302,7 @@ class KVCacheManager:
                 pol.free(req, gs, self.ledger)
         del self.requests[request_id]
         if req.tables is not None:
-            self._allocated -= 1
+            self.admission.admitted -= 1
         if self.caching and req.source_hashes is None:
             self.hasher.memo.remember(request_id, req.tokens, req.hashes, req.salt_root, req.images)
         self.hits.freed(req)

@@ -65,8 +65,7 @@ class ManagerParts:
 def build_parts(model: ModelSpec, source_model: ModelSpec, memory_bytes: int, host_memory_bytes: int | None, *,
                 block: int, caching: bool, eviction: str, out_of_window_age: int, window_slack: int | None,
                 host_policy: str, policy_of: Callable[[int, LayerGroup], Policy],
-                admission_class: type[Admission],
-                promotion_quota: Callable[[list[int]], list[int] | None]) -> ManagerParts:
+                admission_class: type[Admission]) -> ManagerParts:
     """Build and wire the parts of a manager of ``model`` (the groups it allocates; ``source_model``:
     the one it was given) over the large pages ``memory_bytes`` holds (and ``host_memory_bytes`` on the
     host; ``None``: no host tier; raises when a budget holds no large page).  ``policy_of(gi, group)``
@@ -91,7 +90,9 @@ def build_parts(model: ModelSpec, source_model: ModelSpec, memory_bytes: int, ho
     if num_host_large:
         host = HostTier([g.page_bytes for g in model.groups], num_host_large, ledger, policies, policy=host_policy)
         evictor.listener = host
-    lookup = PrefixLookup(policies, block, caching, hasher, ledger, index, host, promotion_quota)
+    # a lookup's promotion of host pages follows admission's rule for the requests admitted now
+    lookup = PrefixLookup(policies, block, caching, hasher, ledger, index, host,
+                          lambda need: admission.promotion_quota(need, admission.admitted))
     commit = StepCommit(policies, ledger, hasher, index, block, caching)
     accounting = ByteAccounting(policies, ledger, model)
     hits = HitCounts()  # prompt tokens looked up / found cached
