@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from jenga.baselines.common import TrueNeedsManager, stored_as
+from jenga.baselines.common import TrueNeedsManager, TrueNeedsRules, stored_as
 from jenga.core.alloc.page_states import Supply
 from jenga.core.manager.admission import Admission
 from jenga.core.policy.registry import (
@@ -240,34 +240,41 @@ class UniformAdmission(Admission):
         return self.quota_for(need, Supply(sup.free_small, sup.cached_small, sup.whole_large + credit))
 
 
+class UniformRules(TrueNeedsRules):
+    """vLLM v1's rules: its model (``uniform_model``), its policies, its fit check, and the
+    skipped blocks freed before an allocation that is sure to succeed."""
+
+    admission_class = UniformAdmission
+
+    def prepare_model(self, model: ModelSpec, tokens_per_page: int, max_ratio: float | None) -> ModelSpec:
+        self.remember_true_model(model, tokens_per_page)
+        um = uniform_model(model, tokens_per_page)
+        self.align = math.lcm(*(g.tokens_per_page for g in um.groups if g.spec.per_token)) \
+            if any(g.spec.per_token for g in um.groups) else tokens_per_page
+        return um
+
+    def policy(self, gi: int, group: LayerGroup, block: int) -> Policy:
+        for cls in type(group.spec).__mro__:  # exact type first, then its bases (as ``policy_for``)
+            if cls in UNIFORM_POLICIES:
+                return UNIFORM_POLICIES[cls](gi, group, block, self.align)
+        raise AssertionError(f"uniform: no rule for {type(group.spec).__name__}")
+
+    def before_allocate(self, mgr: TrueNeedsManager, req: Request, n: int, lookahead: int) -> bool:
+        """Free the skipped blocks only once the allocation is sure to succeed (count first)."""
+        releasing = [(pol, gs) for pol, gs in _releasing(mgr.policies, req) if pol.skipped(req, gs)]
+        if releasing:
+            if not mgr.can_allocate(req.request_id, n, num_lookahead=lookahead):
+                return False
+            for pol, gs in releasing:
+                pol.release_skipped(req, gs, mgr.ledger)
+        return True
+
+
 class UniformManager(TrueNeedsManager):
     """vLLM v1's hybrid allocator behind the ``KVCacheManager`` API."""
 
     name = "uniform"
-    admission_class = UniformAdmission
-
-    def _prepare_model(self, model: ModelSpec, tokens_per_page: int, max_ratio: float | None) -> ModelSpec:
-        self._remember_true_model(model, tokens_per_page)
-        um = uniform_model(model, tokens_per_page)
-        self._align = math.lcm(*(g.tokens_per_page for g in um.groups if g.spec.per_token)) \
-            if any(g.spec.per_token for g in um.groups) else tokens_per_page
-        return um
-
-    def _allocate_slow(self, req: Request, n: int, lookahead: int, end: int):
-        """Free the skipped blocks only once the allocation is sure to succeed (count first)."""
-        releasing = [(pol, gs) for pol, gs in _releasing(self.policies, req) if pol.skipped(req, gs)]
-        if releasing:
-            if not self.can_allocate(req.request_id, n, num_lookahead=lookahead):
-                return None
-            for pol, gs in releasing:
-                pol.release_skipped(req, gs, self.ledger)
-        return super()._allocate_slow(req, n, lookahead, end)
-
-    def _policy(self, gi: int, group: LayerGroup) -> Policy:
-        for cls in type(group.spec).__mro__:  # exact type first, then its bases (as ``policy_for``)
-            if cls in UNIFORM_POLICIES:
-                return UNIFORM_POLICIES[cls](gi, group, self.block, self._align)
-        raise AssertionError(f"uniform: no rule for {type(group.spec).__name__}")
+    rules_class = UniformRules
 
 
 #: spec type -> the uniform manager's policy (``align``: the Mamba checkpoint alignment)

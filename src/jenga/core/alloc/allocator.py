@@ -44,7 +44,7 @@ class LargePageAllocator:
     free pool (``free_large``), the free slots (``slots``), the set ``E`` (``e``) and the run moves
     (``moves``), which it builds on its flat arrays and calls."""
 
-    def __init__(self, page_bytes: list[int], num_large: int):
+    def __init__(self, page_bytes: list[int], num_large: int, caps: list[int] | None = None):
         assert page_bytes and all(p > 0 for p in page_bytes), f"bad page sizes {page_bytes}"
         self.large_bytes = reduce(math.lcm, page_bytes)
         self.page_bytes = list(page_bytes)
@@ -61,7 +61,7 @@ class LargePageAllocator:
         self.cached_small = [0] * groups  # cached pages outside E
         self.used_small = [0] * groups  # USED pages per group
         self.owned = [0] * groups  # large pages each group owns now
-        self.caps: list[int] | None = None  # per-group large-page caps (static partition baseline)
+        self.caps = caps  # per-group caps on the large pages a group owns at once (the static baseline's)
         self.num_carved = 0  # large pages ever carved (the manager's per-request quota counts these)
         # the parts: each is handed the arrays it reads or moves
         self.free_large = FreePool(n)  # lowest id first

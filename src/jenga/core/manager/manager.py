@@ -23,18 +23,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from jenga.core.manager import cache_control
-from jenga.core.manager.admission import Admission
 from jenga.core.manager.integrity import check_manager
 from jenga.core.manager.ledger import Grant
 from jenga.core.manager.parts import build_parts, check_choices
 from jenga.core.manager.pool import PoolShape
+from jenga.core.manager.rules import ManagerRules
 from jenga.core.manager.stats import CacheStats, collect_stats
-from jenga.core.pagesize import manager_page_plan, with_base_page
-from jenga.core.policy.registry import OUT_OF_WINDOW_AGE, Policy, policy_for
+from jenga.core.policy.registry import OUT_OF_WINDOW_AGE, Policy
 from jenga.core.prefix.events import EventLog, KVEvent
 from jenga.core.prefix.hashing import ImageRef
 from jenga.core.request import GroupState, Request, RequestView
-from jenga.core.specs import LayerGroup, ModelSpec
+from jenga.core.specs import ModelSpec
 from jenga.core.tables import PageTables
 from jenga.core.tier.copy_plan import CopyPlan
 from jenga.core.validation import TOKEN_ID_LIMIT, checked_int, token_array
@@ -54,12 +53,13 @@ class KVCacheManager:
     (0: their release time, the paper's text).  ``eviction``: ``"reuse"`` (jenga's default; pages reused at
     least twice outlive one-off pages and a stable subset of them survives a cyclic working set larger than
     the pool, see :mod:`jenga.core.evict.reuse`) or ``"lru"`` (the paper's order; the baselines'
-    default).  ``device`` is only used by :attr:`layout`.
+    default).  ``device`` is only used by :attr:`layout`.  What a variant changes (model transform,
+    policies, admission, eviction default, caps, a step before allocating) is its ``rules_class``
+    (:mod:`jenga.core.manager.rules`; the baselines bring theirs).
     """
 
     name = "jenga"
-    default_eviction = "reuse"
-    admission_class = Admission  # baselines bring their own quota rule
+    rules_class = ManagerRules
 
     def __init__(self, model: ModelSpec, memory_bytes: int | str, *, tokens_per_page: int = 16,
                  enable_prefix_caching: bool = True, device: str = "cpu", max_lcm_ratio: float = 8.0,
@@ -72,12 +72,13 @@ class KVCacheManager:
             host_memory_bytes = parse_bytes(host_memory_bytes)
         if window_slack is not None:
             window_slack = checked_int(window_slack, "window_slack", minimum=0)
-        eviction = eviction or self.default_eviction
+        self.rules = rules = self.rules_class()
+        eviction = eviction or rules.default_eviction
         check_choices(eviction, host_policy)
         self.window_slack = window_slack
         self.source_model = model
-        self.page_plan = None
-        model = self._prepare_model(model, tokens_per_page, max_lcm_ratio if fit_pages else None)
+        model = rules.prepare_model(model, tokens_per_page, max_lcm_ratio if fit_pages else None)
+        self.page_plan = rules.page_plan
         self.model = model
         self.block = tokens_per_page
         self.caching = enable_prefix_caching
@@ -86,7 +87,7 @@ class KVCacheManager:
         self.memory_bytes = memory_bytes
         p = build_parts(model, self.source_model, memory_bytes, host_memory_bytes, block=self.block, caching=self.caching,
                         eviction=eviction, out_of_window_age=out_of_window_age, window_slack=window_slack,
-                        host_policy=host_policy, policy_of=self._policy, admission_class=self.admission_class)
+                        host_policy=host_policy, rules=rules)
         self._alloc, self._index, self._evictor, self.ledger = p.alloc, p.index, p.evictor, p.ledger
         self.policies: list[Policy] = p.policies
         self.admission, self.hasher, self.host, self.prefix_lookup = p.admission, p.hasher, p.host, p.lookup
@@ -94,6 +95,7 @@ class KVCacheManager:
         self.step_commit, self.accounting, self.hits, self.intake = p.commit, p.accounting, p.hits, p.intake
         self.requests: dict[object, Request] = {}
         self._max_tokens = model.max_model_len + 1
+        self._before_allocate = rules.before_allocate
         self._layout = None
 
     # ----------------------------------------------------------- the parts
@@ -124,18 +126,6 @@ class KVCacheManager:
         """A read-only view of a live request (``None`` if it is not live)."""
         req = self.requests.get(request_id)
         return None if req is None else RequestView(req)
-
-    def _prepare_model(self, model: ModelSpec, tokens_per_page: int, max_ratio: float | None) -> ModelSpec:
-        """The groups this manager really allocates (baselines transform the model here)."""
-        model = with_base_page(model, tokens_per_page)
-        if max_ratio is None:
-            return model
-        self.page_plan = manager_page_plan(model, max_ratio)
-        return self.page_plan.model
-
-    def _policy(self, gi: int, group: LayerGroup) -> Policy:
-        """The cache policy of a group (baselines swap in their own rules here)."""
-        return policy_for(gi, group, self.block)
 
     # ----------------------------------------------------------------- API
     def _req(self, request_id: object) -> Request:
@@ -217,6 +207,9 @@ class KVCacheManager:
         if end > self.model.max_model_len:
             raise SequenceTooLongError(f"request {request_id!r}: {end} tokens exceed the model's max length "
                                        f"{self.model.max_model_len}")
+        before = self._before_allocate
+        if before is not None and not before(self, req, num_new_tokens, num_lookahead):
+            return None
         return self._allocate_slow(req, num_new_tokens, num_lookahead, end)
 
     def _too_far(self, req: Request, start: int, n: int) -> None:
