@@ -46,9 +46,9 @@ class LargePageAllocator:
 
     def __init__(self, page_bytes: list[int], num_large: int, caps: list[int] | None = None):
         assert page_bytes and all(p > 0 for p in page_bytes), f"bad page sizes {page_bytes}"
-        self.large_bytes = reduce(math.lcm, page_bytes)
+        self.large_page_bytes = reduce(math.lcm, page_bytes)
         self.page_bytes = list(page_bytes)
-        self.k = [self.large_bytes // p for p in page_bytes]
+        self.k = [self.large_page_bytes // p for p in page_bytes]
         self.num_large = num_large
         n, groups = num_large, len(page_bytes)
         self.group_of: list[int] = [-1] * n
@@ -117,7 +117,7 @@ class LargePageAllocator:
 
     def free_bytes(self) -> int:
         """Bytes free without evicting: free large pages and the free slots outside ``E``."""
-        free = len(self.free_large) * self.large_bytes
+        free = len(self.free_large) * self.large_page_bytes
         for n, b in zip(self.slots.free_small, self.page_bytes, strict=True):
             free += n * b
         return free

@@ -77,7 +77,7 @@ class Admission:
         if prot is None or not allocated:
             return None
         alloc = self.alloc
-        if self.evictor.protected_bytes() > self.protected_share * alloc.num_large * alloc.large_bytes:
+        if self.evictor.protected_bytes() > self.protected_share * alloc.num_large * alloc.large_page_bytes:
             return None
         return prot
 
@@ -216,5 +216,5 @@ class Admission:
         prot = self.protected(allocated)
         if prot is not None:
             outside, e_prot = prot
-            out = max(out, sum(o * p for o, p in zip(outside, pb, strict=True)) + e_prot * alloc.large_bytes)
+            out = max(out, sum(o * p for o, p in zip(outside, pb, strict=True)) + e_prot * alloc.large_page_bytes)
         return need > avail - out

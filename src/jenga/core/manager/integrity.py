@@ -26,7 +26,7 @@ def check_manager(mgr) -> None:
     outside the index or the evictor, or an index entry on a FREE page all fail."""
     totals = mgr.alloc.check_integrity()
     mgr.evictor.check()
-    assert totals["free"] + totals["used"] + totals["cached"] == mgr.alloc.num_large * mgr.alloc.large_bytes
+    assert totals["free"] + totals["used"] + totals["cached"] == mgr.alloc.num_large * mgr.alloc.large_page_bytes
     for pol in mgr.policies:
         pol.check(mgr.requests.values())
     refs: Counter = Counter()

@@ -116,7 +116,7 @@ def collect_stats(mgr) -> CacheStats:
     # free slots in large pages that live requests use (slots beside cached pages in a fully
     # evictable large page are reclaimable at once, so they count as free, not waste)
     carved_free = sum(alloc.free_slots(g) * pb[g] for g in n)
-    total = alloc.num_large * alloc.large_bytes
+    total = alloc.num_large * alloc.large_page_bytes
     needed = partial = stale_bytes = padding = 0
     for req in mgr.requests.values():
         held, need, stale, pad = mgr.request_accounting(req)

@@ -95,7 +95,7 @@ class HostTier(EvictionListener):
 
     @property
     def total_bytes(self) -> int:
-        return self.alloc.num_large * self.alloc.large_bytes
+        return self.alloc.num_large * self.alloc.large_page_bytes
 
     @property
     def used_bytes(self) -> int:
