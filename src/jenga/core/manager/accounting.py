@@ -22,7 +22,7 @@ class ByteAccounting:
 
     def used_bytes(self) -> int:
         """Bytes of pages live requests hold (their hits included): ``KVCacheManager.used_bytes``."""
-        self.ledger.settle()  # a lookup's pending hit is held first
+        self.ledger.settle()  # a lookup's deferred hit is held first
         return self.ledger.alloc.used_bytes()
 
     def request(self, req: Request) -> tuple[int, int, int, int]:

@@ -1,10 +1,10 @@
 """Admission: what one ``allocate`` may take, decided before any page moves.
 
-The pages each group needs (``plan``, undone by ``rollback``), which groups fill other requests'
+The pages each group needs (``plan``, undone by ``unhold_plan``), which groups fill other requests'
 large pages first (``prefer_shared``) and how many fresh or evicted large pages each group may take
 (the quota of steps 2-3, ``quota_for``; for an admission, the pages the evictor protects stay out
 of reach while other requests run, ``quota_of``).  ``hit_cannot_fit`` answers, without holding a
-lookup's pending hit, whether a first allocate surely fails.  The rule "may a new request evict
+lookup's deferred hit, whether a first allocate surely fails.  The rule "may a new request evict
 protected pages?" is ``protected``, written once for both.
 """
 
@@ -49,9 +49,9 @@ class Admission:
             ledger.end_log()
         return need, log
 
-    def rollback(self, req: Request, log: list) -> None:
+    def unhold_plan(self, req: Request, log: list) -> None:
         """Undo a ``plan`` that will not be followed by growing."""
-        self.ledger.undo_holds(log)
+        self.ledger.unhold(log)
         for pol, gs in zip(self.policies, req.groups, strict=True):
             pol.forget_plan(gs)
 
@@ -89,7 +89,7 @@ class Admission:
         pages (on a sliding model, each article whose window it takes is a lost hit)."""
         if not any(need):
             return need
-        self.ledger.settle()  # a pending hit's pages are no supply
+        self.ledger.settle()  # a deferred hit's pages are no supply
         sup = self.alloc.supply()
         quota = self.quota_for(need, sup)
         if quota is None or req.tables is not None:
@@ -180,7 +180,7 @@ class Admission:
 
     def hit_cannot_fit(self, req: Request, end: int, allocated: int) -> bool:
         """True when the first ``allocate`` of ``req`` up to ``end`` surely fails: its new pages
-        need more bytes than are free plus cached outside its pending hit and, for an admission
+        need more bytes than are free plus cached outside its deferred hit and, for an admission
         while others hold pages, outside the ``protected`` pages (then holding the hit would be
         undone at once).  Reads the structures without holding the hit."""
         if req.images:
@@ -194,9 +194,9 @@ class Admission:
         free = alloc.free_bytes()
         if need <= free:  # free pages alone hold it (what is out of reach below is all cached)
             return False
-        if req.reserve_cached is None:
+        if req.deferred_cached_bytes is None:
             held = 0
-            for group, pages in req.reserve:
+            for group, pages in req.deferred_holds:
                 r = ref[group]
                 if type(pages) is not list:
                     unheld = r[pages] == 0
@@ -205,14 +205,14 @@ class Admission:
                 else:
                     unheld = [r[p] for p in pages].count(0)
                 held += unheld * pb[group]
-            req.reserve_cached = held
+            req.deferred_cached_bytes = held
         avail = free + alloc.hidden_free_bytes()
         for g, p in enumerate(pb):
             avail += len(keys[g]) * p
         # out of reach: the hit's cached pages, and for an admission the protected pages; the two
         # may overlap, so the larger counts (both lie in cached pages and the free slots of fully
         # evictable large pages)
-        out = req.reserve_cached
+        out = req.deferred_cached_bytes
         prot = self.protected(allocated)
         if prot is not None:
             outside, e_prot = prot

@@ -12,7 +12,7 @@ caching (no checkpoints) or for groups that store per-token pages.
 
 Functions over the manager's parts; ``KVCacheManager``'s methods of the same names call them
 (so every baseline has them).  ``can_allocate`` runs admission's ``plan`` / ``quota_of`` /
-``rollback``, the halves of ``allocate`` that change nothing when undone.
+``unhold_plan``, the halves of ``allocate`` that change nothing when undone.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def can_allocate(mgr, req: Request, num_new_tokens: int, num_lookahead: int) -> 
     old, req.num_lookahead = req.num_lookahead, num_lookahead
     need, log = admission.plan(req, end, req.pairs or list(zip(mgr.policies, req.groups, strict=True)))
     ok = admission.quota_of(req, need, end, mgr.num_allocated) is not None
-    admission.rollback(req, log)
+    admission.unhold_plan(req, log)
     req.num_lookahead = old
     return ok
 

@@ -1,5 +1,5 @@
 """Undoing holds: a rolled-back allocation's, or a lookup's hit let go before its allocate
-(``PageLedger.undo_holds``), and the keys that undo gives back.
+(``PageLedger.unhold``), and the keys that undo gives back.
 
 Right after ``hold`` an undo is exact.  A lookup's holds are undone later, after other requests
 may have held and dropped the same pages, so a page whose last reference goes gets the key of
@@ -77,13 +77,13 @@ class ReleasedKeys:
         view(self.n[group])[mine] = negs[held]
 
 
-def unhold(log: Iterable[tuple], refs: list, released: ReleasedKeys, evictor: PrefixEvictor, now: int) -> None:
+def unhold_log(log: Iterable[tuple], refs: list, released: ReleasedKeys, evictor: PrefixEvictor, now: int) -> None:
     """Undo ``hold`` calls (``key``: the evictor key the page had when it was held).
 
-    Right after ``hold`` (a rolled-back allocate) this is exact.  A lookup's pins are
+    Right after ``hold`` (a rolled-back allocate) this is exact.  A lookup's holds are
     undone later, after other requests may have held and dropped the same pages, so
     a page whose last reference goes gets the key of its latest release, else the key
-    it had when pinned; a page still referenced keeps that key for its last holder.
+    it had when held; a page still referenced keeps that key for its last holder.
     """
     batches: dict[tuple[int, int], tuple[list[int], list[int]]] = {}  # (group, t) -> pages, -prefix lengths
     now_key = (now, 0)
@@ -106,7 +106,7 @@ def unhold(log: Iterable[tuple], refs: list, released: ReleasedKeys, evictor: Pr
 
 def _unhold_run(ref, released: ReleasedKeys, group: int, pages: list[int], keys: list, batches: dict,
                 now_key: tuple[int, int]) -> None:
-    """The per-page rule of ``unhold`` for one ``hold_run`` entry, last page first."""
+    """The per-page rule of ``unhold_log`` for one ``hold_run`` entry, last page first."""
     if type(keys) is tuple:  # a long run's keys (``hold_run``)
         _unhold_long(ref, released, group, pages, keys, batches, now_key)
         return

@@ -41,7 +41,7 @@ class PrefixLookup:
 
     def find(self, req: Request, max_tokens: int | None) -> int:
         """Let go of the last hit, then find and record the new one (``KVCacheManager.lookup``)."""
-        self.release(req)
+        self.reset_hit(req)
         if not self.caching:
             return 0
         top = self.top(req, max_tokens)
@@ -74,22 +74,22 @@ class PrefixLookup:
         ``ops``: the pages seen (default the device ledger; both tiers' ``TierView``)."""
         return fixed_point(req, cand, policies, self.ledger if ops is None else ops, bound)
 
-    def release(self, req: Request) -> None:
-        """Let go of the hit the last lookup found (pending or held); fresh group states."""
-        self.let_go(req)
-        req.pins = []
+    def reset_hit(self, req: Request) -> None:
+        """Let go of the hit the last lookup found (deferred or held); fresh group states."""
+        self.unhold_hit(req)
+        req.hit_holds = []
         req.groups = [pol.new_state() for pol in self.policies]
         req.hit = req.num_computed = 0
 
-    def let_go(self, req: Request) -> bool:
-        """Undo the holds of ``req``'s hit if it has one not allocated yet (pending, or held since
+    def unhold_hit(self, req: Request) -> bool:
+        """Undo the holds of ``req``'s hit if it has one not allocated yet (deferred, or held since
         the lookup); whether it had."""
         ledger = self.ledger
-        if ledger.pending is req:
-            ledger.forget_pending(req)
-        elif req.pins:
-            ledger.undo_holds(req.pins)
-            req.pins = []
+        if ledger.deferred is req:
+            ledger.unhold_deferred(req)
+        elif req.hit_holds:
+            ledger.unhold(req.hit_holds)
+            req.hit_holds = []
         else:
             return False
         return True

@@ -100,7 +100,7 @@ class KVCacheManager:
 
     # ----------------------------------------------------------- the parts
     def _settled(self, part):
-        self.ledger.settle()  # a lookup's pending hit is held first
+        self.ledger.settle()  # a lookup's deferred hit is held first
         return part
 
     alloc = property(lambda self: self._settled(self._alloc), doc="The allocator (tests and checks).")
@@ -222,14 +222,14 @@ class KVCacheManager:
         if req.tables is None and self.host is not None and self.host.waits(req.request_id):
             return None  # its host hit's promotion was refused (jenga.core.tier.host_tier)
         old_lookahead, req.num_lookahead = req.num_lookahead, lookahead
-        if ledger.pending is req and admission.hit_cannot_fit(req, end, admission.admitted):
+        if ledger.deferred is req and admission.hit_cannot_fit(req, end, admission.admitted):
             req.num_lookahead = old_lookahead
             return None
         pairs = req.pairs or list(zip(self.policies, req.groups, strict=True))
         need, log = admission.plan(req, end, pairs)
         quota = admission.quota_of(req, need, end, admission.admitted)
         if quota is None:
-            admission.rollback(req, log)
+            admission.unhold_plan(req, log)
             req.num_lookahead = old_lookahead
             return None
         shared = admission.prefer_shared(req)
@@ -247,7 +247,7 @@ class KVCacheManager:
         if self.host is not None and not req.counted:
             self.host.count_hit(req.request_id, req.hit)
         self.hits.count(req)
-        req.pins = []
+        req.hit_holds = []
         req.num_scheduled += n
         req.last_access = ledger.now
         if req.tables is None:
@@ -290,7 +290,7 @@ class KVCacheManager:
         """Drop the request; its registered pages stay cached (evictable), the rest are free."""
         req = self._req(request_id)
         self.step_commit.drop(req)
-        if not self.prefix_lookup.let_go(req):  # a hit not allocated yet: its holds undone, else the pages
+        if not self.prefix_lookup.unhold_hit(req):  # a hit not allocated yet: its holds undone, else the pages
             for pol, gs in zip(self.policies, req.groups, strict=True):
                 pol.free(req, gs, self.ledger)
         del self.requests[request_id]

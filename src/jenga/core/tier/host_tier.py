@@ -221,7 +221,7 @@ class HostTier(EvictionListener):
                 need[g] += 1
             quota = quota_of(need)
             if quota is None:  # refused before any page moved: the host pages keep their keys
-                dev.undo_holds(log)
+                dev.unhold(log)
                 self._waiting.add(tag)
                 return 0
         for g, h in wanted:
@@ -243,7 +243,7 @@ class HostTier(EvictionListener):
                 self._promoted_by.setdefault(tag, []).append((g, page))
         finally:
             dev.grant(None)
-        dev.undo_holds(log)
+        dev.unhold(log)
         by_group: dict[int, tuple[list[int], list[int]]] = {}
         for g, page, prefix in promoted:  # cached under their keys, one run per group
             ids, lens = by_group.setdefault(g, ([], []))
