@@ -101,51 +101,58 @@ def _fallback_full(model: ModelSpec, block: int) -> ModelSpec:
     return paged_model(model, block)
 
 
-class _ReleaseAtNextAllocate(FullPolicy):
-    """Out-of-window pages are released when the request next allocates, not at commit."""
+def releasing_at_next_allocate(base: type[FullPolicy]) -> type[FullPolicy]:
+    """``base`` (a sliding or chunked policy) with v1's release of out-of-window pages at the
+    request's next allocate: a subclass of it, so every uniform policy has one base class."""
 
-    releases_at_next_allocate = True
+    class ReleaseAtNextAllocate(base):
+        """Out-of-window pages are released when the request next allocates, not at commit."""
 
-    def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
-        computed = req.num_computed
-        self._register(req, gs, ops, computed)
+        releases_at_next_allocate = True
 
-    def _register(self, req: Request, gs: GroupState, ops: PageOps, computed: int) -> None:
-        if not ops.caching:
-            return
-        tpp, pages = self.tpp, gs.pages
-        full = min(computed // tpp, len(req.hashes) * self.block // tpp, len(pages))
-        keep_from = self.retained_from(req)
-        for i in range(max(gs.registered, keep_from), full):
-            if pages[i] is not None and (i + 1) * tpp <= self.retained_to(req):
-                ops.register(self.gi, pages[i], self.page_key(req, i))
-        gs.registered = max(gs.registered, full)
+        def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
+            computed = req.num_computed
+            self._register(req, gs, ops, computed)
 
-    def retained_from(self, req: Request) -> int:
-        return 0
+        def _register(self, req: Request, gs: GroupState, ops: PageOps, computed: int) -> None:
+            if not ops.caching:
+                return
+            tpp, pages = self.tpp, gs.pages
+            full = min(computed // tpp, len(req.hashes) * self.block // tpp, len(pages))
+            keep_from = self.retained_from(req)
+            for i in range(max(gs.registered, keep_from), full):
+                if pages[i] is not None and (i + 1) * tpp <= self.retained_to(req):
+                    ops.register(self.gi, pages[i], self.page_key(req, i))
+            gs.registered = max(gs.registered, full)
 
-    def retained_to(self, req: Request) -> int:
-        return 1 << 62
+        def retained_from(self, req: Request) -> int:
+            return 0
 
-    def plan(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> int:
-        """Pages past the held ones; those below the window stay held (``skipped``)."""
-        return max(0, cdiv(end, self.tpp) - len(gs.pages))
+        def retained_to(self, req: Request) -> int:
+            return 1 << 62
 
-    def skipped(self, req: Request, gs: GroupState) -> range:
-        """Page indices that left the window / chunk but are still held (freed at the next allocate)."""
-        return range(gs.released, min(self.keep_from(req.num_computed) // self.tpp, len(gs.pages)))
+        def plan(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> int:
+            """Pages past the held ones; those below the window stay held (``skipped``)."""
+            return max(0, cdiv(end, self.tpp) - len(gs.pages))
 
-    def freed_by_release(self, req: Request, gs: GroupState, ops: PageOps) -> int:
-        """Pages that ``release_skipped`` gives back to the pool (held by nobody else)."""
-        ref, pages = ops.ref[self.gi], gs.pages
-        return sum(1 for i in self.skipped(req, gs) if pages[i] is not None and ref[pages[i]] == 1)
+        def skipped(self, req: Request, gs: GroupState) -> range:
+            """Page indices that left the window / chunk but are still held (freed at the next allocate)."""
+            return range(gs.released, min(self.keep_from(req.num_computed) // self.tpp, len(gs.pages)))
 
-    def release_skipped(self, req: Request, gs: GroupState, ops: PageOps) -> None:
-        """``remove_skipped_blocks``: drop the pages below the window (no new registration)."""
-        super().commit(req, gs, _NoRegister(ops))
+        def freed_by_release(self, req: Request, gs: GroupState, ops: PageOps) -> int:
+            """Pages that ``release_skipped`` gives back to the pool (held by nobody else)."""
+            ref, pages = ops.ref[self.gi], gs.pages
+            return sum(1 for i in self.skipped(req, gs) if pages[i] is not None and ref[pages[i]] == 1)
 
-    def next_event(self, req: Request, gs: GroupState, ops: PageOps) -> int:
-        return (gs.registered + 1) * self.tpp if ops.caching else 1 << 62
+        def release_skipped(self, req: Request, gs: GroupState, ops: PageOps) -> None:
+            """``remove_skipped_blocks``: drop the pages below the window (no new registration)."""
+            super().commit(req, gs, _NoRegister(ops))
+
+        def next_event(self, req: Request, gs: GroupState, ops: PageOps) -> int:
+            return (gs.registered + 1) * self.tpp if ops.caching else 1 << 62
+
+    ReleaseAtNextAllocate.__name__ = ReleaseAtNextAllocate.__qualname__ = f"ReleaseAtNextAllocate{base.__name__}"
+    return ReleaseAtNextAllocate
 
 
 class _NoRegister:
@@ -164,7 +171,7 @@ class _NoRegister:
         self._ops.drop_run(*args)
 
 
-class UniformSlidingPolicy(_ReleaseAtNextAllocate, SlidingPolicy):
+class UniformSlidingPolicy(releasing_at_next_allocate(SlidingPolicy)):
     """v1 sliding window: retention only inside the window that ends at the prompt."""
 
     def retained_from(self, req: Request) -> int:
@@ -174,7 +181,7 @@ class UniformSlidingPolicy(_ReleaseAtNextAllocate, SlidingPolicy):
         return req.prompt_len
 
 
-class UniformChunkedPolicy(_ReleaseAtNextAllocate, ChunkedPolicy):
+class UniformChunkedPolicy(releasing_at_next_allocate(ChunkedPolicy)):
     pass
 
 
@@ -222,7 +229,7 @@ class UncachedImagePolicy(ImagePolicy):
         gs.to_fill.clear()
 
 
-def _releasing(policies: list[Policy], req: Request) -> list[tuple[_ReleaseAtNextAllocate, GroupState]]:
+def _releasing(policies: list[Policy], req: Request) -> list[tuple[FullPolicy, GroupState]]:
     """The groups whose out-of-window pages wait for the request's next allocate."""
     return [(pol, gs) for pol, gs in zip(policies, req.groups, strict=True)
             if pol.releases_at_next_allocate]
