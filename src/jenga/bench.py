@@ -2,14 +2,13 @@
 
 Default setup (chosen so the workload's KV need, ~34 MiB with every request resident, exceeds
 the budget): the built-in ``tiny-gemma3`` model (random weights; 6 layers, 5 sliding with a
-64-token window : 1 full, like Gemma-3), 48 requests with 256-448-token prompts that start with
-the same 192-token system prompt (three windows long, as in the paper's prefix-caching case) and
-64 output tokens each (EOS ignored, so both managers do exactly the same work), ``--kv-memory
-12MiB`` of fp32 KV, 512-token step budget (chunked prefill).  PagedAttention v0 keeps every token
-in every layer; jenga keeps only the window in the sliding layers (and, for the shared prefix,
-only the sliding pages a hit needs: the last window before the prefix ends), so the same memory
-holds more running requests -> bigger decode batches -> more tokens per second (a decode step's
-cost is mostly per-step, not per-request, at these batch sizes).
+64-token window : 1 full, like Gemma-3), 48 requests with 256-448-token prompts and 64 output
+tokens each (EOS ignored, so both managers do exactly the same work), ``--kv-memory 12MiB`` of
+fp32 KV, 512-token step budget (chunked prefill); ``--shared-prefix N`` starts every prompt with
+the same N tokens.  PagedAttention v0 keeps every token in every layer; jenga keeps only the
+window in the sliding layers, so the same memory holds ~2.5x more running requests -> bigger
+decode batches -> more tokens per second (a decode step's cost is mostly per-step, not
+per-request, at these batch sizes).
 
 Prefix hits are reported in two rows that mean different things: the share of prompt tokens found
 cached when a request is first admitted (the shared prefix at work), and the tokens a request
@@ -30,7 +29,7 @@ import time
 from dataclasses import dataclass
 
 DEFAULTS = dict(model="tiny-gemma3", kv_memory="12MiB", requests=48, prompt_min=256, prompt_max=448,
-                output_len=64, shared_prefix=192, max_num_batched_tokens=512, managers="jenga,paged", seed=0,
+                output_len=64, shared_prefix=0, max_num_batched_tokens=512, managers="jenga,paged", seed=0,
                 threads=1, device="cpu", dtype="fp32")
 
 
@@ -109,6 +108,7 @@ def run_engine(name: str, args, work: Workload, progress=None, *, track_kv_stats
     wall = time.perf_counter() - t0
     m, s, st = llm.metrics, llm.scheduler.stats, llm.manager.stats()
     queries = st.prefix_query_tokens - st0.prefix_query_tokens
+    first = st.first_query_tokens - st0.first_query_tokens
     host = {} if llm.host_pool is None else {
         key: getattr(st, key) - getattr(st0, key) for key in HOST_COUNTERS} | {"host_total_bytes": st.host_total_bytes}
     return {
@@ -123,8 +123,9 @@ def run_engine(name: str, args, work: Workload, progress=None, *, track_kv_stats
         "max_running": s.max_running,
         "preemptions": s.preemptions,
         "prefix_hit_rate": (st.prefix_hit_tokens - st0.prefix_hit_tokens) / queries if queries else 0.0,
-        "first_admission_hit_rate": s.first_admission_hit_rate,
-        "readmission_hit_tokens": s.readmission_hit_tokens,
+        # the manager counts a request's first lookup apart from its re-adds after a preemption
+        "first_admission_hit_rate": (st.first_hit_tokens - st0.first_hit_tokens) / first if first else 0.0,
+        "readmission_hit_tokens": st.repeat_hit_tokens - st0.repeat_hit_tokens,
         "evicted_pages": st.evicted_pages - st0.evicted_pages,
         "peak_kv_used_bytes": m.peak_used_bytes,
         "peak_kv_needed_bytes": m.peak_needed_bytes,

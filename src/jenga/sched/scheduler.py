@@ -83,16 +83,6 @@ class SchedulerStats:
     decode_batch_sum: int = 0
     batch_sum: int = 0
     max_running: int = 0
-    #: prompt tokens at requests' first admission, those of them found cached, and cached tokens
-    #: re-read when a preempted request is admitted again (its own pages, if still there)
-    first_admission_tokens: int = 0
-    first_admission_hit_tokens: int = 0
-    readmission_hit_tokens: int = 0
-
-    @property
-    def first_admission_hit_rate(self) -> float:
-        """Share of first-admission prompt tokens served from the prefix cache."""
-        return self.first_admission_hit_tokens / self.first_admission_tokens if self.first_admission_tokens else 0.0
 
     @property
     def decode_batch_mean(self) -> float:
@@ -212,12 +202,6 @@ class Scheduler:
                 "even with nothing else running; raise the KV memory budget")
 
     def _start(self, plan: StepPlan, seq: Sequence, n: int, tables) -> None:
-        st = self.stats
-        if seq.num_preemptions:
-            st.readmission_hit_tokens += seq.num_computed
-        else:
-            st.first_admission_tokens += seq.num_tokens
-            st.first_admission_hit_tokens += seq.num_computed
         self.waiting.popleft()
         seq.status = Status.RUNNING
         self.running.append(seq)
