@@ -58,6 +58,8 @@ def test_greedy_tokens_equal_stock_without_offloading(runs):
 
 def test_demotion_promotion_preemption_and_eviction_in_one_run_with_host_hits(runs):
     st, sched = runs["stats"], runs["sched"]
+    print(f"\npreemptions {sched.num_preemptions}, evicted pages {st.evicted_pages}, demotions {st.demotions}, "
+          f"promotions {st.promotions}, host hit tokens {st.host_hit_tokens}, prefix hit tokens {st.prefix_hit_tokens}")
     assert isinstance(sched.connector, JengaConnector) and isinstance(runs["worker"], JengaConnector)
     assert st.demotions > 0 and st.promotions > 0 and st.host_hit_tokens > 0, st
     assert sched.num_preemptions > 0 and st.evicted_pages > 0, (sched.num_preemptions, st)

@@ -20,11 +20,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from jenga.errors import JengaError
+from jenga.errors import HostCopyError
 
-
-class HostCopyError(JengaError):
-    """A copy between vLLM's KV buffer and jenga's host buffer failed; no promoted page was written."""
+__all__ = ["HostCopyError", "HostPageCopies", "byte_buffer"]
 
 
 def _first_tensor(value) -> torch.Tensor:
