@@ -63,6 +63,13 @@ def test_other_connectors_are_refused_by_name(path, name):
         make_scheduler(JengaScheduler, cfg, kv)
 
 
+def test_jengas_connector_named_without_host_bytes_is_refused(path):
+    cfg = async_config(path, scheduler_cls=JENGA)
+    cfg.kv_transfer_config = KVTransferConfig(kv_connector=CONNECTOR, kv_role="kv_producer")
+    with pytest.raises(UnsupportedInVllm, match="set kv_offloading_size"):
+        host_bytes(cfg)
+
+
 def test_a_host_smaller_than_one_large_page_is_one_error_at_start(path):
     cfg = async_config(path, scheduler_cls=JENGA, kv_offloading_size=1e-6)  # about 1 KiB
     kv = rewrite_config(kv_config(cfg, 2, 64), cfg.model_config.max_model_len)

@@ -41,7 +41,11 @@ def host_bytes(vllm_config) -> int | None:
     """The host tier's bytes (``kv_offloading_size`` in bytes), or None without one."""
     if not uses_host_tier(vllm_config):
         return None
-    return int(vllm_config.kv_transfer_config.kv_connector_extra_config[BYTES_KEY])
+    nbytes = vllm_config.kv_transfer_config.kv_connector_extra_config.get(BYTES_KEY)
+    if nbytes is None:
+        raise UnsupportedInVllm(f"jenga.vllm: {CONNECTOR} without {BYTES_KEY!r} in its extra config; set "
+                                "kv_offloading_size (GiB) instead of naming the connector")
+    return int(nbytes)
 
 
 def select_host_tier(vllm_config) -> None:
