@@ -49,8 +49,8 @@ def noisy(llm, std, seed=1):
             p.add_(torch.randn(p.shape, generator=gen) * std)
 
 
-def speculative_run(model, ps, k, *, caching=True, kv_memory="64MiB", draft=None):
-    llm = jenga.LLM(model, **COMMON, speculative_model=draft or model, num_speculative_tokens=k,
+def speculative_run(model, ps, k, *, caching=True, kv_memory="64MiB", draft=None, **engine):
+    llm = jenga.LLM(model, **{**COMMON, **engine}, speculative_model=draft or model, num_speculative_tokens=k,
                     speculative_seed=0, enable_prefix_caching=caching, kv_memory=kv_memory)
     if draft is None:
         noisy(llm, NOISE.get(model, 0.003))
@@ -59,12 +59,16 @@ def speculative_run(model, ps, k, *, caching=True, kv_memory="64MiB", draft=None
     return [o.token_ids for o in outs], llm
 
 
-def check(model, k, caching, kv_memory="64MiB"):
+def check(model, k, caching, kv_memory=None):
+    """Speculative greedy output equals the target alone's; ``kv_memory``: under pressure (a budget
+    admitting every prompt at once, so requests preempt), else 64 MiB with prefix hits asserted."""
     ps = prompts()
-    got, llm = speculative_run(model, ps, k, caching=caching, kv_memory=kv_memory)
+    pressure = dict(kv_memory=kv_memory, max_num_batched_tokens=512) if kv_memory else {}
+    got, llm = speculative_run(model, ps, k, caching=caching, **pressure)
     assert got == target_alone(model, ps)
     assert 0 < llm.metrics.acceptance_rate < 1  # drafts kept and drafts rejected
-    assert (llm.hit_tokens > 0) == caching  # prefix hits restored states (caching on)
+    if not kv_memory:
+        assert (llm.hit_tokens > 0) == caching  # prefix hits restored states (caching on)
     llm.manager.check_integrity()
     assert llm.manager.stats().used_bytes == 0
     return llm
@@ -81,6 +85,24 @@ def test_under_pressure_with_preemption_and_eviction():
     llm = check("tiny-jamba", 3, True, kv_memory="768KiB")
     assert llm.scheduler.stats.preemptions > 0
     assert llm.manager.stats().evicted_pages > 0
+
+
+def test_next_turn_resumes_from_states_written_by_kept_drafts():
+    """Turn 2 continues turn 1's prompts and answers: its prefix hits restore checkpoints written at
+    decode positions, some of them inside kept drafts (written by the replay, not by a forward)."""
+    gen = torch.Generator().manual_seed(3)
+    model, ps = "tiny-jamba", [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (5, 9, 14, 20, 27, 30)]
+    params = SamplingParams(max_tokens=24)
+    llm = jenga.LLM(model, **COMMON, speculative_model=model, num_speculative_tokens=5, speculative_seed=0)
+    noisy(llm, NOISE.get(model, 0.003))
+    alone = jenga.LLM(model, **COMMON)
+    first = [o.token_ids for o in llm.generate(ps, params)]
+    assert first == [o.token_ids for o in alone.generate(ps, params)]
+    turn2 = [p + a + [7, 8, 9] for p, a in zip(ps, first, strict=True)]
+    outs = llm.generate(turn2, params)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in alone.generate(turn2, params)]
+    assert any(o.prefix_hit_tokens > len(p) + 16 for o, p in zip(outs, ps, strict=True))  # past the old prompt
+    assert 0 < llm.metrics.acceptance_rate < 1
 
 
 def test_draft_proposals_equal_the_draft_alone(monkeypatch):
