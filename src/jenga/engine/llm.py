@@ -49,7 +49,7 @@ from jenga.engine.sampler import make_generator, sample
 from jenga.engine.tiny import engine_name_hint, init_random_weights, is_tiny, tiny_hf_config
 from jenga.engine.tokenizer import TextTokenizer, load_tokenizer, tiny_tokenizer
 from jenga.engine.vision_cache import VisionEmbeddings
-from jenga.errors import DuplicateRequestError, InvalidArgumentError, UnsupportedFeatureError
+from jenga.errors import DuplicateRequestError, InvalidArgumentError
 from jenga.sched.sampling_params import SamplingParams
 from jenga.sched.scheduler import Scheduler
 from jenga.sched.sequence import Sequence as Seq
@@ -105,19 +105,6 @@ def _resolve_draft(model, llm, random_weights: bool, seed: int, tokens_per_page:
     spec = ModelSpec.from_hf_config(source, dtype=llm.dtype, tokens_per_page=tokens_per_page, vision=False,
                                     name=DRAFT_NAME, **ckpt)
     return net.eval(), spec
-
-
-def _check_draft_groups(spec, mgr, name: str) -> None:
-    """Speculative decoding binds each model's layers to the cache groups named after that model
-    (``ModelRunner``): a manager that stores them in groups of another model is refused."""
-    for model in {g.spec.model for g in spec.groups}:
-        want = sorted(layer for g in spec.groups if g.spec.model == model for layer in g.layers)
-        got = sorted(layer for g in mgr.model.groups if g.spec.model == model for layer in g.layers)
-        if got != want:
-            raise UnsupportedFeatureError(
-                f"speculative decoding with manager {name!r}: it stores the layers of the target and the draft in "
-                "shared cache groups, so neither model's layers can be bound to pages of their own; use manager "
-                "'jenga', 'static' or 'uniform'")
 
 
 class LLM:
@@ -179,7 +166,9 @@ class LLM:
                                     enable_prefix_caching=enable_prefix_caching, device=str(self.device),
                                     **tier, **(manager_kwargs or {}))
         if draft is not None:
-            _check_draft_groups(spec, self.manager, manager)
+            from jenga.engine.speculative import check_draft_groups
+
+            check_draft_groups(spec, self.manager, manager)
         self.host_pool = None if not tier else HostKVPool(self.manager.model, self.manager.layout,
                                                           self.manager.host_num_large)
         vision = cross = None

@@ -41,10 +41,24 @@ from jenga.engine.model_runner import ModelRunner
 from jenga.engine.rejection_sampler import draw, verify, verify_greedy
 from jenga.engine.sampler import probabilities
 from jenga.engine.state import copy_reads
+from jenga.errors import UnsupportedFeatureError
 from jenga.sched.scheduler import ScheduledRequest, Scheduler, StepPlan
 from jenga.sched.sequence import Sequence
 
 DRAFT_NAME = "draft"  # the draft's model name inside the combined spec (group names "draft/...")
+
+
+def check_draft_groups(spec, manager, name: str) -> None:
+    """Both models' layers must sit in cache groups named after their model (``ModelRunner`` binds
+    them so): a manager (``name``) storing the combined ``spec``'s layers in shared groups is refused."""
+    for model in {g.spec.model for g in spec.groups}:
+        want = sorted(layer for g in spec.groups if g.spec.model == model for layer in g.layers)
+        got = sorted(layer for g in manager.model.groups if g.spec.model == model for layer in g.layers)
+        if got != want:
+            raise UnsupportedFeatureError(
+                f"speculative decoding with manager {name!r}: it stores the layers of the target and the draft in "
+                "shared cache groups, so neither model's layers can be bound to pages of their own; use manager "
+                "'jenga', 'static' or 'uniform'")
 
 
 class LookaheadManager:
