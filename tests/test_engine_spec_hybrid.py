@@ -87,6 +87,15 @@ def test_under_pressure_with_preemption_and_eviction():
     assert llm.manager.stats().evicted_pages > 0
 
 
+def test_with_a_host_tier_under_pressure():
+    ps = prompts()
+    got, llm = speculative_run("tiny-jamba", ps, 3, kv_memory="768KiB", max_num_batched_tokens=512,
+                               host_kv_memory="4MiB")
+    assert got == target_alone("tiny-jamba", ps)
+    c = llm.host_pool.counters
+    assert c.pages_demoted > 0 and c.pages_promoted > 0 and llm.scheduler.stats.preemptions > 0
+
+
 def test_next_turn_resumes_from_states_written_by_kept_drafts():
     """Turn 2 continues turn 1's prompts and answers: its prefix hits restore checkpoints written at
     decode positions, some of them inside kept drafts (written by the replay, not by a forward)."""
