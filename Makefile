@@ -44,7 +44,7 @@ ci=0; if wait $$(cat $(VENV)/check-install.pid); then echo "== check-install"; c
 else ci=1; echo "== check-install FAILED"; cat $(VENV)/check-install.log; fi
 endef
 
-.PHONY: demo test test-vllm-slow test-vllm-versions vllm-envs check-install check-wheel lock lint bench clean
+.PHONY: demo test docs test-vllm-slow test-vllm-versions vllm-envs check-install check-wheel lock lint bench clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	python3 -m venv $(VENV)
@@ -75,9 +75,14 @@ demo: $(STAMP)
 # shell: `wait` needs them as its children); the main pytest's status wins, then theirs
 test: $(STAMP) $(VLLM_STAMPS)
 	$(VENV)/bin/ruff check src tests benchmarks tools
+	$(PY) -m mkdocs build --strict
 	@$(START_CHECK_INSTALL); $(START_VLLM_VERSIONS); \
 	$(PY) -m pytest -n 2 --dist loadgroup -m 'not slow' tests; main=$$?; \
 	$(WAIT_VLLM_VERSIONS); $(WAIT_CHECK_INSTALL); [ $$main -eq 0 ] && [ $$rc -eq 0 ] && [ $$ci -eq 0 ]
+
+# the docs site (mkdocs.yml, pages in docs/) into build/site; --strict: a broken link or anchor fails
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict
 
 # pip's resolver: "jenga[vllm-cuda]" with vllm==0.33.0 takes torch 2.14; jenga installed next to
 # vLLM 0.34.0 / torch 2.14.0 keeps them (dry runs, metadata only; tools/check_install.py)
