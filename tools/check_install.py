@@ -1,8 +1,10 @@
 """pip's resolver shows that jenga installs beside the vLLM its users run.
 
 jenga's wheel is built once from this checkout (``pip wheel --no-deps``); both checks are then dry
-runs that read metadata only: pip takes each other wheel's metadata from the index (PEP 658) and
-downloads no wheel, so vLLM's and torch's multi-GB CUDA builds never come down.
+runs that read metadata only.  The index these machines reach serves no PEP 658 metadata files, and
+a plain dry run downloads every wheel it weighs (1.8 GB for the first check: vLLM 336 MB, torch 555
+MB, ...), so pip reads each wheel's metadata by HTTP range requests (``--use-feature=fast-deps``).
+Each check counts what pip still downloads whole and fails past :data:`MAX_DOWNLOAD_MB`.
 
 1. together: ``"jenga[vllm-cuda] @ file://WHEEL" "vllm==0.33.0"`` resolves, and takes vLLM's torch
    2.14.  vLLM 0.34.0 resolves nowhere here (its ``flashinfer-python==0.7.3`` is not on the index
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import subprocess
 import sys
 import tempfile
@@ -28,6 +31,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 TOGETHER_VLLM = "0.33.0"   # stands in for 0.34.0 (same torch 2.14), which the index cannot resolve
 BESIDE_VLLM = "0.34.0"
 KEPT = ("vllm", "torch", "transformers")
+MAX_DOWNLOAD_MB = 100  # whole files pip may fetch (sdists, a server refusing ranges); a torch wheel is 555 MB
+DOWNLOAD = re.compile(r"Downloading \S+ \(([\d.]+) (kB|MB|GB)\)")
+downloaded_mb = 0.0
 
 
 def dry_run(report: pathlib.Path, *requirements: str, python: str | None = None,
@@ -36,14 +42,20 @@ def dry_run(report: pathlib.Path, *requirements: str, python: str | None = None,
 
     Without ``python`` the plan is for an empty environment (``--ignore-installed``); with it, for
     the environment of that interpreter, as ``pip install`` there would make it."""
+    global downloaded_mb
     cmd = [sys.executable, "-m", "pip"] + (["--python", python] if python else [])
-    cmd += ["install", "--dry-run", "--report", str(report)]
+    cmd += ["install", "--dry-run", "--use-feature=fast-deps", "--report", str(report)]
     cmd += [] if python else ["--ignore-installed"]
     cmd += (["--no-deps"] if no_deps else []) + list(requirements)
     done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         said = [ln for ln in done.stdout.splitlines() if "is ignored: it is neither" not in ln]
         sys.exit(f"FAILED: pip install --dry-run {' '.join(requirements)}\n" + "\n".join(said[-25:]))
+    unit = {"kB": 1e-3, "MB": 1.0, "GB": 1e3}
+    downloaded_mb += sum(float(size) * unit[u] for size, u in DOWNLOAD.findall(done.stdout))
+    if downloaded_mb > MAX_DOWNLOAD_MB:
+        sys.exit(f"FAILED: pip downloaded {downloaded_mb:.0f} MB of whole files, not metadata only:\n"
+                 + "\n".join(m.group(0) for m in DOWNLOAD.finditer(done.stdout)))
     return json.loads(report.read_text())["install"]
 
 
@@ -110,7 +122,8 @@ def main() -> None:
         for check in (check_together, check_beside):
             start = time.perf_counter()
             line = check(pathlib.Path(tmp), wheel)
-            print(f"{line} [{time.perf_counter() - start:.0f} s]", flush=True)
+            print(f"{line} [{time.perf_counter() - start:.0f} s, {downloaded_mb:.1f} MB downloaded whole so far]",
+                  flush=True)
 
 
 if __name__ == "__main__":
