@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import pathlib
 import re
 import sys
@@ -294,10 +295,6 @@ def read_pages() -> dict[pathlib.Path, str]:
     return {page: page.read_text() for page in pages()}
 
 
-def _shown(page: pathlib.Path) -> str:
-    return str(page.relative_to(ROOT)) if page.is_relative_to(ROOT) else str(page)
-
-
 def blocks_in(text: str) -> dict[str, tuple[str, str]]:
     """``{name: (command, body)}`` of the generated blocks in one page's ``text``."""
     return {m["name"]: (m["cmd"], m["body"]) for m in MARK.finditer(text)}
@@ -336,8 +333,8 @@ def stale_samples(texts: dict[pathlib.Path, str], names, rendered: dict[str, str
         for page in where[name]:
             line = missing_line(blocks_in(texts[page])[name][1], got, sample.prefix)
             if line is not None:
-                out[name] = (f"{_shown(page)} block {name!r}: `{sample.command}` prints {line!r}, which the block "
-                             f"lacks; run `python benchmarks/readme_tables.py --only {name}`")
+                out[name] = (f"{os.path.relpath(page, ROOT)} block {name!r}: `{sample.command}` prints {line!r}, "
+                             f"which the block lacks; run `python benchmarks/readme_tables.py --only {name}`")
                 break
     return out
 
@@ -389,8 +386,8 @@ def main(argv=None) -> int:
         if new == text:
             continue
         if a.check:
-            sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True), _shown(page),
-                                                       "generated"))
+            sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True),
+                                                       os.path.relpath(page, ROOT), "generated"))
             rc = 1
         else:
             page.write_text(new)
