@@ -28,7 +28,8 @@ def scoped_salt(model: str, cache_salt: str | None) -> str:
 
 class ModelScopes:
     """The models of one pool: their names, each group's model, each live request's model, and
-    per model the requests past their first ``allocate`` (admission's per-model count)."""
+    per model the requests past their first ``allocate`` (admission's per-model count) and the
+    prompt tokens its lookups asked for and found."""
 
     def __init__(self, names: list[str], group_scope: list[int]):
         self.names = list(names)
@@ -36,6 +37,8 @@ class ModelScopes:
         self.groups = [[g for g, s in enumerate(group_scope) if s == m] for m in range(len(names))]
         self.of: dict[object, int] = {}  # live request id -> its model's index
         self.allocated = [0] * len(names)
+        self.query_tokens = [0] * len(names)  # per model: prompt tokens looked up, and found cached
+        self.hit_tokens = [0] * len(names)
 
     def index(self, name: str) -> int:
         return self.names.index(name)

@@ -169,6 +169,14 @@ class MultiModelManager(KVCacheManager):
         super().add_request(request_id, prompt_token_ids, cache_salt=scoped_salt(model, cache_salt), **kwargs)
         self.scopes.of[request_id] = self.scopes.index(model)
 
+    def lookup(self, request_id: object, *, max_tokens: int | None = None) -> int:
+        """``KVCacheManager.lookup``; the prompt tokens looked up and found count for the request's model."""
+        hit = super().lookup(request_id, max_tokens=max_tokens)
+        scope = self.scopes.of[request_id]
+        self.scopes.query_tokens[scope] += len(self.requests[request_id].tokens)
+        self.scopes.hit_tokens[scope] += hit
+        return hit
+
     def model_of(self, request_id: object) -> str:
         """The model a live request belongs to."""
         scope = self.scopes.of.get(request_id)
