@@ -8,7 +8,8 @@ model with a fixed memory share does).  Each step runs one step of every model w
 Scenarios (two waves of ``--requests`` each; the second wave is submitted when the first is done):
 ``skewed`` sends 80% of the first wave to the first model and 20% to the second, then the other
 way round; ``balanced`` splits both waves evenly.  Reported per scenario and engine: output
-tokens/s over both waves, preemptions, and TTFT p50 / p99 (a request's submission to its first
+tokens/s over both waves, preemptions, model forwards (one per model per step: the same in every
+run of the same code, unlike the timings) and the mean decode batch, and TTFT p50 / p99 (a request's submission to its first
 token, in the same loop), with the shared / static ratios.  Models have random weights (tiny
 names or directories), EOS is ignored so both engines do the same work; CPU, one torch thread.
 """
@@ -84,6 +85,8 @@ def run_scenario(kind: str, models: list[str], work: list, args, max_len: int) -
     while eng.has_unfinished:
         eng.step()
     pre0 = {m: lane.scheduler.stats.preemptions for m, lane in eng.lanes.items()}
+    st0 = [(lane.scheduler.stats.steps, lane.scheduler.stats.decode_steps, lane.scheduler.stats.decode_batch_sum)
+           for lane in eng.lanes.values()]
     params = SamplingParams(max_tokens=args.output_len, ignore_eos=True)
     ttft: dict[str, list[float]] = {m: [] for m in models}
     out_tokens = 0
@@ -108,7 +111,13 @@ def run_scenario(kind: str, models: list[str], work: list, args, max_len: int) -
     wall = time.perf_counter() - t0
     all_ttft = [x for xs in ttft.values() for x in xs]
     preempt = {m: lane.scheduler.stats.preemptions - pre0[m] for m, lane in eng.lanes.items()}
+    st = [(lane.scheduler.stats.steps, lane.scheduler.stats.decode_steps, lane.scheduler.stats.decode_batch_sum)
+          for lane in eng.lanes.values()]
+    forwards = sum(a[0] - b[0] for a, b in zip(st, st0, strict=True))
+    dec_steps = sum(a[1] - b[1] for a, b in zip(st, st0, strict=True))
+    dec_sum = sum(a[2] - b[2] for a, b in zip(st, st0, strict=True))
     return {"wall_s": wall, "tokens_per_s": out_tokens / wall, "output_tokens": out_tokens,
+            "forwards": forwards, "decode_batch_mean": dec_sum / dec_steps if dec_steps else 0.0,
             "preemptions": sum(preempt.values()), "preemptions_by_model": preempt,
             "ttft_p50_s": _percentile(all_ttft, 0.5), "ttft_p99_s": _percentile(all_ttft, 0.99)}
 
@@ -163,15 +172,17 @@ def _print(data: dict) -> None:
     t = Table(title=f"jenga bench: {' + '.join(data['models'])} in {fmt_bytes(data['kv_memory_bytes'])} of KV, "
                     f"2 waves x {data['requests_per_wave']} requests ({data['prompt_tokens'][0]}-"
                     f"{data['prompt_tokens'][1]} prompt tokens, {data['output_len']} out)")
-    for col in ("scenario", "engine", "tokens/s", "preemptions", "TTFT p50", "TTFT p99"):
+    for col in ("scenario", "engine", "tokens/s", "preemptions", "forwards", "decode batch", "TTFT p50",
+                "TTFT p99"):
         t.add_column(col, justify="left" if col in ("scenario", "engine") else "right")
     for sc, res in data["scenarios"].items():
         for kind, label in (("shared", "one shared pool"), ("static", "static even split")):
             r = res[kind]
-            t.add_row(sc, label, f"{r['tokens_per_s']:.1f}", str(r["preemptions"]), f"{r['ttft_p50_s']:.2f} s",
+            t.add_row(sc, label, f"{r['tokens_per_s']:.1f}", str(r["preemptions"]), str(r["forwards"]),
+                      f"{r['decode_batch_mean']:.1f}", f"{r['ttft_p50_s']:.2f} s",
                       f"{r['ttft_p99_s']:.2f} s")
         q = res["ratio"]
-        t.add_row(sc, "shared / static", f"{q['tokens_per_s']:.2f}x", "",
+        t.add_row(sc, "shared / static", f"{q['tokens_per_s']:.2f}x", "", "", "",
                   f"{q['ttft_p50_s']:.2f}x" if q["ttft_p50_s"] else "", f"{q['ttft_p99_s']:.2f}x" if q["ttft_p99_s"] else "")
     Console().print(t)
 
