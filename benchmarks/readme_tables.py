@@ -184,7 +184,8 @@ def _bench_table(cmd: str, hits: bool) -> Callable[[], str]:
                 ("mean waste", "waste_frac_mean", "pct"), ("preemptions", "preemptions", "{}"),
                 ("evicted pages", "evicted_pages", "{}"), ("steps", "steps", "{}")]
         if hits:
-            rows.insert(5, ("prefix hit rate", "prefix_hit_rate", "pct"))
+            rows[5:5] = [("prefix hits at first admission", "first_admission_hit_rate", "pct"),
+                         ("tokens re-read after preemption", "readmission_hit_tokens", "{}")]
         head = ["metric", *res] + (["jenga / paged"] if both else [])
         out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
         for label, key, f in rows:
@@ -276,7 +277,7 @@ BLOCKS: dict[str, Block] = {
     "simulate-ministral": _simulate("ministral-8b", "arxiv-multiq", 36, 0.25, "jenga,paged,uniform", sample="jenga"),
     "calibration": Block("python -m jenga.sim.fit", _calibration),
     "vllmfeat": Block(".venv/bin/python benchmarks/vllm_spec_acceptance.py --markdown", _vllm_spec_acceptance),
-    "bench": _bench(),
+    "bench": _bench(hits=True),
     # the tiny Jamba: ~10-20 s per manager (53 s for the three), checked under -m slow only
     "bench-jamba": _bench("--model", "tiny-jamba-1to7", "--shared-prefix", "128", "--state-checkpoint-interval", "64",
                           managers="jenga,paged,uniform", hits=True, sample=False),
