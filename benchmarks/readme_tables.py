@@ -162,6 +162,24 @@ def _plan_multi(models: str, memory: str) -> Block:
     return Block(cmd, render)
 
 
+def _multi_bench(*args: str) -> Block:
+    """``jenga bench --model A,B``'s outcome counts (the same in every run of the same code; its
+    timings are machine-dependent and stay out of the block)."""
+    cmd = "jenga bench " + " ".join(args)
+
+    def render() -> str:
+        d = _cli_json(cmd)
+        out = ["| scenario | engine | output tokens | model forwards | mean decode batch | preemptions |",
+               "|---|---|---|---|---|---|"]
+        for sc, res in d["scenarios"].items():
+            for kind, label in (("shared", "one shared pool"), ("static", "static even split")):
+                r = res[kind]
+                out.append(f"| {sc} | {label} | {r['output_tokens']} | {r['forwards']} | "
+                           f"{r['decode_batch_mean']:.1f} | {r['preemptions']} |")
+        return "\n".join(out)
+    return Block(cmd, render)
+
+
 def _bench(*args: str, managers: str | None = None, hits: bool = False, sample: bool = True) -> Block:
     """``jenga bench ARGS``'s counts (every run of the same code alike: scheduling never reads a sampled
     token, EOS is ignored; ``hits``: with the prefix hit rate); its tokens/s stay in the README as
@@ -269,6 +287,9 @@ BLOCKS: dict[str, Block] = {
     "reproduce-closed-form": _reproduce("closed form", "Llama-4 context", sample="closed form"),
     "plan-ministral": _plan("ministral-8b", "64GiB"),
     "plan-multi": _plan_multi("llama-3.1-8b,gemma-3-12b", "40GiB"),
+    # two engines x two scenarios of two tiny models: about a minute of CPU, -m slow only
+    "bench-multi": _multi_bench("--model", "tiny-llama,tiny-gemma3", "--kv-memory", "3MiB", "--requests", "24",
+                                "--prompt-min", "64", "--prompt-max", "192", "--output-len", "32"),
     "reproduce-figure14-h100": _reproduce("throughput"),
     "reproduce-figure14-l4": _reproduce("throughput L4"),
     "reproduce-others": _reproduce("Ministral waste", "decode batch", "prefix caching", "spec decoding",

@@ -184,7 +184,10 @@ def _print(data: dict) -> None:
         q = res["ratio"]
         t.add_row(sc, "shared / static", f"{q['tokens_per_s']:.2f}x", "", "", "",
                   f"{q['ttft_p50_s']:.2f}x" if q["ttft_p50_s"] else "", f"{q['ttft_p99_s']:.2f}x" if q["ttft_p99_s"] else "")
-    Console().print(t)
+    con = Console()
+    if not con.is_terminal:
+        con = Console(width=124)  # the table's eight columns
+    con.print(t)
 
 
 def run_multi_bench(args) -> int:
