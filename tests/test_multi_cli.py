@@ -62,3 +62,14 @@ def test_bench_runs_both_engines_on_the_same_work(capsys, scenario):
     res = json.loads(out)["scenarios"][scenario]
     assert res["shared"]["output_tokens"] == res["static"]["output_tokens"] == 2 * 3 * 3
     assert res["ratio"]["tokens_per_s"] == pytest.approx(res["shared"]["tokens_per_s"] / res["static"]["tokens_per_s"])
+
+
+def test_simulate_two_models_at_real_sizes(capsys):
+    rc, out, _ = run_cli(capsys, "simulate", "--model", ",".join(MODELS), "--requests", "30", "--output-len", "8",
+                         "--json")
+    assert rc == 0
+    d = json.loads(out)
+    assert d["gpu"] == "h100-80gb" and d["memory_bytes"] > 30 << 30  # 80 GB x 0.9 - both models' weights - reserve
+    for res in d["scenarios"].values():
+        for kind in ("shared", "static"):
+            assert res[kind]["output_tokens"] == 2 * 30 * 8 and res[kind]["rejected"] == 0
