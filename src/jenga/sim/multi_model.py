@@ -116,6 +116,7 @@ def run_multi(kind: str, models: list[str], setups, budget: int, waves, cfg: Sim
                     out_tokens += len(seq.output_token_ids)
     return {"sim_s": now, "tokens_per_s": out_tokens / now if now else 0.0, "output_tokens": out_tokens,
             "preemptions": sum(s.stats.preemptions for s in scheds.values()),
+            "preemptions_by_model": {m: s.stats.preemptions for m, s in scheds.items()},
             "rejected": sum(len(s.rejected) for s in scheds.values()),
             "ttft_p50_s": float(np.percentile(ttft, 50)) if ttft else 0.0,
             "ttft_p99_s": float(np.percentile(ttft, 99)) if ttft else 0.0}
