@@ -22,8 +22,8 @@ def prompts(n: int, seed: int) -> list[list[int]]:
 
 def shifting_load(eng: MultiLLM, a: str, b: str) -> dict:
     """A wave at ``a`` (and one request at ``b``), then, while it runs, a wave at ``b``."""
-    first = [(a, p) for p in prompts(6, 1)] + [(b, p) for p in prompts(1, 2)]
-    second = [(b, p) for p in prompts(6, 3)] + [(a, p) for p in prompts(1, 4)]
+    first = [(a, p) for p in prompts(8, 1)] + [(b, p) for p in prompts(1, 2)]
+    second = [(b, p) for p in prompts(8, 3)] + [(a, p) for p in prompts(1, 4)]
     peak = dict.fromkeys((a, b), 0)
 
     def step():

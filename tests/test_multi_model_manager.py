@@ -192,3 +192,23 @@ def test_bad_input_is_refused_at_start():
     with pytest.raises(InvalidArgumentError, match="unknown model 'c'; this pool serves a, b"):
         mgr.add_request(1, [1, 2, 3], model="c")
     assert not mgr.requests
+
+
+def test_admission_looks_ahead_at_the_prompts_in_flight():
+    """A half-prefilled prompt of one model keeps the pages its next chunks need: the other model's
+    admission waits (its first chunk alone would fit) instead of forcing a recompute later."""
+    mgr = pool(num_large=8, floors=SMALL_FLOORS)
+    mgr.add_request("a", list(range(100, 164)), model="a")  # 64 tokens: 16 pages, 6 large pages
+    mgr.lookup("a")
+    assert mgr.allocate("a", 4) is not None  # its first chunk
+    mgr.append_tokens("a", [])
+    serve(mgr, "b0", "b", [7, 8, 9, 10], free=False)  # b runs a short request
+    mgr.add_request("b", list(range(200, 264)), model="b")
+    mgr.lookup("b")
+    assert mgr.allocate("b", 4) is None  # b's whole prompt and a's rest do not fit together
+    for _ in range(15):  # a's prefill runs to its end, without any preemption
+        assert mgr.allocate("a", 4) is not None
+        mgr.append_tokens("a", [])
+    mgr.free("a")
+    assert mgr.allocate("b", 4) is not None  # alone now: admitted
+    mgr.check_integrity()

@@ -92,6 +92,7 @@ class MultiModelManager(KVCacheManager):
         self.junction.bound = None
         self.model_lens, self.floor_pages = self._floors(floors, lens)
         self.admission.floors = list(self.floor_pages)
+        self.admission.live = self.requests
 
     # ------------------------------------------------------------------ start
     @staticmethod
