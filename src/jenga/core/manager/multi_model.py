@@ -25,8 +25,9 @@ from functools import reduce
 from jenga.core.manager.manager import KVCacheManager
 from jenga.core.manager.model_floors import FloorAdmission
 from jenga.core.manager.model_scope import ModelScopes, ScopedPolicy, scoped_salt
+from jenga.core.manager.rules import ManagerRules
 from jenga.core.pagesize import PageSizeError, with_base_page
-from jenga.core.policy.registry import cdiv, policy_for
+from jenga.core.policy.registry import cdiv
 from jenga.core.specs import LayerGroup, ModelSpec
 from jenga.core.tables import PageTables
 from jenga.errors import InsufficientMemoryError, InvalidArgumentError, UnknownRequestError
@@ -58,6 +59,18 @@ def check_models(models: Sequence[ModelSpec]) -> None:
                                        f"each spec with name={m.name!r}")
 
 
+class ModelScopeRules(ManagerRules):
+    """jenga's rules with every group's policy scoped to its model and the floors' admission."""
+
+    def __init__(self, scopes: ModelScopes):
+        super().__init__()
+        self.scopes = scopes
+        self.admission_class = functools.partial(FloorAdmission, scopes=scopes)
+
+    def policy(self, gi: int, group: LayerGroup, block: int):
+        return ScopedPolicy(super().policy(gi, group, block), self.scopes.group_scope[gi], self.scopes)
+
+
 class MultiModelManager(KVCacheManager):
     """One pool for ``models`` (``ModelSpec``s with distinct names).  ``floors``: per model name, the
     bytes reserved for it (rounded up to large pages); models left out get what one request of their
@@ -84,7 +97,7 @@ class MultiModelManager(KVCacheManager):
         spec = composite_spec(models)
         self._check_lcm(spec, models, tokens_per_page, max_lcm_ratio)
         self.scopes = ModelScopes(names, [i for i, m in enumerate(models) for _ in m.groups])
-        self.admission_class = functools.partial(FloorAdmission, scopes=self.scopes)
+        self.rules_class = functools.partial(ModelScopeRules, self.scopes)
         super().__init__(spec, memory_bytes, tokens_per_page=tokens_per_page, max_lcm_ratio=max_lcm_ratio,
                          **kwargs)
         # no single full-attention group bounds every request's lookup: each hashes up to its own hit
@@ -111,9 +124,6 @@ class MultiModelManager(KVCacheManager):
                                 f"is {ratio:g} x the largest small page ({fmt_bytes(base.max_small_page_bytes)}) = "
                                 f"{fmt_bytes(int(ratio * base.max_small_page_bytes))} and no page plan meets it "
                                 f"({e})") from None
-
-    def _policy(self, gi: int, group: LayerGroup):
-        return ScopedPolicy(policy_for(gi, group, self.block), self.scopes.group_scope[gi], self.scopes)
 
     def _floors(self, given: dict[str, int], lens: dict[str, int]) -> tuple[dict[str, int], list[int]]:
         """(longest admitted request per model, floor in large pages per model); raises when the
