@@ -147,6 +147,43 @@ def _plan(model: str, memory: str) -> Block:
     return Block(cmd, render)
 
 
+def _plan_multi(models: str, memory: str) -> Block:
+    cmd = f"jenga plan --model {models} --memory {memory}"
+
+    def render() -> str:
+        d = _cli_json(cmd)
+        out = [f"One pool of {d['num_large_pages']} large pages of {d['lcm_page_bytes']} bytes.", "",
+               "| model | groups (small page bytes x per large page) | floor bytes | most bytes (shared) | bytes "
+               f"(static) | max context shared / static | requests of {d['short_tokens']} tokens shared / static |",
+               "|---|---|---|---|---|---|---|"]
+        for m in d["models"]:
+            sh, st = m["shared"], m["static"]
+            groups = ", ".join(f"{g['name']} {g['page_bytes']} x {g['small_pages_per_large']}" for g in m["groups"])
+            out.append(f"| {m['model']} | {groups} | {sh['floor_bytes']} | {sh['max_bytes']} | {st['pool_bytes']} | "
+                       f"{sh['max_context_tokens']} / {st['max_context_tokens']} | {sh['max_concurrent_requests']} / "
+                       f"{st['max_concurrent_requests']} |")
+        return "\n".join(out)
+    return Block(cmd, render)
+
+
+def _multi_bench(*args: str) -> Block:
+    """``jenga bench --model A,B``'s outcome counts (the same in every run of the same code; its
+    timings are machine-dependent and stay out of the block)."""
+    cmd = "jenga bench " + " ".join(args)
+
+    def render() -> str:
+        d = _cli_json(cmd)
+        out = ["| scenario | engine | output tokens | model forwards | mean decode batch | preemptions |",
+               "|---|---|---|---|---|---|"]
+        for sc, res in d["scenarios"].items():
+            for kind, label in (("shared", "one shared pool"), ("static", "static even split")):
+                r = res[kind]
+                out.append(f"| {sc} | {label} | {r['output_tokens']} | {r['forwards']} | "
+                           f"{r['decode_batch_mean']:.1f} | {r['preemptions']} |")
+        return "\n".join(out)
+    return Block(cmd, render)
+
+
 def _bench(*args: str, managers: str | None = None, hits: bool = False, sample: bool = True) -> Block:
     """``jenga bench ARGS``'s counts (every run of the same code alike: scheduling never reads a sampled
     token, EOS is ignored; ``hits``: with the prefix hit rate); its tokens/s stay in the README as
@@ -253,6 +290,10 @@ def _vllm_spec_acceptance() -> str:
 BLOCKS: dict[str, Block] = {
     "reproduce-closed-form": _reproduce("closed form", "Llama-4 context", sample="closed form"),
     "plan-ministral": _plan("ministral-8b", "64GiB"),
+    "plan-multi": _plan_multi("llama-3.1-8b,gemma-3-12b", "40GiB"),
+    # two engines x two scenarios of two tiny models: about a minute of CPU, -m slow only
+    "bench-multi": _multi_bench("--model", "tiny-llama,tiny-gemma3", "--kv-memory", "3MiB", "--requests", "24",
+                                "--prompt-min", "64", "--prompt-max", "192", "--output-len", "32"),
     "reproduce-figure14-h100": _reproduce("throughput"),
     "reproduce-figure14-l4": _reproduce("throughput L4"),
     "reproduce-others": _reproduce("Ministral waste", "decode batch", "prefix caching", "spec decoding",
@@ -282,7 +323,7 @@ BLOCKS: dict[str, Block] = {
     "host-tier": _host_tier("articles64,chats64", "0,2,4,8", sample=("jamba-1.5-mini", "chats64", "2", "per-kind")),
 }
 #: Blocks make test re-renders whole (seconds each); the rest under ``-m slow``, their samples in make test.
-FAST = ("reproduce-closed-form", "plan-ministral")
+FAST = ("reproduce-closed-form", "plan-ministral", "plan-multi")
 
 
 # ------------------------------------------------------------------------------------------ apply

@@ -28,7 +28,8 @@ LAYERS = [
     ("jenga.core.manager", 8),
     ("jenga.capacity", 9), ("jenga.baselines", 9), ("jenga.sched", 9),
     ("jenga.engine", 10), ("jenga.sim", 10),
-    ("jenga.server", 11), ("jenga.bench", 11), ("jenga.helptext", 11), ("jenga.cli", 12),
+    ("jenga.server", 11), ("jenga.bench", 11), ("jenga.multi_bench", 11), ("jenga.helptext", 11), ("jenga.cli", 12),
+    ("jenga.multi_plan", 12),
     ("jenga.vllm", 12),  # a leaf
     ("jenga", 13),  # the package's front door
 ]

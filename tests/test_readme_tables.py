@@ -92,11 +92,13 @@ def test_slow_block_sample_is_in_its_pages(name):
 
 def test_slow_blocks_without_a_sample_are_the_known_ones():
     # the calibration's fit and Figure 14's throughput sections, the vLLM engine runs (a row starts
-    # engines for a minute), the tiny Jamba's bench (10-20 s a manager) and the tiny engines' runs (6-13 s each):
+    # engines for a minute), the tiny Jamba's bench (10-20 s a manager), the tiny engines' runs (6-13 s each) and
+    # the two-model bench (a minute of CPU):
     # checked under -m slow only
     assert {n for n in SLOW if rt.BLOCKS[n].sample is None} == {
         "calibration", "reproduce-figure14-h100", "reproduce-figure14-l4", "vllmfeat", "vllm-side-by-side",
-        "bench-jamba", "mllama-cross-pages", "vlm-embedding-cache", "spec-pool-copy", "spec-pool-llama"}
+        "bench-jamba", "mllama-cross-pages", "vlm-embedding-cache", "spec-pool-copy", "spec-pool-llama",
+        "bench-multi"}
 
 
 def test_a_sample_is_lines_of_its_blocks_full_render():

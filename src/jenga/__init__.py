@@ -6,13 +6,14 @@
 
 from __future__ import annotations
 
-__all__ = ["LLM", "KVCacheManager", "ModelSpec", "RequestOutput", "SamplingParams", "make_manager"]
+__all__ = ["LLM", "KVCacheManager", "ModelSpec", "MultiLLM", "RequestOutput", "SamplingParams", "make_manager"]
 
 _LAZY = {
     "KVCacheManager": ("jenga.core.manager.manager", "KVCacheManager"),
     "ModelSpec": ("jenga.core.specs", "ModelSpec"),
     "make_manager": ("jenga.baselines", "make_manager"),
     "LLM": ("jenga.engine.llm", "LLM"),
+    "MultiLLM": ("jenga.engine.multi_llm", "MultiLLM"),
     "SamplingParams": ("jenga.sched.sampling_params", "SamplingParams"),
     "RequestOutput": ("jenga.engine.outputs", "RequestOutput"),
 }

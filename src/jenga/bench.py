@@ -248,7 +248,12 @@ def _print_table(data: dict) -> None:
 
 
 def run_bench(args) -> int:
-    """``jenga bench``: table (or ``--json``) of both managers on the same workload."""
+    """``jenga bench``: table (or ``--json``) of both managers on the same workload; several models
+    (``--model A,B``): one shared pool against a static split (:mod:`jenga.multi_bench`)."""
+    if "," in args.model:
+        from jenga.multi_bench import run_multi_bench
+
+        return run_multi_bench(args)
     data = bench_data(args)
     if args.json:
         print(json.dumps(data, indent=2))
@@ -262,7 +267,10 @@ def add_bench_parser(subparsers) -> None:
     d = DEFAULTS
     p = subparsers.add_parser("bench", help="real-engine throughput: jenga vs paged on one workload (CPU)")
     p.add_argument("--model", default=d["model"], help="built-in tiny model ({tiny}) or a local HF model "
-                   "directory (random weights either way)")
+                   "directory (random weights either way); A,B: several models, one shared pool against a "
+                   "static even split of the same bytes")
+    p.add_argument("--scenarios", default="skewed,balanced",
+                   help="with --model A,B: skewed (80/20 then swapped), balanced")
     p.add_argument("--kv-memory", default=d["kv_memory"], help="KV cache budget, e.g. 24MiB")
     p.add_argument("--host-kv-memory", default=None, metavar="SIZE",
                    help="a host-memory KV tier behind the device pool, e.g. 48MiB (default: none)")

@@ -12,13 +12,16 @@ from jenga.errors import JengaError
 def _add_plan(sub) -> None:
     p = sub.add_parser("plan", help="page sizes, LCM page and capacity of a model in a memory budget")
     p.add_argument("--model", default="gemma-3-27b",
-                   help="catalog name ({catalog}) or a local HF model directory / config.json")
+                   help="catalog name ({catalog}) or a local HF model directory / config.json; A,B: several "
+                   "models in one pool next to a static even split")
     p.add_argument("--memory", default=None, help="KV memory, e.g. 64GiB (default: from --gpu, else 64GiB)")
     p.add_argument("--gpu", default=None, help="derive the KV budget from a GPU: {gpus}")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (with --gpu)")
     p.add_argument("--tokens-per-page", type=int, default=16, help="base page (and prefix-hash block) size")
     p.add_argument("--dtype", default="bf16", help="KV dtype: {dtypes}")
     p.add_argument("--short-tokens", type=int, default=1024, help="length of the 'many short requests' case")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="with --model A,B: the longest request per model, which sets its floor (default: the model's)")
     p.add_argument("--manager", "--managers", dest="managers", metavar="LIST", default="jenga,paged",
                    help="comma-separated managers to compare: {managers}")
     p.add_argument("--json", action="store_true", help="print a JSON object instead of tables")
@@ -110,6 +113,10 @@ def plan_notes(data: dict, model_max_len: int) -> list[str]:
 
 
 def run_plan(args) -> int:
+    if "," in args.model:  # several models: one shared pool next to a static split
+        from jenga.multi_plan import run_multi_plan
+
+        return run_multi_plan(args)
     data, model = plan_and_model(args)
     notes = plan_notes(data, model.max_model_len)
     if args.json:

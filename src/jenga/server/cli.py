@@ -11,11 +11,15 @@ from jenga.errors import InvalidArgumentError
 def add_serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server on jenga's engine",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("model", help="local HF model directory, or a built-in tiny model ({tiny})")
+    p.add_argument("model", nargs="+", help="local HF model directory, or a built-in tiny model ({tiny}); "
+                   "several models share one KV pool, routed by the request's 'model' field")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (loopback unless you say otherwise)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="name clients put in 'model' (default: MODEL)")
     p.add_argument("--kv-memory", default="256MiB", help="KV cache budget, e.g. 2GiB")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="several models: the longest request per model, which sets each model's floor (default: "
+                   "the model's own maximum)")
     p.add_argument("--host-kv-memory", default=None,
                    help="a host-memory KV tier behind the device pool, e.g. 8GiB (default: none)")
     p.add_argument("--manager", default="jenga", help="KV-cache manager: {managers}")
@@ -42,6 +46,10 @@ def build_app(args):
 
     if args.max_waiting < 1:
         raise InvalidArgumentError(f"--max-waiting must be >= 1, got {args.max_waiting}")
+    models = [args.model] if isinstance(args.model, str) else list(args.model)
+    if len(models) > 1:
+        return _build_multi_app(args, models)
+    args.model = models[0]
     llm = LLM(args.model, manager=args.manager, kv_memory=args.kv_memory, tokens_per_page=args.tokens_per_page,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               random_weights=args.random_weights, dtype=args.dtype, device=args.device, seed=args.seed,
@@ -49,6 +57,22 @@ def build_app(args):
     keys = [k.strip() for k in (args.api_key or os.environ.get("JENGA_API_KEY") or "").split(",") if k.strip()]
     return create_app(llm, model_name=args.served_model_name or args.model, api_key=keys,
                       max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes)
+
+
+def _build_multi_app(args, models: list[str]):
+    """Several models in one pool (:mod:`jenga.server.multi_app`)."""
+    from jenga.engine.multi_llm import MultiLLM
+    from jenga.server.multi_app import create_multi_app
+
+    if args.manager != "jenga" or args.host_kv_memory is not None or args.served_model_name is not None:
+        raise InvalidArgumentError("several models share jenga's own pool: --manager, --host-kv-memory and "
+                                   "--served-model-name are for one model")
+    engine = MultiLLM(models, kv_memory=args.kv_memory, tokens_per_page=args.tokens_per_page,
+                      max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                      random_weights=args.random_weights, dtype=args.dtype, device=args.device, seed=args.seed,
+                      max_model_len=getattr(args, "max_model_len", None))
+    keys = [k.strip() for k in (args.api_key or os.environ.get("JENGA_API_KEY") or "").split(",") if k.strip()]
+    return create_multi_app(engine, api_key=keys, max_waiting=args.max_waiting, max_body_bytes=args.max_body_bytes)
 
 
 def startup_line(llm, name: str) -> str:
@@ -77,8 +101,13 @@ def run_serve(args) -> int:
     sock = bind(args.host, args.port)  # a port in use is found before the model loads
     try:
         app = build_app(args)
-        print(startup_line(app.state.service.engine.llm, args.served_model_name or args.model),
-              file=sys.stderr, flush=True)
+        if hasattr(app.state.service, "models"):  # several models in one pool
+            from jenga.server.multi_app import startup_lines
+
+            print("\n".join(startup_lines(app.state.service.engine.llm)), file=sys.stderr, flush=True)
+        else:
+            print(startup_line(app.state.service.engine.llm, args.served_model_name or args.model),
+                  file=sys.stderr, flush=True)
         serve_forever(app, sock, args.log_level)
     finally:
         sock.close()

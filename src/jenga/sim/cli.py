@@ -11,7 +11,8 @@ DEFAULT_MANAGERS = "jenga,paged,uniform"
 
 def add_sim_parsers(sub) -> None:
     p = sub.add_parser("simulate", help="simulate continuous batching of a workload on several managers")
-    p.add_argument("--model", default="ministral-8b", help="catalog model name: {catalog}")
+    p.add_argument("--model", default="ministral-8b", help="catalog model name: {catalog}; A,B: several models "
+                   "on one GPU, one shared pool against a static even split")
     p.add_argument("--workload", default="decode-batch-20", help="workload ({workloads}) or a .jsonl trace path")
     p.add_argument("--gpu", default="h100-80gb", help="GPU: {gpus}")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
@@ -76,6 +77,10 @@ def _workload(args, max_len: int):
 
 
 def run_simulate(args) -> int:
+    if "," in args.model:  # several models: one shared pool against a static split
+        from jenga.sim.multi_model import run_multi_simulate
+
+        return run_multi_simulate(args)
     from jenga.errors import InvalidArgumentError
     from jenga.sim.report import print_simulate, simulate_payload
     from jenga.sim.setup import build_setup

@@ -1,0 +1,75 @@
+"""``jenga plan --model A,B`` and ``jenga bench --model A,B``: the shared pool next to a static split."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jenga.cli import main
+from jenga.core.manager.manager import KVCacheManager
+from jenga.core.manager.multi_model import MultiModelManager
+from jenga.core.specs import ModelSpec
+
+MODELS = ("llama-3.1-8b", "gemma-3-12b")
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_plan_shared_pool_next_to_a_static_split(capsys):
+    rc, out, _ = run_cli(capsys, "plan", "--model", ",".join(MODELS), "--memory", "12GiB", "--short-tokens", "2048",
+                         "--max-model-len", "32768", "--json")
+    assert rc == 0
+    data = json.loads(out)
+    specs = [ModelSpec.from_hf_config(m, dtype="bf16", name=m, vision=False) for m in MODELS]
+    assert [m["model"] for m in data["models"]] == list(MODELS)
+    assert sum(m["shared"]["floor_bytes"] for m in data["models"]) <= data["total_bytes"]
+    for spec, m in zip(specs, data["models"], strict=True):
+        static = KVCacheManager(spec, (12 << 30) // 2)
+        assert m["static"]["pool_bytes"] == static.total_bytes
+        assert m["shared"]["max_concurrent_requests"] > m["static"]["max_concurrent_requests"] > 0
+    # the shared figure, checked by real allocations: that many 2048-token requests of llama fit
+    # beside an idle gemma, one more does not (its floor stays reachable)
+    mgr = MultiModelManager(specs, 12 << 30, max_model_lens=dict.fromkeys(MODELS, 32768))
+    n = data["models"][0]["shared"]["max_concurrent_requests"]
+    for i in range(n + 1):
+        mgr.add_request(i, [3 + (i * 7 + j) % 1000 for j in range(2048)], model=MODELS[0])
+        mgr.lookup(i)
+        ok = mgr.allocate(i, 2048) is not None
+        assert ok == (i < n), (i, n)
+    mgr.check_integrity()
+
+
+def test_plan_table_and_bad_lists(capsys):
+    rc, out, _ = run_cli(capsys, "plan", "--model", ",".join(MODELS), "--memory", "40GiB")
+    assert rc == 0 and "one shared pool: KV memory 40.00 GiB" in out and "static" in out
+    rc, _, err = run_cli(capsys, "plan", "--model", "llama-3.1-8b,llama-3.1-8b", "--memory", "40GiB")
+    assert rc == 2 and "named twice" in err
+    rc, _, err = run_cli(capsys, "plan", "--model", ",".join(MODELS), "--memory", "12GiB")
+    assert rc == 2 and "floors" in err  # two 128k-token floors do not fit 12 GiB
+
+
+@pytest.mark.parametrize("scenario", ["skewed"])
+def test_bench_runs_both_engines_on_the_same_work(capsys, scenario):
+    rc, out, _ = run_cli(capsys, "bench", "--model", "tiny-llama,tiny-gemma3", "--kv-memory", "2MiB",
+                         "--requests", "3", "--prompt-min", "20", "--prompt-max", "40", "--output-len", "3",
+                         "--scenarios", scenario, "--json")
+    assert rc == 0
+    res = json.loads(out)["scenarios"][scenario]
+    assert res["shared"]["output_tokens"] == res["static"]["output_tokens"] == 2 * 3 * 3
+    assert res["ratio"]["tokens_per_s"] == pytest.approx(res["shared"]["tokens_per_s"] / res["static"]["tokens_per_s"])
+
+
+def test_simulate_two_models_at_real_sizes(capsys):
+    rc, out, _ = run_cli(capsys, "simulate", "--model", ",".join(MODELS), "--requests", "30", "--output-len", "8",
+                         "--json")
+    assert rc == 0
+    d = json.loads(out)
+    assert d["gpu"] == "h100-80gb" and d["memory_bytes"] > 30 << 30  # 80 GB x 0.9 - both models' weights - reserve
+    for res in d["scenarios"].values():
+        for kind in ("shared", "static"):
+            assert res[kind]["output_tokens"] == 2 * 30 * 8 and res[kind]["rejected"] == 0

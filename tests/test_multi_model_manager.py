@@ -1,0 +1,214 @@
+"""``MultiModelManager``: several models in one pool, scoped requests, per-model keys and floors."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+from conftest import group, mamba, model, sliding
+
+from jenga.core.manager.multi_model import MultiModelManager, composite_spec
+from jenga.core.pagesize import PageSizeError, with_base_page
+from jenga.core.specs import FullAttentionSpec, ModelSpec
+from jenga.errors import InsufficientMemoryError, InvalidArgumentError
+
+
+def named(spec: ModelSpec, name: str) -> ModelSpec:
+    """``spec`` renamed, its cache specs naming the model too."""
+    groups = tuple(dataclasses.replace(g, spec=dataclasses.replace(g.spec, model=name)) for g in spec.groups)
+    return ModelSpec(name, groups, spec.max_model_len, spec.num_layers)
+
+
+def full(heads: int = 1):
+    return FullAttentionSpec("toy", num_kv_heads=heads, head_dim=32)
+
+
+A = named(model(group("full", full(), 2), max_len=64), "a")  # 256 B pages
+B = named(model(group("sliding", sliding(8), 3), group("full", full(), 1, first_layer=3), max_len=64), "b")
+H = named(model(group("full", full(), 1), group("state", mamba(16, state_elems=64), 3, first_layer=1),
+                max_len=64), "h")
+
+
+LCM = with_base_page(composite_spec((A, B)), 4).lcm_page_bytes
+SMALL_FLOORS = {"a": 1, "b": 2 * LCM}  # one large page for a, two for b (one per group)
+
+
+def pool(models=(A, B), num_large: int = 12, **kw) -> MultiModelManager:
+    lcm = with_base_page(composite_spec(models), 4).lcm_page_bytes
+    mgr = MultiModelManager(models, (num_large + 1) * lcm, tokens_per_page=4, fit_pages=False, **kw)
+    assert mgr.pool.num_large_pages == num_large
+    return mgr
+
+
+def serve(mgr, rid, model_name, prompt, n_out=2, *, salt=None, free=True) -> int:
+    mgr.add_request(rid, prompt, model=model_name, cache_salt=salt)
+    hit = mgr.lookup(rid)
+    assert mgr.allocate(rid, len(prompt) - hit) is not None
+    mgr.append_tokens(rid, [7])
+    for _ in range(n_out - 1):
+        assert mgr.allocate(rid, 1) is not None
+        mgr.append_tokens(rid, [7])
+    mgr.check_integrity()
+    if free:
+        mgr.free(rid)
+        mgr.check_integrity()
+    return hit
+
+
+def test_requests_touch_only_their_models_groups():
+    mgr = pool()
+    serve(mgr, "x", "a", list(range(10, 30)), free=False)
+    serve(mgr, "y", "b", list(range(10, 30)), free=False)
+    scope_of = {g.name.split("/")[0] for g in mgr.model.groups}
+    assert scope_of == {"a", "b"}
+    for rid, own in (("x", "a"), ("y", "b")):
+        req = mgr.requests[rid]
+        for g, gs in zip(mgr.model.groups, req.groups, strict=True):
+            held = mgr.policies[mgr.model.groups.index(g)].references(gs)
+            assert bool(held) == g.name.startswith(own + "/"), (rid, g.name, held)
+    assert mgr.model_used_bytes("a") > 0 and mgr.model_used_bytes("b") > 0
+    assert mgr.model_used_bytes("a") + mgr.model_used_bytes("b") == mgr.used_bytes
+
+
+def test_prefix_cache_is_per_model_and_per_salt():
+    mgr = pool()
+    prompt = list(range(10, 34))
+    assert serve(mgr, 1, "a", prompt) == 0
+    assert serve(mgr, 2, "b", prompt) == 0  # the same tokens cached by a: no hit for b
+    keys = [set(mgr.index.table[g]) for g in range(len(mgr.model.groups))]
+    assert keys[0] and keys[2] and not keys[0] & keys[2]  # a/full and b/full: the model is in every key
+    assert serve(mgr, 3, "a", prompt) == 20  # a's own cache: whole pages below the last token
+    assert serve(mgr, 4, "b", prompt) > 0
+    assert serve(mgr, 5, "a", prompt, salt="t") == 0  # a salt still separates tenants
+    assert serve(mgr, 6, "a", prompt, salt="t") == 20
+
+
+def test_memory_follows_the_load_without_floors_in_the_way():
+    mgr = pool(num_large=12, floors=SMALL_FLOORS)
+    # model a alone can fill the whole pool: no static split
+    n = 0
+    while True:
+        mgr.add_request(n, list(range(100 + n, 112 + n)), model="a")
+        mgr.lookup(n)
+        if mgr.allocate(n, 12) is None:
+            mgr.free(n)
+            break
+        n += 1
+    assert mgr.admission.held_large()[0] == 10  # all but b's two-page floor
+    mgr.check_integrity()
+
+
+def test_floor_holds_under_a_flood_at_one_model():
+    mgr = pool(num_large=12, max_model_lens={"a": 64, "b": 40})
+    fa, fb = mgr.floor_pages
+    assert fb == mgr.peak_large_pages(1, 40) and fa == mgr.peak_large_pages(0, 64)
+    flood = 0
+    while True:  # model a floods the pool: 12-token requests until one is refused
+        mgr.add_request(("a", flood), [3 + (flood + i) % 400 for i in range(12)], model="a")
+        mgr.lookup(("a", flood))
+        if mgr.allocate(("a", flood), 12) is None:
+            mgr.free(("a", flood))
+            break
+        flood += 1
+    held = mgr.admission.held_large()
+    assert held[0] == 12 - fb  # a took everything but b's floor
+    # b's longest admitted request (40 tokens) runs to its end now, one token at a time
+    mgr.add_request("b", list(range(200, 210)), model="b")
+    mgr.lookup("b")
+    assert mgr.allocate("b", 10) is not None
+    for _ in range(30):
+        mgr.append_tokens("b", [9])
+        assert mgr.allocate("b", 1) is not None
+    mgr.check_integrity()
+
+
+def test_without_the_floor_a_flood_starves_the_other_model():
+    """The floor test's mutant: with the smallest floors, b's 10-token request cannot start."""
+    mgr = pool(num_large=12, floors=SMALL_FLOORS)
+    flood = 0
+    while True:
+        mgr.add_request(("a", flood), [3 + (flood + i) % 400 for i in range(12)], model="a")
+        mgr.lookup(("a", flood))
+        if mgr.allocate(("a", flood), 12) is None:
+            mgr.free(("a", flood))
+            break
+        flood += 1
+    mgr.add_request("b", list(range(200, 210)), model="b")
+    mgr.lookup("b")
+    assert mgr.allocate("b", 10) is None
+
+
+def test_attention_model_beside_a_state_hybrid():
+    mgr = pool((A, H), num_large=16)
+    prompt = list(range(10, 42))
+    serve(mgr, 1, "h", prompt, n_out=3)
+    assert serve(mgr, 2, "a", prompt) == 0
+    assert serve(mgr, 3, "h", prompt) > 0
+    assert mgr.used_bytes == 0
+
+
+def test_no_page_leaked_after_cancellations():
+    mgr = pool(num_large=14)
+    rng = random.Random(3)
+    live: dict = {}
+    for step in range(300):
+        if live and rng.random() < 0.3:  # cancel: free at any point (before or after allocating)
+            rid = rng.choice(list(live))
+            mgr.free(rid)
+            del live[rid]
+        elif rng.random() < 0.4 or not live:
+            rid, name = step, rng.choice("ab")
+            mgr.add_request(rid, [rng.randrange(3, 40) for _ in range(rng.randrange(2, 20))], model=name)
+            mgr.lookup(rid)
+            live[rid] = False
+        else:
+            rid = rng.choice(list(live))
+            req = mgr.requests[rid]
+            n = len(req.tokens) - req.num_computed if not live[rid] else 1
+            if mgr.allocate(rid, n) is not None:
+                mgr.append_tokens(rid, [rng.randrange(3, 40)])
+                live[rid] = True
+        if step % 10 == 0:
+            mgr.check_integrity()
+    for rid in list(live):
+        mgr.free(rid)
+    mgr.check_integrity()
+    assert mgr.used_bytes == 0 and sum(mgr.scopes.allocated) == 0 and not mgr.scopes.of
+    assert sum(mgr.alloc.used_small) == 0
+
+
+def test_bad_input_is_refused_at_start():
+    with pytest.raises(InvalidArgumentError, match="named twice"):
+        MultiModelManager((A, A), "1MiB", tokens_per_page=4)
+    with pytest.raises(InsufficientMemoryError, match="floors"):
+        pool(num_large=4, max_model_lens={"a": 64, "b": 64})
+    with pytest.raises(InvalidArgumentError, match="not a served model"):
+        pool(floors={"c": 1})
+    odd = named(model(group("state", mamba(16, state_elems=4999), 1), max_len=64), "odd")  # 9998-byte pages
+    with pytest.raises(PageSizeError, match=r"LCM page of .* the bound is 8 x the largest small page"):
+        MultiModelManager((A, odd), "1GiB", tokens_per_page=4)
+    mgr = pool()
+    with pytest.raises(InvalidArgumentError, match="unknown model 'c'; this pool serves a, b"):
+        mgr.add_request(1, [1, 2, 3], model="c")
+    assert not mgr.requests
+
+
+def test_admission_looks_ahead_at_the_prompts_in_flight():
+    """A half-prefilled prompt of one model keeps the pages its next chunks need: the other model's
+    admission waits (its first chunk alone would fit) instead of forcing a recompute later."""
+    mgr = pool(num_large=8, floors=SMALL_FLOORS)
+    mgr.add_request("a", list(range(100, 164)), model="a")  # 64 tokens: 16 pages, 6 large pages
+    mgr.lookup("a")
+    assert mgr.allocate("a", 4) is not None  # its first chunk
+    mgr.append_tokens("a", [])
+    serve(mgr, "b0", "b", [7, 8, 9, 10], free=False)  # b runs a short request
+    mgr.add_request("b", list(range(200, 264)), model="b")
+    mgr.lookup("b")
+    assert mgr.allocate("b", 4) is None  # b's whole prompt and a's rest do not fit together
+    for _ in range(15):  # a's prefill runs to its end, without any preemption
+        assert mgr.allocate("a", 4) is not None
+        mgr.append_tokens("a", [])
+    mgr.free("a")
+    assert mgr.allocate("b", 4) is not None  # alone now: admitted
+    mgr.check_integrity()
