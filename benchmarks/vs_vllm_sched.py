@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import time
@@ -47,6 +48,8 @@ MORE = ["gemma-3-12b:short:real", "jamba-1.5-mini:short:tight", "gemma-3-12b:rou
         "qwen3-next-80b:articles16:tight", "nemotron-h-8b:short:tight", "falcon-h1-7b:articles16:tight"]
 ROWS = {"quick": QUICK, "more": MORE, "all": QUICK + MORE}
 CACHE_AWARE = dict(admission_window=2048, admission_threshold=0.0)
+#: jenga's policy switches measured beside its defaults (``--variants``): environment of JengaScheduler
+VARIANTS = {"ordered": {"JENGA_VLLM_PROTECT": "auto"}}
 
 
 def sweep(model, kind: str) -> list[VllmSettings]:
@@ -115,10 +118,23 @@ def run_row(row: str, a) -> dict:
         if better(m, best):
             best = m
     jset = VllmSettings(match_unit=best["settings"].match_unit)
-    j = one("jenga", model, jset, memory, setup, reqs, a)
-    if a.verbose:
-        print(f"  {row} jenga {jset.name()}: {_brief(j)}", file=sys.stderr, flush=True)
-    return dict(row=row, memory=memory, gpu=f"{setup.gpu} x TP{setup.tp}", vllm=best, jenga=j, tried=tried)
+    out = dict(row=row, memory=memory, gpu=f"{setup.gpu} x TP{setup.tp}", vllm=best, tried=tried, variants={})
+    for var in [None] + a.variants:
+        env = VARIANTS[var] if var else {}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            j = one("jenga", model, jset, memory, setup, reqs, a)
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        if a.verbose:
+            print(f"  {row} jenga {var or 'default'} {jset.name()}: {_brief(j)}", file=sys.stderr, flush=True)
+        if var:
+            out["variants"][var] = j
+        else:
+            out["jenga"] = j
+    return out
 
 
 def _brief(m: dict) -> str:
@@ -142,7 +158,9 @@ def fmt(res: dict) -> list[str]:
             pair("prefill", lambda x: f"{x / 1e6:.2f}M"), pair("hit", lambda x: f"{100 * x:.1f} %"),
             pair("batch", lambda x: f"{x:.1f}"), pair("preempt", str), pair("rps", lambda x: f"{x:.3f}"),
             f"{j['rps'] / v['rps']:.2f}x", pair("ttft50", lambda x: f"{x:.1f}"),
-            pair("ttft99", lambda x: f"{x:.1f}")]
+            pair("ttft99", lambda x: f"{x:.1f}")] + [
+        f"{m['rps'] / v['rps']:.2f}x ({m['steps']} steps, batch {m['batch']:.1f}, hit {100 * m['hit']:.1f} %)"
+        for m in res["variants"].values()]
 
 
 def main(argv=None) -> int:
@@ -155,13 +173,17 @@ def main(argv=None) -> int:
     p.add_argument("--batched-tokens", type=int, default=8192, help="max_num_batched_tokens")
     p.add_argument("--max-seqs", type=int, default=1024, help="max_num_seqs")
     p.add_argument("--max-model-len", type=int, help="default: the trace's longest request, rounded up to 4,096")
+    p.add_argument("--variants", default="ordered", help="jenga policy switches also measured, comma-separated "
+                   f"({', '.join(VARIANTS)}; '' for none): jenga/vLLM req/s with each")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("-v", "--verbose", action="store_true", help="every sweep point on stderr")
     a = p.parse_args(argv)
     rows = ROWS.get(a.rows) or a.rows.split(",")
+    a.variants = [v for v in a.variants.split(",") if v]
+    header = HEADER + [f"jenga/vLLM with {v}" for v in a.variants]
     table, ratios = [], []
     if a.markdown:
-        print("| " + " | ".join(HEADER) + " |\n|" + "---|" * len(HEADER), flush=True)
+        print("| " + " | ".join(header) + " |\n|" + "---|" * len(header), flush=True)
     for row in rows:
         res = run_row(row, a)
         cells = fmt(res)
@@ -171,8 +193,8 @@ def main(argv=None) -> int:
         if a.markdown:
             print("| " + " | ".join(cells) + " |", flush=True)
     if not a.markdown:
-        widths = [max(len(x[i]) for x in table + [HEADER]) for i in range(len(HEADER))]
-        for r in [HEADER] + table:
+        widths = [max(len(x[i]) for x in table + [header]) for i in range(len(header))]
+        for r in [header] + table:
             print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
     geo = math.exp(statistics.fmean(math.log(x) for x in ratios))
     print(f"geo-mean jenga/vLLM-best req/s over {len(ratios)} rows: {geo:.2f}x")

@@ -14,6 +14,15 @@ Bounds: only the first ``window`` waiting requests are probed per step (a probe 
 ``lookup`` let go at once: nothing is held); a preempted request keeps its place at the front;
 a request overtaken on ``max_overtaken`` steps is served in queue order again (no starvation).
 ``JENGA_VLLM_ADMISSION=fcfs`` keeps vLLM's order.
+
+With the admissions ordered so (or by vLLM's own cache-aware admission), the pages jenga's
+evictor protects (reused at least twice) may still hold a miss back while others run
+(``KVCacheManager(admission="protect")``, the default).  ``JENGA_VLLM_PROTECT``: ``always`` (that),
+``auto`` (``admission="ordered"`` whenever the admissions are ordered by cached prefix,
+:mod:`jenga.core.manager.ordered_admission`) or ``never``.  Neither wins every trace
+(``benchmarks/vs_vllm_sched.py``): with the questions on each article queued together, ``auto``
+keeps the hits at a larger batch; with rounds of questions arriving after the previous round is
+done (a cyclic working set larger than the pool), only the protection keeps a resident subset.
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ from jenga.errors import InvalidArgumentError
 
 ADMISSION_ENV = "JENGA_VLLM_ADMISSION"
 ADMISSIONS = ("hits-first", "fcfs")
+PROTECT_ENV = "JENGA_VLLM_PROTECT"
+PROTECTS = ("auto", "always", "never")
 
 
 def admission_name() -> str:
@@ -32,6 +43,17 @@ def admission_name() -> str:
     if name not in ADMISSIONS:
         raise InvalidArgumentError(f"{ADMISSION_ENV}={name!r}; choose one of {', '.join(ADMISSIONS)}")
     return name
+
+
+def manager_admission(ordered: bool) -> str:
+    """The manager's admission rule (``KVCacheManager(admission=...)``) for a scheduler whose
+    admissions are ``ordered`` by cached prefix or not, as ``JENGA_VLLM_PROTECT`` asks (module doc)."""
+    name = os.environ.get(PROTECT_ENV, "always") or "always"
+    if name not in PROTECTS:
+        raise InvalidArgumentError(f"{PROTECT_ENV}={name!r}; choose one of {', '.join(PROTECTS)}")
+    if name == "auto":
+        return "ordered" if ordered else "protect"
+    return "protect" if name == "always" else "ordered"
 
 
 class HitsFirst:

@@ -17,7 +17,7 @@ from jenga.capacity import fits, max_context_tokens, pages_for_context
 from jenga.errors import InsufficientMemoryError
 from jenga.vllm import compat
 from jenga.vllm.adapter import JengaKVCacheAdapter
-from jenga.vllm.admission import HitsFirst, admission_name
+from jenga.vllm.admission import HitsFirst, admission_name, manager_admission
 from jenga.vllm.metrics import Snapshots, startup_line
 from jenga.vllm.plan import layout_name, uniform_plan
 from jenga.vllm.specs import UnsupportedInVllm
@@ -127,10 +127,15 @@ class JengaScheduler(Scheduler):
                     "(entry point 'vllm.general_plugins' -> jenga.vllm.plugin:register) did not run in the "
                     "engine core; reinstall jenga with the [vllm] extra, or set JENGA_VLLM_LAYOUT=uniform")
             plan = uniform_plan(kv_cache_config, self.max_model_len)
+        # cached prefixes first (jenga.vllm.admission); vLLM's priority policy keeps its own order,
+        # and vLLM's own cache-aware admission (0.34, opt-in) asks the adapter instead
+        hits_first = (admission_name() == "hits-first" and self.policy.value == "fcfs"
+                      and self.cache_config.enable_prefix_caching and not compat.cache_aware_admission(vllm_config))
+        ordered = hits_first or (compat.cache_aware_admission(vllm_config) and self.policy.value == "fcfs")
         self.kv_cache_manager = JengaKVCacheAdapter(
             plan, kv_cache_config, max_model_len=self.max_model_len, enable_caching=self.cache_config.enable_prefix_caching,
             log_stats=self.log_stats, enable_kv_cache_events=self.enable_kv_cache_events,
-            hash_block_size=self.hash_block_size)
+            hash_block_size=self.hash_block_size, admission=manager_admission(ordered))
         check_max_model_len_fits(self.kv_cache_manager.manager, self.max_model_len)
         logger.info("%s", startup_line(self.kv_cache_manager.manager))
         # vLLM's scheduler read these off its own manager in __init__; with jenga's pages finer
@@ -148,11 +153,8 @@ class JengaScheduler(Scheduler):
         if self.snapshots is not None:
             self.snapshots.write(self.kv_cache_manager.manager, force=True)
         self.num_preemptions = 0
-        # cached prefixes first (jenga.vllm.admission); vLLM's priority policy keeps its own order,
-        # and vLLM's own cache-aware admission (0.34, opt-in) asks the adapter instead
         self.admission = None
-        if (admission_name() == "hits-first" and self.policy.value == "fcfs" and self.cache_config.enable_prefix_caching
-                and not compat.cache_aware_admission(vllm_config)):
+        if hits_first:
             self.admission = HitsFirst(self.kv_cache_manager.get_num_cached_tokens,
                                        window=2 * self.scheduler_config.max_num_seqs)
 

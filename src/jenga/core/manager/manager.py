@@ -26,6 +26,7 @@ from jenga.core.manager import cache_control
 from jenga.core.manager.admission import Admission
 from jenga.core.manager.integrity import check_manager
 from jenga.core.manager.ledger import Grant
+from jenga.core.manager.ordered_admission import ADMISSION_RULES
 from jenga.core.manager.parts import build_parts, check_choices
 from jenga.core.manager.pool import PoolShape
 from jenga.core.manager.stats import CacheStats, collect_stats
@@ -54,7 +55,9 @@ class KVCacheManager:
     (0: their release time, the paper's text).  ``eviction``: ``"reuse"`` (jenga's default; pages reused at
     least twice outlive one-off pages and a stable subset of them survives a cyclic working set larger than
     the pool, see :mod:`jenga.core.evict.reuse`) or ``"lru"`` (the paper's order; the baselines'
-    default).  ``device`` is only used by :attr:`layout`.
+    default).  ``admission``: ``"protect"`` (the default: pages the evictor protects hold admissions back
+    while others run) or ``"ordered"`` (for a scheduler that admits cached prefixes first, see
+    :mod:`jenga.core.manager.ordered_admission`).  ``device`` is only used by :attr:`layout`.
     """
 
     name = "jenga"
@@ -65,7 +68,7 @@ class KVCacheManager:
                  enable_prefix_caching: bool = True, device: str = "cpu", max_lcm_ratio: float = 8.0,
                  fit_pages: bool = True, window_slack: int | None = None, out_of_window_age: int = OUT_OF_RANGE_AGE,
                  eviction: str | None = None, host_memory_bytes: int | str | None = None,
-                 host_policy: str = "per-kind"):
+                 host_policy: str = "per-kind", admission: str | None = None):
         tokens_per_page = checked_int(tokens_per_page, "tokens_per_page")
         memory_bytes = parse_bytes(memory_bytes)  # an int, or "64GiB" like the CLI
         if host_memory_bytes is not None:
@@ -74,6 +77,9 @@ class KVCacheManager:
             window_slack = checked_int(window_slack, "window_slack", minimum=0)
         eviction = eviction or self.default_eviction
         check_choices(eviction, host_policy)
+        if admission is not None and admission not in ADMISSION_RULES:
+            raise InvalidArgumentError(f"unknown admission rule {admission!r}; choose one of {sorted(ADMISSION_RULES)}")
+        admission_class = self.admission_class if admission is None else ADMISSION_RULES[admission]
         self.window_slack = window_slack
         self.source_model = model
         self.page_plan = None
@@ -86,7 +92,7 @@ class KVCacheManager:
         self.memory_bytes = memory_bytes
         p = build_parts(model, self.source_model, memory_bytes, host_memory_bytes, block=self.block, caching=self.caching,
                         eviction=eviction, out_of_window_age=out_of_window_age, window_slack=window_slack,
-                        host_policy=host_policy, policy_of=self._policy, admission_class=self.admission_class,
+                        host_policy=host_policy, policy_of=self._policy, admission_class=admission_class,
                         promotion_quota=self._promotion_quota)
         self._alloc, self._index, self._evictor, self.ledger = p.alloc, p.index, p.evictor, p.ledger
         self.policies: list[Policy] = p.policies
