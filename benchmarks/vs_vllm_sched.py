@@ -49,7 +49,7 @@ MORE = ["gemma-3-12b:short:real", "jamba-1.5-mini:short:tight", "gemma-3-12b:rou
 ROWS = {"quick": QUICK, "more": MORE, "all": QUICK + MORE}
 CACHE_AWARE = dict(admission_window=2048, admission_threshold=0.0)
 #: jenga's policy switches measured beside its defaults (``--variants``): environment of JengaScheduler
-VARIANTS = {"ordered": {"JENGA_VLLM_PROTECT": "auto"}}
+VARIANTS = {"ordered": {"JENGA_VLLM_PROTECT": "auto"}, "step-ends": {"JENGA_VLLM_STEP_CHECKPOINTS": "value"}}
 
 
 def sweep(model, kind: str) -> list[VllmSettings]:
