@@ -13,8 +13,11 @@ vLLM runs at its best: every row sweeps vLLM's settings (``--sweep``) and keeps 
 the highest req/s (ties: fewer steps); the table names it.  ``quick``: retention
 {0, dense} x admission {FCFS, cache-aware (0.34: window 2,048, threshold 0)}, and on hybrids
 ``prefix_match_unit`` 16 besides None; ``full`` adds retention 4 and 16 blocks.  jenga runs
-its defaults (its own cached-prefix-first admission; on hybrids ``prefix_match_unit`` 16 when
-that won vLLM's row, as a user would set it for both).
+its defaults (its own admission order, most cached prefix first; chunk-end state checkpoints on
+hybrids; on hybrids ``prefix_match_unit`` 16 when that won vLLM's row, as a user would set it for
+both), and each policy switch (``--variants``): ``ordered`` (no protected-page hold on
+admissions), ``no-step-ends`` (no chunk-end state checkpoints), ``hits-first`` (queue order among
+hits), ``before`` (both of the last two: jenga's defaults before this benchmark).
 
 Run with the 0.34 python (0.32 works too, without cache-aware admission)::
 
@@ -49,7 +52,9 @@ MORE = ["gemma-3-12b:short:real", "jamba-1.5-mini:short:tight", "gemma-3-12b:rou
 ROWS = {"quick": QUICK, "more": MORE, "all": QUICK + MORE}
 CACHE_AWARE = dict(admission_window=2048, admission_threshold=0.0)
 #: jenga's policy switches measured beside its defaults (``--variants``): environment of JengaScheduler
-VARIANTS = {"ordered": {"JENGA_VLLM_PROTECT": "auto"}, "step-ends": {"JENGA_VLLM_STEP_CHECKPOINTS": "value"}}
+VARIANTS = {"ordered": {"JENGA_VLLM_PROTECT": "auto"}, "no-step-ends": {"JENGA_VLLM_STEP_CHECKPOINTS": "off"},
+            "hits-first": {"JENGA_VLLM_ADMISSION": "hits-first"},
+            "before": {"JENGA_VLLM_STEP_CHECKPOINTS": "off", "JENGA_VLLM_ADMISSION": "hits-first"}}
 
 
 def sweep(model, kind: str) -> list[VllmSettings]:
@@ -173,7 +178,7 @@ def main(argv=None) -> int:
     p.add_argument("--batched-tokens", type=int, default=8192, help="max_num_batched_tokens")
     p.add_argument("--max-seqs", type=int, default=1024, help="max_num_seqs")
     p.add_argument("--max-model-len", type=int, help="default: the trace's longest request, rounded up to 4,096")
-    p.add_argument("--variants", default="ordered", help="jenga policy switches also measured, comma-separated "
+    p.add_argument("--variants", default="ordered,no-step-ends,hits-first,before", help="jenga policy switches also measured, comma-separated "
                    f"({', '.join(VARIANTS)}; '' for none): jenga/vLLM req/s with each")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("-v", "--verbose", action="store_true", help="every sweep point on stderr")

@@ -91,7 +91,19 @@ def test_all_hits_or_all_misses_keep_the_order():
         assert _ids(q) == ["a", "b", "c"]
 
 
+def test_deepest_first_orders_the_hits_by_cached_tokens():
+    cached = {"a": 16, "b": 64, "c": 0, "d": 64, "e": 32}
+    q = deque([_req("p", preempted=True)] + [_req(x) for x in "abcde"])
+    HitsFirst(lambda r: cached.get(r.request_id, 0), window=8, deepest=True).reorder(q)
+    assert _ids(q) == ["p", "b", "d", "e", "a", "c"]  # preempted first; most cached first, queue order on ties
+    q = deque([_req(x) for x in "abde"])  # all hits: reordered too
+    HitsFirst(lambda r: cached[r.request_id], window=8, deepest=True).reorder(q)
+    assert _ids(q) == ["b", "d", "e", "a"]
+
+
 def test_admission_env(monkeypatch):
+    monkeypatch.setenv(ADMISSION_ENV, "deepest-first")
+    assert admission_name() == "deepest-first"
     monkeypatch.setenv(ADMISSION_ENV, "fcfs")
     assert admission_name() == "fcfs"
     monkeypatch.setenv(ADMISSION_ENV, "lpm")

@@ -26,9 +26,9 @@ def test_step_end_from_is_the_tokens_one_state_page_holds():
 
 
 def test_env_switches_the_step_end_checkpoints(monkeypatch):
-    monkeypatch.delenv(STEP_CHECKPOINTS_ENV, raising=False)
+    monkeypatch.setenv(STEP_CHECKPOINTS_ENV, "off")
     assert _with_step_ends(jamba_like())[0].spec.step_end_from == 0
-    monkeypatch.setenv(STEP_CHECKPOINTS_ENV, "value")
+    monkeypatch.delenv(STEP_CHECKPOINTS_ENV)  # the default: value
     out = _with_step_ends(jamba_like())
     assert out[0].spec.step_end_from == 532 and out[1] == jamba_like()[1]
     monkeypatch.setenv(STEP_CHECKPOINTS_ENV, "dense")

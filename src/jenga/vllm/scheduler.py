@@ -129,7 +129,7 @@ class JengaScheduler(Scheduler):
             plan = uniform_plan(kv_cache_config, self.max_model_len)
         # cached prefixes first (jenga.vllm.admission); vLLM's priority policy keeps its own order,
         # and vLLM's own cache-aware admission (0.34, opt-in) asks the adapter instead
-        hits_first = (admission_name() == "hits-first" and self.policy.value == "fcfs"
+        hits_first = (admission_name() != "fcfs" and self.policy.value == "fcfs"
                       and self.cache_config.enable_prefix_caching and not compat.cache_aware_admission(vllm_config))
         ordered = hits_first or (compat.cache_aware_admission(vllm_config) and self.policy.value == "fcfs")
         self.kv_cache_manager = JengaKVCacheAdapter(
@@ -156,7 +156,8 @@ class JengaScheduler(Scheduler):
         self.admission = None
         if hits_first:
             self.admission = HitsFirst(self.kv_cache_manager.get_num_cached_tokens,
-                                       window=2 * self.scheduler_config.max_num_seqs)
+                                       window=2 * self.scheduler_config.max_num_seqs,
+                                       deepest=admission_name() == "deepest-first")
 
     def schedule(self, *args, **kwargs):
         if self.admission is not None:

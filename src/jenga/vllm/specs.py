@@ -5,7 +5,7 @@ a kind jenga cannot run inside vLLM raises :class:`UnsupportedInVllm` naming it,
 engine start.  ``model_of_groups`` builds the jenga ``ModelSpec`` for a list of
 ``(layer names, vLLM spec)`` groups.
 
-``JENGA_VLLM_STEP_CHECKPOINTS``: ``off`` (the default) or ``value``: an align-mode state also
+``JENGA_VLLM_STEP_CHECKPOINTS``: ``value`` (the default) or ``off``: an align-mode state also
 keeps the state a prefill step ends on inside a long prompt (a chunk end) as a checkpoint, where
 it saves more recompute than it holds bytes (``step_end_from``): a prompt that shares the first
 ``t`` tokens of an earlier one resumes at its last chunk end below ``t`` instead of recomputing
@@ -130,7 +130,7 @@ def step_end_from(groups: list[js.LayerGroup]) -> int:
 
 
 def _with_step_ends(groups: list[js.LayerGroup]) -> list[js.LayerGroup]:
-    name = os.environ.get(STEP_CHECKPOINTS_ENV, "off") or "off"
+    name = os.environ.get(STEP_CHECKPOINTS_ENV, "value") or "value"
     if name not in STEP_CHECKPOINTS:
         raise UnsupportedInVllm(f"{STEP_CHECKPOINTS_ENV}={name!r}; choose one of {', '.join(STEP_CHECKPOINTS)}")
     first = step_end_from(groups) if name == "value" else 0
