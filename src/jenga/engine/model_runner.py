@@ -12,7 +12,7 @@ every decoder layer reads and writes its K/V only through ``manager.layout.kv_vi
 * the flattened token arrays (positions, request index, write slots) are built with torch
   ops; the only Python loops are per request and per page, never per token;
 * a token below its table's ``write_from`` (its K/V is in a shared cached page, the request
-  recomputes it for its state layers: ``jenga.core.manager.shared_recompute``) gets write slot ``-1``;
+  recomputes it for its state layers: ``jenga.core.manager.junction``) gets write slot ``-1``;
 * the step's requests are laid out decodes first, then prefill chunks, each part with its own
   metadata (:mod:`jenga.engine.split_attention`), so decodes never pay for a prefill's
   query padding.
