@@ -37,9 +37,11 @@ import statistics
 import sys
 import time
 
-from manager_traces import TRACES
-from sched_driver import run
-from vllm_layouts import VllmSettings, hybrid_block, scheduler
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM logs to stdout: keep the table clean
+
+from manager_traces import TRACES  # noqa: E402
+from sched_driver import run  # noqa: E402
+from vllm_layouts import VllmSettings, hybrid_block, scheduler  # noqa: E402
 
 GPU = {"jamba-1.5-mini": "h200-141gb"}
 #: rows: model:trace:budget
