@@ -73,3 +73,29 @@ def test_free_before_the_next_step_drops_the_held_checkpoint():
     plain.free("a")
     assert cached_keys(plain, 1) == {6: (2, -10)} and plain.used_bytes == 0
     plain.check_integrity()
+
+
+def step_end_manager(step_end_from: int):
+    state = CopyForwardMambaSpec("toy", shapes=((64,),), dtypes=("bf16",), checkpoint_interval=64,
+                                 step_end_from=step_end_from)
+    return make_manager(model(group("full", full(), 1), group("m", state, 1, first_layer=1), max_len=32), 64)
+
+
+def test_step_end_states_are_kept_from_step_end_from_on():
+    """``step_end_from``: a prefill step ending inside the prompt, below its last block, at
+    least that far in keeps its end state; a prompt sharing that much resumes there."""
+    got = {}
+    for first in (0, 6, 7):
+        mgr = step_end_manager(first)
+        mgr.add_request("a", list(range(20)))
+        ends = []
+        for n in (6, 6, 8):  # steps ending at 6, 12 and the prompt end 20
+            ends.append(sorted(mgr.allocate("a", n).groups[1].checkpoints))
+            mgr.append_tokens("a", [] if n != 8 else [99])
+        mgr.free("a")
+        mgr.add_request("b", list(range(15)) + [7, 7])
+        got[first] = (ends, mgr.lookup("b"))
+        mgr.check_integrity()
+    assert got[0] == ([[], [], [20]], 0)  # the prompt end only: b (sharing 15 tokens) misses
+    assert got[6] == ([[6], [12], [20]], 12)
+    assert got[7] == ([[], [12], [20]], 12)

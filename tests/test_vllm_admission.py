@@ -36,9 +36,10 @@ from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
 from vllm_support import model_dir
 
+from jenga.core.manager.ordered_admission import OrderedAdmission
 from jenga.errors import InvalidArgumentError
 from jenga.vllm import JengaScheduler
-from jenga.vllm.admission import ADMISSION_ENV, HitsFirst, admission_name
+from jenga.vllm.admission import ADMISSION_ENV, PROTECT_ENV, HitsFirst, admission_name, manager_admission
 from jenga.vllm.plan import rewrite_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -90,12 +91,36 @@ def test_all_hits_or_all_misses_keep_the_order():
         assert _ids(q) == ["a", "b", "c"]
 
 
+def test_deepest_first_orders_the_hits_by_cached_tokens():
+    cached = {"a": 16, "b": 64, "c": 0, "d": 64, "e": 32}
+    q = deque([_req("p", preempted=True)] + [_req(x) for x in "abcde"])
+    HitsFirst(lambda r: cached.get(r.request_id, 0), window=8, deepest=True).reorder(q)
+    assert _ids(q) == ["p", "b", "d", "e", "a", "c"]  # preempted first; most cached first, queue order on ties
+    q = deque([_req(x) for x in "abde"])  # all hits: reordered too
+    HitsFirst(lambda r: cached[r.request_id], window=8, deepest=True).reorder(q)
+    assert _ids(q) == ["b", "d", "e", "a"]
+
+
 def test_admission_env(monkeypatch):
+    monkeypatch.setenv(ADMISSION_ENV, "deepest-first")
+    assert admission_name() == "deepest-first"
     monkeypatch.setenv(ADMISSION_ENV, "fcfs")
     assert admission_name() == "fcfs"
     monkeypatch.setenv(ADMISSION_ENV, "lpm")
     with pytest.raises(InvalidArgumentError, match=ADMISSION_ENV):
         admission_name()
+
+
+def test_protect_env(monkeypatch):
+    monkeypatch.delenv(PROTECT_ENV, raising=False)
+    assert [manager_admission(o) for o in (True, False)] == ["protect", "protect"]  # the default: always
+    monkeypatch.setenv(PROTECT_ENV, "auto")
+    assert [manager_admission(o) for o in (True, False)] == ["ordered", "protect"]
+    monkeypatch.setenv(PROTECT_ENV, "never")
+    assert [manager_admission(o) for o in (True, False)] == ["ordered", "ordered"]
+    monkeypatch.setenv(PROTECT_ENV, "sometimes")
+    with pytest.raises(InvalidArgumentError, match=PROTECT_ENV):
+        manager_admission(True)
 
 
 # ------------------------------------------------------------ the benchmark's claim
@@ -176,6 +201,24 @@ def test_tight_articles_jenga_computes_fewer_prompt_tokens_than_stock(gemma3, mo
     assert jenga["computed"] * 1.5 <= stock["computed"], got
     assert got["jenga-fcfs"]["computed"] <= stock["computed"], got
     assert got["jenga-fcfs"]["computed"] > jenga["computed"], got  # the admission order is part of the win
+
+
+def test_tight_rounds_need_the_protection_that_ordered_admission_drops(gemma3, monkeypatch):
+    """The same rounds with ``JENGA_VLLM_PROTECT=auto`` (hits-first order, so the manager's
+    ``admission="ordered"``): each round arrives after the previous one is done, so no queued
+    request hits and only the protected pages keep a resident subset of the six articles; without
+    the hold, misses evict them (this is why ``auto`` is not the default)."""
+    rounds = bench.articles(0, 6)
+    max_len = bench.longest(lambda: rounds)
+    blocks = 2 * 6 * 14
+    got = {}
+    for protect in ("always", "auto"):
+        monkeypatch.setenv(PROTECT_ENV, protect)
+        sched, hash_block = _scheduler(gemma3, blocks, max_len, True)
+        assert isinstance(sched.jenga.admission, OrderedAdmission) == (protect == "auto")
+        got[protect] = serve_rounds(sched, hash_block, rounds)
+    assert sum(got["auto"]["hits"]) < sum(got["always"]["hits"]), got
+    assert got["auto"]["computed"] > got["always"]["computed"], got
 
 
 def test_growing_chats_jenga_computes_no_more_than_stock(gemma3):

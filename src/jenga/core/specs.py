@@ -199,7 +199,13 @@ class CopyForwardMambaSpec(MambaSpec):
     """A state whose engine writes a checkpoint as the final state of the step that reaches
     it and copies it into the work page at the start of the *next* step (vLLM's "align"
     Mamba protocol), so the checkpoint a request last reached stays held by it until that
-    next step has been committed (``CopyForwardMambaPolicy``)."""
+    next step has been committed (``CopyForwardMambaPolicy``).
+
+    ``step_end_from``: a prefill step ending on a page boundary below the prompt's last block,
+    at least this many tokens in, also keeps the state it ends on as a checkpoint (0: never;
+    vLLM's dense ``prefix_cache_retention_interval=None`` keeps every one)."""
+
+    step_end_from: int = 0
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,18 @@ so the hits are served before the misses evict their pages.
 Bounds: only the first ``window`` waiting requests are probed per step (a probe is a jenga
 ``lookup`` let go at once: nothing is held); a preempted request keeps its place at the front;
 a request overtaken on ``max_overtaken`` steps is served in queue order again (no starvation).
-``JENGA_VLLM_ADMISSION=fcfs`` keeps vLLM's order.
+``JENGA_VLLM_ADMISSION=fcfs`` keeps vLLM's order; ``deepest-first`` (the default) orders the hits
+by the tokens they find cached, most first (the recompute each saves; vLLM 0.34's cache-aware
+admission orders so), queue order among equals; ``hits-first`` keeps queue order among hits.
+
+With the admissions ordered so (or by vLLM's own cache-aware admission), the pages jenga's
+evictor protects (reused at least twice) may still hold a miss back while others run
+(``KVCacheManager(admission="protect")``, the default).  ``JENGA_VLLM_PROTECT``: ``always`` (that),
+``auto`` (``admission="ordered"`` whenever the admissions are ordered by cached prefix,
+:mod:`jenga.core.manager.ordered_admission`) or ``never``.  Neither wins every trace
+(``benchmarks/vs_vllm_sched.py``): with the questions on each article queued together, ``auto``
+keeps the hits at a larger batch; with rounds of questions arriving after the previous round is
+done (a cyclic working set larger than the pool), only the protection keeps a resident subset.
 """
 
 from __future__ import annotations
@@ -23,22 +34,36 @@ import os
 from jenga.errors import InvalidArgumentError
 
 ADMISSION_ENV = "JENGA_VLLM_ADMISSION"
-ADMISSIONS = ("hits-first", "fcfs")
+ADMISSIONS = ("hits-first", "deepest-first", "fcfs")
+PROTECT_ENV = "JENGA_VLLM_PROTECT"
+PROTECTS = ("auto", "always", "never")
 
 
 def admission_name() -> str:
-    """The order ``JENGA_VLLM_ADMISSION`` asks for (default ``hits-first``)."""
-    name = os.environ.get(ADMISSION_ENV, "hits-first") or "hits-first"
+    """The order ``JENGA_VLLM_ADMISSION`` asks for (default ``deepest-first``)."""
+    name = os.environ.get(ADMISSION_ENV, "deepest-first") or "deepest-first"
     if name not in ADMISSIONS:
         raise InvalidArgumentError(f"{ADMISSION_ENV}={name!r}; choose one of {', '.join(ADMISSIONS)}")
     return name
 
 
+def manager_admission(ordered: bool) -> str:
+    """The manager's admission rule (``KVCacheManager(admission=...)``) for a scheduler whose
+    admissions are ``ordered`` by cached prefix or not, as ``JENGA_VLLM_PROTECT`` asks (module doc)."""
+    name = os.environ.get(PROTECT_ENV, "always") or "always"
+    if name not in PROTECTS:
+        raise InvalidArgumentError(f"{PROTECT_ENV}={name!r}; choose one of {', '.join(PROTECTS)}")
+    if name == "auto":
+        return "ordered" if ordered else "protect"
+    return "protect" if name == "always" else "ordered"
+
+
 class HitsFirst:
     """Reorders a vLLM FCFS waiting queue in place (module doc)."""
 
-    def __init__(self, probe, *, window: int, max_overtaken: int = 64):
+    def __init__(self, probe, *, window: int, max_overtaken: int = 64, deepest: bool = False):
         self.probe = probe  # request -> tokens of its prompt jenga has cached (holds nothing)
+        self.deepest = deepest  # hits ordered by cached tokens, most first
         self.window = window
         self.max_overtaken = max_overtaken
         self.overtaken: dict[str, int] = {}  # request id -> steps it was moved back
@@ -50,11 +75,20 @@ class HitsFirst:
             self.overtaken.clear()
             return
         head = [waiting[i] for i in range(min(self.window, len(waiting)))]
-        first, later = [], []
+        first, hits, later = [], [], []
         for r in head:
-            urgent = r.num_preemptions > 0 or self.overtaken.get(r.request_id, 0) >= self.max_overtaken
-            (first if urgent or self.probe(r) > 0 else later).append(r)
-        if not first or not later:
+            if r.num_preemptions > 0 or self.overtaken.get(r.request_id, 0) >= self.max_overtaken:
+                first.append(r)
+                continue
+            cached = self.probe(r)
+            if cached > 0:
+                hits.append((cached, r))
+            else:
+                later.append(r)
+        if self.deepest:
+            hits.sort(key=lambda x: -x[0])  # stable: queue order among equals
+        first += [r for _, r in hits]
+        if not first or (not later and not self.deepest):
             return
         order = first + later
         if order == head:

@@ -17,7 +17,7 @@ from jenga.capacity import fits, max_context_tokens, pages_for_context
 from jenga.errors import InsufficientMemoryError
 from jenga.vllm import compat
 from jenga.vllm.adapter import JengaKVCacheAdapter
-from jenga.vllm.admission import HitsFirst, admission_name
+from jenga.vllm.admission import HitsFirst, admission_name, manager_admission
 from jenga.vllm.metrics import Snapshots, startup_line
 from jenga.vllm.offloading import uses_host_tier
 from jenga.vllm.plan import layout_name, uniform_plan
@@ -144,10 +144,16 @@ class JengaScheduler(Scheduler):
         if uses_host_tier(vllm_config) and host is None:
             raise UnsupportedInVllm("jenga.vllm: kv_offloading_size is set but the KV-cache config has no jenga host "
                                     "layout: the jenga vLLM plugin did not run in the engine core")
+        # cached prefixes first (jenga.vllm.admission); vLLM's priority policy keeps its own order,
+        # and vLLM's own cache-aware admission (0.34, opt-in) asks the adapter instead
+        hits_first = (admission_name() != "fcfs" and self.policy.value == "fcfs"
+                      and self.cache_config.enable_prefix_caching and not compat.cache_aware_admission(vllm_config))
+        ordered = hits_first or (compat.cache_aware_admission(vllm_config) and self.policy.value == "fcfs")
         self.kv_cache_manager = JengaKVCacheAdapter(
             plan, kv_cache_config, max_model_len=self.max_model_len, enable_caching=self.cache_config.enable_prefix_caching,
             log_stats=self.log_stats, enable_kv_cache_events=self.enable_kv_cache_events,
-            hash_block_size=self.hash_block_size, host_memory_bytes=None if host is None else host.total_bytes)
+            hash_block_size=self.hash_block_size, host_memory_bytes=None if host is None else host.total_bytes,
+            admission=manager_admission(ordered))
         if host is not None:
             check_host_layout(self.kv_cache_manager.manager, host)
         if self.connector is not None:  # jenga's connector reads the copy plans off jenga's manager
@@ -169,13 +175,11 @@ class JengaScheduler(Scheduler):
         if self.snapshots is not None:
             self.snapshots.write(self.kv_cache_manager.manager, force=True)
         self.num_preemptions = 0
-        # cached prefixes first (jenga.vllm.admission); vLLM's priority policy keeps its own order,
-        # and vLLM's own cache-aware admission (0.34, opt-in) asks the adapter instead
         self.admission = None
-        if (admission_name() == "hits-first" and self.policy.value == "fcfs" and self.cache_config.enable_prefix_caching
-                and not compat.cache_aware_admission(vllm_config)):
+        if hits_first:
             self.admission = HitsFirst(self.kv_cache_manager.get_num_cached_tokens,
-                                       window=2 * self.scheduler_config.max_num_seqs)
+                                       window=2 * self.scheduler_config.max_num_seqs,
+                                       deepest=admission_name() == "deepest-first")
 
     def schedule(self, *args, **kwargs):
         if self.admission is not None:

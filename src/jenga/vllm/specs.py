@@ -4,9 +4,19 @@
 a kind jenga cannot run inside vLLM raises :class:`UnsupportedInVllm` naming it, at
 engine start.  ``model_of_groups`` builds the jenga ``ModelSpec`` for a list of
 ``(layer names, vLLM spec)`` groups.
+
+``JENGA_VLLM_STEP_CHECKPOINTS``: ``value`` (the default) or ``off``: an align-mode state also
+keeps the state a prefill step ends on inside a long prompt (a chunk end) as a checkpoint, where
+it saves more recompute than it holds bytes (``step_end_from``): a prompt that shares the first
+``t`` tokens of an earlier one resumes at its last chunk end below ``t`` instead of recomputing
+the whole prefix (vLLM keeps every one with ``prefix_cache_retention_interval=None``).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import math
+import os
 
 import torch
 from vllm.v1 import kv_cache_interface as kvi
@@ -100,4 +110,31 @@ def model_of_groups(groups: list[tuple[list[str], object]], *, name: str, max_mo
         out.append(js.LayerGroup(f"g{i}.{jspec.kind}", jspec, tuple(range(first, first + len(layers))),
                                  spec.block_size))
         first += len(layers)
-    return js.ModelSpec(name, tuple(out), max_model_len=max_model_len, num_layers=first)
+    return js.ModelSpec(name, tuple(_with_step_ends(out)), max_model_len=max_model_len, num_layers=first)
+
+
+STEP_CHECKPOINTS_ENV = "JENGA_VLLM_STEP_CHECKPOINTS"
+STEP_CHECKPOINTS = ("off", "value")
+
+
+def step_end_from(groups: list[js.LayerGroup]) -> int:
+    """Where a step-end state starts paying for its page (module doc): the tokens whose K/V in the
+    model's token groups take the bytes of one state page of the largest state group (a hit at
+    ``t`` saves recomputing ``t`` tokens; the checkpoint holds one page).  0 without state groups
+    or token groups."""
+    per_token = sum(g.spec.bytes_per_token() * g.num_layers for g in groups if g.spec.per_token)
+    states = [g.spec.state_bytes() * g.num_layers for g in groups if isinstance(g.spec, js.CopyForwardMambaSpec)]
+    if not per_token or not states:
+        return 0
+    return math.ceil(max(states) / per_token)
+
+
+def _with_step_ends(groups: list[js.LayerGroup]) -> list[js.LayerGroup]:
+    name = os.environ.get(STEP_CHECKPOINTS_ENV, "value") or "value"
+    if name not in STEP_CHECKPOINTS:
+        raise UnsupportedInVllm(f"{STEP_CHECKPOINTS_ENV}={name!r}; choose one of {', '.join(STEP_CHECKPOINTS)}")
+    first = step_end_from(groups) if name == "value" else 0
+    if not first:
+        return groups
+    return [dataclasses.replace(g, spec=dataclasses.replace(g.spec, step_end_from=first))
+            if isinstance(g.spec, js.CopyForwardMambaSpec) else g for g in groups]

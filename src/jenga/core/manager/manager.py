@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from jenga.core.manager import cache_control
 from jenga.core.manager.integrity import check_manager
 from jenga.core.manager.ledger import Grant
+from jenga.core.manager.ordered_admission import ADMISSION_RULES
 from jenga.core.manager.parts import build_parts, check_choices
 from jenga.core.manager.pool import PoolShape
 from jenga.core.manager.rules import ManagerRules
@@ -53,9 +54,11 @@ class KVCacheManager:
     (0: their release time, the paper's text).  ``eviction``: ``"reuse"`` (jenga's default; pages reused at
     least twice outlive one-off pages and a stable subset of them survives a cyclic working set larger than
     the pool, see :mod:`jenga.core.evict.reuse`) or ``"lru"`` (the paper's order; the baselines'
-    default).  ``device`` is only used by :attr:`layout`.  What a variant changes (model transform,
-    policies, admission, eviction default, caps, a step before allocating) is its ``rules_class``
-    (:mod:`jenga.core.manager.rules`; the baselines bring theirs).
+    default).  ``admission``: ``"protect"`` (the default: pages the evictor protects hold admissions back
+    while others run) or ``"ordered"`` (for a scheduler that admits cached prefixes first, see
+    :mod:`jenga.core.manager.ordered_admission`).  ``device`` is only used by :attr:`layout`.  What a
+    variant changes (model transform, policies, admission, eviction default, caps, a step before
+    allocating) is its ``rules_class`` (:mod:`jenga.core.manager.rules`; the baselines bring theirs).
     """
 
     name = "jenga"
@@ -65,7 +68,7 @@ class KVCacheManager:
                  enable_prefix_caching: bool = True, device: str = "cpu", max_lcm_ratio: float = 8.0,
                  fit_pages: bool = True, window_slack: int | None = None, out_of_window_age: int = OUT_OF_WINDOW_AGE,
                  eviction: str | None = None, host_memory_bytes: int | str | None = None,
-                 host_policy: str = "per-kind"):
+                 host_policy: str = "per-kind", admission: str | None = None):
         tokens_per_page = checked_int(tokens_per_page, "tokens_per_page")
         memory_bytes = parse_bytes(memory_bytes)  # an int, or "64GiB" like the CLI
         if host_memory_bytes is not None:
@@ -75,6 +78,10 @@ class KVCacheManager:
         self.rules = rules = self.rules_class()
         eviction = eviction or rules.default_eviction
         check_choices(eviction, host_policy)
+        if admission is not None and admission not in ADMISSION_RULES:
+            raise InvalidArgumentError(f"unknown admission rule {admission!r}; choose one of {sorted(ADMISSION_RULES)}")
+        if admission is not None:  # this manager's rules only
+            rules.admission_class = ADMISSION_RULES[admission]
         self.window_slack = window_slack
         self.source_model = model
         model = rules.prepare_model(model, tokens_per_page, max_lcm_ratio if fit_pages else None)

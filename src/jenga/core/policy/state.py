@@ -324,7 +324,19 @@ class CopyForwardMambaPolicy(MambaPolicy):
         return periodic
 
     def _new_checkpoints(self, req: Request, end: int) -> list[int] | range:
-        return self._positions(req, req.start, end - req.num_lookahead)
+        pos = self._positions(req, req.start, end - req.num_lookahead)
+        stop = end - req.num_lookahead
+        if self._keeps_step_end(req, stop) and stop not in pos:
+            return sorted([*pos, stop])
+        return pos
+
+    def _keeps_step_end(self, req: Request, stop: int) -> bool:
+        """Whether a step ending at ``stop`` keeps its end state (``CopyForwardMambaSpec.step_end_from``):
+        a chunk end on a page boundary inside the prompt, below its last block, far enough in for
+        the recompute it saves a later prompt sharing that prefix to outweigh a state page."""
+        first = self.group.spec.step_end_from
+        return 0 < first <= stop and stop % self.block == 0 and req.start < stop < req.prompt_len // self.block * \
+            self.block
 
     def _fresh_checkpoints(self, req: Request, end: int) -> list[int] | range:
         return self._new_checkpoints(req, end)  # the worker writes each step's end state into a page of its own
