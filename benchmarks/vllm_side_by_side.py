@@ -23,11 +23,18 @@ vLLM + jenga is ``scheduler_cls="jenga.vllm.JengaScheduler"`` with its default a
 (waiting requests with a cached prefix first, :mod:`jenga.vllm.admission`); run with
 ``JENGA_VLLM_ADMISSION=fcfs`` for vLLM's first-come-first-served order.
 
+Stock vLLM runs at its best: every row tries the settings of :data:`STOCK_SETTINGS` (checkpoint
+retention 0, periodic, dense; on hybrids also a prefix match unit below the 96-token hybrid block)
+and reports the one that computed the fewest prompt tokens, named in the ``setting`` column
+(``--stock-default``: vLLM's defaults only).  jenga runs the row's own settings, and on a hybrid
+row that sets no match unit also a 32-token one, its best reported likewise.
+
 Per row and engine: prefix hit rate (vLLM's ``num_cached_tokens`` over prompt tokens),
 prompt tokens computed (every token the engine ran that was not a decode step: cache misses
 and re-prefills after preemption; independent of the machine), preemptions, peak running
-requests, generated tokens/s; then the ratios stock / jenga for tokens computed and
-jenga / stock for tokens/s.  Both engines get ``num_gpu_blocks_override`` = the row's budget
+requests, generated tokens/s, the scheduler's own CPU time per step (``schedule()`` +
+``update_from_output()``, the manager's work included); then the ratios stock / jenga for tokens
+computed and jenga / stock for tokens/s and scheduler time.  Both engines get ``num_gpu_blocks_override`` = the row's budget
 of vLLM's own blocks (the same bytes); ``max_model_len`` is the longest sequence of the
 workload, so every budget that holds one request starts.  Both run chunked prefill with
 ``--chunk`` tokens per step (``max_num_batched_tokens``, default 128): a prompt prefilled in one
@@ -99,23 +106,34 @@ def _static(rounds):
 
 
 class Counters:
-    """Hooks on the scheduler: tokens scheduled, preemptions, peak running."""
+    """Hooks on the scheduler: tokens scheduled, preemptions, peak running, and the scheduler's
+    own CPU time (``perf_counter`` around ``schedule()`` and ``update_from_output()``)."""
 
     def __init__(self, sched):
-        self.scheduled = self.preempt = self.peak = 0
-        orig_schedule, orig_preempt = sched.schedule, sched._preempt_request
+        self.scheduled = self.preempt = self.peak = self.steps = 0
+        self.sched_s = 0.0
+        orig_schedule, orig_preempt, orig_update = sched.schedule, sched._preempt_request, sched.update_from_output
 
         def schedule(*a, **k):
+            t = time.perf_counter()
             out = orig_schedule(*a, **k)
+            self.sched_s += time.perf_counter() - t
+            self.steps += 1
             self.scheduled += out.total_num_scheduled_tokens
             self.peak = max(self.peak, len(sched.running))
+            return out
+
+        def update_from_output(*a, **k):
+            t = time.perf_counter()
+            out = orig_update(*a, **k)
+            self.sched_s += time.perf_counter() - t
             return out
 
         def preempt(request, *a, **k):
             self.preempt += 1
             return orig_preempt(request, *a, **k)
 
-        sched.schedule, sched._preempt_request = schedule, preempt
+        sched.schedule, sched._preempt_request, sched.update_from_output = schedule, preempt, update_from_output
 
 
 def run(llm, rounds) -> dict:
@@ -153,7 +171,50 @@ def run(llm, rounds) -> dict:
     dt = time.perf_counter() - t0
     computed = c.scheduled - (gen - n_req)  # every token run that was not a decode step
     return dict(hit=cached / prompt, computed=computed, prompt=prompt, preempt=c.preempt, peak=c.peak,
-                tps=gen / dt, rounds=" ".join(per_round))
+                tps=gen / dt, sched_us=1e6 * c.sched_s / max(1, c.steps), rounds=" ".join(per_round))
+
+
+#: stock vLLM's settings tried on every row (its best one is reported, named): retention of
+#: sliding-window / Mamba prefix checkpoints (0: semantic checkpoints only, vLLM's default; a
+#: positive interval adds periodic ones; None keeps them densely), and on hybrids a prefix match
+#: unit below the hybrid block (sub-block hits).  vLLM 0.32 has no cache-aware admission.
+STOCK_SETTINGS = {
+    "retention 0": {},
+    "retention 4 blocks": {"prefix_cache_retention_interval": 4},  # scaled by the row's scheduler block
+    "dense": {"prefix_cache_retention_interval": None},
+}
+#: vLLM's scheduler block of a row (the retention interval must be a multiple of it): 32-token blocks,
+#: the hybrid rows' 96-token block (attention page >= Mamba page)
+SCHED_BLOCK = {"gemma3": 32, "llama": 32, "qwen3_next": 96}
+HYBRID_SETTINGS = {"match 32": {"prefix_match_unit": 32}, "match 16": {"prefix_match_unit": 16},
+                   "match 16 dense": {"prefix_match_unit": 16, "prefix_cache_retention_interval": None}}
+
+
+def stock_settings(name: str, family: str, kw: dict) -> dict[str, dict]:
+    """The stock settings a row sweeps: retention everywhere a sliding / Mamba group exists (the
+    control row has neither: vLLM's default only), a sub-block match unit on hybrids (where the row
+    sets one itself, that one is kept)."""
+    if name == "control":
+        return {"default": {}}
+    settings = {label: {k: (v * SCHED_BLOCK[family] if isinstance(v, int) and v else v) for k, v in extra.items()}
+                for label, extra in STOCK_SETTINGS.items()}
+    if name.startswith("hybrid") and "prefix_match_unit" not in kw:
+        settings.update(HYBRID_SETTINGS)
+    return settings
+
+
+def jenga_settings(name: str, kw: dict) -> dict[str, dict]:
+    """jenga's settings on a row: the row's own; on a hybrid row that sets no match unit also the
+    sub-block one (jenga's sub-block state hits), so that both engines run at their best."""
+    if name.startswith("hybrid") and "prefix_match_unit" not in kw:
+        return {"default": {}, "match 32": {"prefix_match_unit": 32}}
+    return {"default": {}}
+
+
+def best(results: dict[str, dict]) -> tuple[str, dict]:
+    """The stock setting with the fewest prompt tokens computed (then fewest preemptions, then
+    the most hits): what a user tuning vLLM for this workload would keep."""
+    return min(results.items(), key=lambda kv: (kv[1]["computed"], kv[1]["preempt"], -kv[1]["hit"]))
 
 
 # row name -> (family, dtype, engine kwargs, rounds builder, budgets in vLLM blocks, quick budgets)
@@ -197,6 +258,8 @@ def main(argv=None) -> list:
     ap.add_argument("--blocks", type=int, default=None, help="one budget (vLLM blocks) for every row instead")
     ap.add_argument("--quick", action="store_true", help="four articles / chats, three budgets (a smoke run)")
     ap.add_argument("--chunk", type=int, default=128, help="max_num_batched_tokens, both engines (0: vLLM's)")
+    ap.add_argument("--stock-default", action="store_true", help="stock vLLM with its defaults only (no sweep "
+                    "of its settings)")
     ap.add_argument("--markdown", action="store_true", help="print the table as markdown")
     ap.add_argument("--outcome", action="store_true", help="without tokens/s (every run of the same code prints "
                     "the rest alike)")
@@ -210,36 +273,47 @@ def main(argv=None) -> list:
         family, kw, rounds_fn, budgets = rows(args.quick)[name]
         path = model_dir(family, root)
         max_len = longest(rounds_fn)
+        chunk = {"max_num_batched_tokens": args.chunk} if args.chunk else {}
+        settings = {"default": {}} if args.stock_default else stock_settings(name, family, kw)
         for blocks in ([args.blocks] if args.blocks else budgets):
-            res = {}
-            for side in ("stock", "jenga"):
-                chunk = {"max_num_batched_tokens": args.chunk} if args.chunk else {}
-                llm = engine(path, jenga=side == "jenga", num_blocks=blocks, max_model_len=max_len,
-                             **{"dtype": "float32", **chunk, **kw})
-                res[side] = run(llm, rounds_fn())
+            tried = {}
+            for label, extra in settings.items():
+                llm = engine(path, jenga=False, num_blocks=blocks, max_model_len=max_len,
+                             **{"dtype": "float32", **chunk, **kw, **extra})
+                tried[label] = run(llm, rounds_fn())
                 close(llm)
+            mine = {}
+            for label, extra in ({"default": {}} if args.stock_default else jenga_settings(name, kw)).items():
+                llm = engine(path, jenga=True, num_blocks=blocks, max_model_len=max_len,
+                             **{"dtype": "float32", **chunk, **kw, **extra})
+                mine[label] = run(llm, rounds_fn())
+                close(llm)
+            (label, stock), (jlabel, jenga) = best(tried), best(mine)
+            res = {"stock": {**stock, "setting": label}, "jenga": {**jenga, "setting": jlabel}}
             table.append((name, family, blocks, res))
             _print(table[-1:], args.markdown, head=len(table) == 1, outcome=args.outcome)
     return table
 
 
-TOKS_COL = 8  # tok/s: the only column that depends on the machine (left out by --outcome)
+MACHINE_COLS = (9, 10)  # tok/s and scheduler µs per step: the columns that depend on the machine (left out by --outcome)
 
 
 def _print(table, markdown: bool, head: bool, outcome: bool = False) -> None:
-    cols = ["workload", "model", "blocks", "engine", "hit rate", "prompt computed", "preempt", "peak run",
-            "tok/s", "hits per round"]
+    cols = ["workload", "model", "blocks", "engine", "setting", "hit rate", "prompt computed", "preempt", "peak run",
+            "tok/s", "sched µs/step", "hits per round"]
     lines = [cols] if head else []
     for name, family, blocks, res in table:
         s, j = res["stock"], res["jenga"]
         for side, r in (("stock", s), ("jenga", j)):
-            lines.append([name, family, str(blocks), side, f"{r['hit']:.1%}", f"{r['computed']}/{r['prompt']}",
-                          str(r["preempt"]), str(r["peak"]), f"{r['tps']:.1f}", r["rounds"]])
-        lines.append([name, family, str(blocks), "stock/jenga", "", ratio(s["computed"], j["computed"]), "",
-                      ratio(j["peak"], s["peak"]), ratio(j["tps"], s["tps"]) + " (j/s)", ""])
+            lines.append([name, family, str(blocks), side, r["setting"], f"{r['hit']:.1%}",
+                          f"{r['computed']}/{r['prompt']}", str(r["preempt"]), str(r["peak"]), f"{r['tps']:.1f}",
+                          f"{r['sched_us']:.0f}", r["rounds"]])
+        lines.append([name, family, str(blocks), "stock/jenga", "", "", ratio(s["computed"], j["computed"]), "",
+                      ratio(j["peak"], s["peak"]), ratio(j["tps"], s["tps"]) + " (j/s)",
+                      ratio(j["sched_us"], s["sched_us"]) + " (j/s)", ""])
     for k, cells in enumerate(lines):
         if outcome:
-            cells = cells[:TOKS_COL] + cells[TOKS_COL + 1:]
+            cells = [c for i, c in enumerate(cells) if i not in MACHINE_COLS]
         if markdown:
             print("| " + " | ".join(cells) + " |")
             if head and k == 0:
