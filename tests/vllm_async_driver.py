@@ -59,29 +59,31 @@ def async_config(path: str, **kw):
     return cfg
 
 
-def kv_config(vllm_config, layers, num_blocks: int):
+def kv_config(vllm_config, layers, num_blocks: int | None = None, *, shape=None, budget_bytes: int | None = None):
     """vLLM's own KV-cache config for ``layers`` (a number of full-attention layers, or one kind
     per layer: ``"full"``, ``("sliding", window)``, ``("chunked", chunk)``, ``"mamba"``) and a
-    budget of ``num_blocks`` blocks of every layer.  A ``"mamba"`` layer is an align-mode state
-    (``cache_config.mamba_cache_mode = "align"`` is set here) whose page is padded to the
-    attention page, as vLLM's hybrid config does."""
-    specs = layer_specs(vllm_config, layers)
+    budget of ``num_blocks`` blocks of every layer (or ``budget_bytes``).  A ``"mamba"`` layer is an
+    align-mode state (``cache_config.mamba_cache_mode = "align"`` is set here) whose page is padded
+    to the attention page, as vLLM's hybrid config does.  ``shape``: see :func:`layer_specs`."""
+    specs = layer_specs(vllm_config, layers, shape=shape)
     page = next(iter(specs.values())).page_size_bytes
     if any(isinstance(s, MambaSpec) for s in specs.values()):
         vllm_config.cache_config.mamba_cache_mode = "align"
         vllm_config.cache_config.mamba_block_size = vllm_config.cache_config.block_size
     resolve_kv_cache_layout(vllm_config, [["LBNHC"]], specs.values())  # the engine core does this first
-    cfg = kv_cache_configs(vllm_config, [specs], [num_blocks * page * len(specs)])[0]
+    budget = budget_bytes if budget_bytes is not None else num_blocks * page * len(specs)
+    cfg = kv_cache_configs(vllm_config, [specs], [budget])[0]
     vllm_config.cache_config.num_gpu_blocks = cfg.num_blocks  # as the engine core records it
     return cfg
 
 
-def layer_specs(vllm_config, layers) -> dict:
-    """vLLM's per-layer KV specs for ``layers`` (see :func:`kv_config`)."""
+def layer_specs(vllm_config, layers, *, shape=None) -> dict:
+    """vLLM's per-layer KV specs for ``layers`` (see :func:`kv_config`); ``shape``: a real model's
+    attention layer, (KV heads, head size, dtype), instead of the model folder's."""
     mc = vllm_config.model_config
     kinds = ["full"] * layers if isinstance(layers, int) else list(layers)
-    kw = dict(block_size=vllm_config.cache_config.block_size, num_kv_heads=mc.get_total_num_kv_heads(),
-              head_size=mc.get_head_size(), dtype=mc.dtype)
+    heads, head_size, dtype = shape or (mc.get_total_num_kv_heads(), mc.get_head_size(), mc.dtype)
+    kw = dict(block_size=vllm_config.cache_config.block_size, num_kv_heads=heads, head_size=head_size, dtype=dtype)
     specs = {}
     for i, kind in enumerate(kinds):
         name = f"model.layers.{i}.self_attn.attn"
@@ -202,6 +204,10 @@ def _digest(tokens: list[int]) -> bytes:
     return hashlib.blake2b(repr(tokens).encode(), digest_size=8).digest()
 
 
+class Stall(AssertionError):
+    """The scheduler stopped: requests wait, nothing runs and nothing is in flight."""
+
+
 def run(scheduler, hash_block: int, kv_cache_config, prompts, *, max_tokens: int = 24, arrivals=None):
     """Serve ``prompts`` (request ``i`` added before step ``arrivals[i]``) with two batches in flight.
     Returns (generated tokens per request, the runner, steps taken, placeholder tokens scheduled)."""
@@ -218,6 +224,10 @@ def run(scheduler, hash_block: int, kv_cache_config, prompts, *, max_tokens: int
             scheduler.add_request(reqs[pending.pop(0)])
         out = scheduler.schedule()
         step += 1
+        if not out.total_num_scheduled_tokens and not queue and scheduler.has_requests():
+            # nothing runs and nothing is in flight: no later step can schedule more (a stall)
+            raise Stall(f"step {step}: nothing scheduled, {len(scheduler.waiting)} waiting, "
+                        f"{len(scheduler.running)} running, {sum(r.is_finished() for r in reqs)} of {len(reqs)} done")
         if out.total_num_scheduled_tokens:
             # a request scheduled again while its previous step is in flight computes a token whose id
             # the scheduler does not know yet (its second output placeholder)

@@ -130,7 +130,7 @@ class JengaScheduler(Scheduler):
         self.kv_cache_manager = JengaKVCacheAdapter(
             plan, kv_cache_config, max_model_len=self.max_model_len, enable_caching=self.cache_config.enable_prefix_caching,
             log_stats=self.log_stats, enable_kv_cache_events=self.enable_kv_cache_events,
-            hash_block_size=self.hash_block_size)
+            hash_block_size=self.hash_block_size, max_step_tokens=self.scheduler_config.max_num_batched_tokens)
         check_max_model_len_fits(self.kv_cache_manager.manager, self.max_model_len)
         logger.info("%s", startup_line(self.kv_cache_manager.manager))
         # vLLM's scheduler read these off its own manager in __init__; with jenga's pages finer
