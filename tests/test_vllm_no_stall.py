@@ -48,7 +48,7 @@ def _pattern(n: int, every: int, local, full_at: int) -> list:
 SHAPES = {
     "gemma-3-12b": (_pattern(48, 6, ("sliding", 1024), 5), (8, 256, torch.bfloat16), 8192, 2048, 5),
     "gpt-oss-20b": (_pattern(24, 2, ("sliding", 128), 1), (8, 64, torch.bfloat16), 8192, 2048, 5),
-    "ministral-8b": (_pattern(36, 4, ("sliding", 32768), 0), (8, 128, torch.bfloat16), 49152, 8192, 3),
+    "ministral-8b": (_pattern(36, 4, ("sliding", 32768), 0), (8, 128, torch.bfloat16), 49152, 8192, 2),
     "llama-4-scout": (_pattern(48, 4, ("chunked", 8192), 3), (8, 128, torch.bfloat16), 20480, 2048, 4),
 }
 MAX_TOKENS = 3
