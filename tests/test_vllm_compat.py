@@ -156,7 +156,7 @@ def test_cache_aware_admission_reorders_through_the_adapter(tmp_path_factory):
 @pytest.mark.parametrize(("part", "field", "value", "named"), [
     ("speculative_config", None, SimpleNamespace(method="medusa"), "speculative method 'medusa'"),
     ("speculative_config", None, SimpleNamespace(method="dflash"), "speculative method 'dflash'"),
-    ("kv_transfer_config", None, SimpleNamespace(kv_connector="OffloadingConnector"), "KV connectors"),
+    ("kv_transfer_config", None, SimpleNamespace(kv_connector="NixlConnector"), "the KV connector .NixlConnector."),
     ("parallel_config", "data_parallel_size", 2, r"data parallelism of MoE models .*NotImplementedError.*all_gatherv"),
     ("model_config", "is_encoder_decoder", True, "encoder-decoder models"),
 ])

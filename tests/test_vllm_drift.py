@@ -6,6 +6,10 @@ real ``JengaKVCacheAdapter`` and accept the call's arguments, unless
 ``jenga.vllm.compat.NOT_PROVIDED`` names it with the feature refused at engine start that
 leads there.  Every ``Request`` attribute the adapter reads exists on a real vLLM
 ``Request``.  A vLLM that renames a call fails here, not in a user's server.
+The same holds for jenga's host-tier KV connector: every connector method the installed vLLM's
+scheduler, engine core, workers and model runners call resolves on ``JengaConnector`` with the
+call's arguments, every hook jenga's connector overrides is one vLLM's base class still defines,
+and the hooks its copies depend on are still called.
 ``make test`` runs this module once per vLLM version (0.32 in ``.venv``, 0.33 and 0.34 in
 their own venvs)."""
 
@@ -18,13 +22,15 @@ from pathlib import Path
 import pytest
 import vllm
 from vllm import SamplingParams
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, SupportsHMA
 from vllm.v1.request import Request
 from vllm_async_driver import async_config, kv_config, make_scheduler
-from vllm_calls import installed_uses, summary
+from vllm_calls import installed_connector_calls, installed_uses, summary
 from vllm_support import model_dir
 
 import jenga.vllm.adapter
 from jenga.vllm import JengaScheduler, compat
+from jenga.vllm.connector import JengaConnector
 from jenga.vllm.plan import rewrite_config
 
 pytestmark = pytest.mark.xdist_group("vllm-async")
@@ -103,3 +109,36 @@ def test_every_request_attribute_the_adapter_reads_exists():
     req = Request("r0", list(range(3, 40)), SamplingParams(max_tokens=4), None)
     absent = sorted(a for a in attrs if not hasattr(req, a))
     assert not absent, f"vLLM {vllm.__version__}'s Request has no {absent}"
+
+
+#: the hooks jenga's host tier needs vLLM to call: the plan handed out (scheduler) and run before the
+#: step (workers), the manager bound, the KV buffer registered, hits asked for, finishes told, shutdown
+CONNECTOR_HOOKS = ("build_connector_meta", "handle_preemptions", "bind_kv_cache_manager", "register_kv_caches",
+                   "get_num_new_matched_tokens", "update_state_after_alloc", "request_finished_all_groups",
+                   "shutdown")
+
+
+def test_every_connector_call_resolves_on_jengas_connector():
+    calls = [c for c in installed_connector_calls() if hasattr(KVConnectorBase_V1, c.chain)
+             or hasattr(SupportsHMA, c.chain)]
+    print(f"\nvLLM {vllm.__version__}: connector calls {sorted({c.chain for c in calls})}")
+    missing = sorted(f"{h} (not called by vLLM {vllm.__version__})" for h in CONNECTOR_HOOKS
+                     if h not in {c.chain for c in calls})
+    assert not missing, missing
+    incompatible = []
+    for use in calls:
+        target = getattr(JengaConnector, use.chain)
+        if use.starred or not callable(target) or isinstance(getattr(type, use.chain, None), property):
+            continue
+        try:
+            inspect.signature(target).bind(object(), *[object()] * use.num_args, **{k: object() for k in use.keywords})
+        except TypeError as e:
+            incompatible.append(f"{use.chain}({use.num_args} positional, {', '.join(use.keywords)}) at {use.where}: {e}")
+    assert not incompatible, incompatible
+
+
+def test_every_hook_jengas_connector_overrides_is_vllms():
+    own = [n for n, v in vars(JengaConnector).items() if not n.startswith("__") and (callable(v) or
+                                                                                    isinstance(v, property))]
+    renamed = [n for n in own if not hasattr(KVConnectorBase_V1, n) and not hasattr(SupportsHMA, n)]
+    assert not renamed, f"vLLM {vllm.__version__}'s KV connector base has no {renamed}: jenga's hook is never called"

@@ -251,8 +251,10 @@ class Stall(AssertionError):
     """The scheduler stopped: requests wait, nothing runs and nothing is in flight."""
 
 
-def run(scheduler, hash_block: int, kv_cache_config, prompts, *, max_tokens: int = 24, arrivals=None):
-    """Serve ``prompts`` (request ``i`` added before step ``arrivals[i]``) with two batches in flight.
+def run(scheduler, hash_block: int, kv_cache_config, prompts, *, max_tokens: int = 24, arrivals=None,
+        runner: FakeRunner | None = None):
+    """Serve ``prompts`` (request ``i`` added before step ``arrivals[i]``) with two batches in flight
+    (``runner``: a ``FakeRunner`` of the caller's, e.g. one that also runs a connector's copies).
     Returns (generated tokens per request, the runner, steps taken, placeholder tokens scheduled)."""
     hash_fn = get_hash_fn_by_name(scheduler.cache_config.prefix_caching_hash_algo)
     init_none_hash(hash_fn)
@@ -260,7 +262,7 @@ def run(scheduler, hash_block: int, kv_cache_config, prompts, *, max_tokens: int
     reqs = [Request(f"r{i}", list(p), SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
                     None, block_hasher=hasher) for i, p in enumerate(prompts)]
     arrivals = arrivals or [0] * len(reqs)
-    runner, queue, step, placeholders = FakeRunner(kv_cache_config), deque(), 0, 0
+    runner, queue, step, placeholders = runner or FakeRunner(kv_cache_config), deque(), 0, 0
     pending = sorted(range(len(reqs)), key=lambda i: arrivals[i])
     while pending or scheduler.has_requests() or queue:
         while pending and arrivals[pending[0]] <= step:

@@ -130,6 +130,43 @@ def summary(uses: list[Use]) -> dict[str, str]:
     return {k: " ".join(sorted(v)) for k, v in sorted(lines.items())}
 
 
+#: where the installed vLLM calls its KV connector: the scheduler, the engine core, the workers and
+#: model runners (every version's layout: 0.34 moved the runners' connector code under worker/cpu, worker/gpu)
+CONNECTOR_PACKAGES = ("vllm.v1.core.sched", "vllm.v1.worker")
+CONNECTOR_MODULES = ("vllm.v1.engine.core", "vllm.distributed.kv_transfer.kv_transfer_state")
+#: expressions that hold the KV connector in those files (not the encoder-cache or aux-output connectors)
+CONNECTOR_NAMES = ("connector", "kv_connector", "kv_transfer_group", "_KV_CONNECTOR_AGENT")
+
+
+def _is_connector(node: ast.AST) -> bool:
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        return node.func.id == "get_kv_transfer_group"
+    name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+    return name in CONNECTOR_NAMES
+
+
+def connector_calls_in_source(source: str, module: str) -> list[Use]:
+    """Calls ``<connector>.method(...)`` (one level: the method's name is the chain)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and _is_connector(node.func.value):
+            out.append(_call_use(node, node.func.attr, f"{module}:{node.lineno}"))
+    return out
+
+
+def installed_connector_calls() -> list[Use]:
+    """What the installed vLLM's scheduler, engine core, workers and model runners call on a KV connector."""
+    paths = []
+    for package in CONNECTOR_PACKAGES:
+        root = Path(importlib.util.find_spec(package).origin).parent
+        paths += [(f"{package}.{'.'.join(p.relative_to(root).with_suffix('').parts)}", p) for p in root.rglob("*.py")]
+    paths += [(m, Path(importlib.util.find_spec(m).origin)) for m in CONNECTOR_MODULES]
+    out = []
+    for module, path in sorted(paths):
+        out.extend(connector_calls_in_source(path.read_text(), module))
+    return out
+
+
 if __name__ == "__main__":
     import vllm
 

@@ -47,3 +47,8 @@ class UnsupportedArchitectureError(JengaError, ValueError):
 class UnsupportedFeatureError(UnsupportedArchitectureError, NotImplementedError):
     """The engine has the architecture but not one of the config's options (an activation, a RoPE
     kind, a block type); the message names the option and what is supported."""
+
+
+class HostCopyError(JengaError, RuntimeError):
+    """A copy between the device and the host tier failed (inside vLLM: in a worker); no promoted page
+    was written."""

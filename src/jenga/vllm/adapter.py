@@ -53,7 +53,7 @@ class JengaKVCacheAdapter:
 
     def __init__(self, plan: VllmPlan, kv_cache_config, *, max_model_len: int, enable_caching: bool,
                  log_stats: bool, enable_kv_cache_events: bool, hash_block_size: int | None = None,
-                 max_step_tokens: int | None = None):
+                 host_memory_bytes: int | None = None, max_step_tokens: int | None = None):
         self.plan = plan
         # the most tokens one step computes for a request (vLLM's max_num_batched_tokens): the
         # full-sequence admission check counts what steps of that size hold at once
@@ -63,7 +63,7 @@ class JengaKVCacheAdapter:
         # read-only facts vLLM's engine core reads off the manager's groups (block sizes, specs)
         self.manager = KVCacheManager(plan.model, plan.memory_bytes, tokens_per_page=plan.tokens_per_page,
                                       enable_prefix_caching=enable_caching, fit_pages=plan.fit_pages,
-                                      device="meta")
+                                      device="meta", host_memory_bytes=host_memory_bytes)
         # state groups: vLLM's Mamba mode per group ("align" / "none"; None for token groups) and
         # its block (a block-table column covers that many tokens); per request, each state
         # group's block-table row as sent (vLLM's worker keeps it append-only)
@@ -297,6 +297,14 @@ class JengaKVCacheAdapter:
     def remove_skipped_blocks(self, request_id, processed_computed_tokens, num_prompt_tokens=None) -> None:
         pass  # jenga releases out-of-window pages when their tokens are committed
 
+    def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> tuple[list[int], ...]:
+        """A finished request's block ids (vLLM hands them to the KV connector's ``request_finished``;
+        jenga's host-tier connector saves nothing at a finish: demotion follows eviction)."""
+        return self.get_block_ids(request_id)
+
+    def finalize_partial_tail_offloads(self, request) -> list:
+        return []  # a KV producer's partial tails: jenga's host tier demotes whole pages on eviction
+
     def get_blocks(self, request_id: str) -> Blocks:
         return self._blocks(request_id, only_new=False)
 
@@ -368,7 +376,7 @@ class JengaKVCacheAdapter:
         return out
 
     def __getattr__(self, name: str):
-        # anything else of vLLM's manager (connectors, offloading, P/D) is refused at engine
-        # start; reaching it here means a path jenga does not cover
+        # anything else of vLLM's manager (other connectors, P/D) is refused at engine start;
+        # reaching it here means a path jenga does not cover
         raise AttributeError(f"jenga.vllm: vLLM called KVCacheManager.{name}, which jenga's adapter does not "
-                             "provide (KV connectors / offloading / disaggregated prefill are not supported)")
+                             "provide (KV connectors other than jenga's host tier, disaggregated prefill)")

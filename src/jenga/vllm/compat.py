@@ -32,13 +32,13 @@ MINOR = INSTALLED.release[:2]
 logger = logging.getLogger("jenga.vllm")
 
 #: what vLLM's scheduler / engine core use of its manager that jenga's adapter does not
-#: provide, with why those paths never run with jenga's scheduler (all refused at engine start)
+#: provide, with why those paths never run with jenga's scheduler (all refused at engine start, or
+#: never taken with jenga's host-tier connector: it reports no external tokens, loads nothing
+#: asynchronously and is a KV producer only)
 NOT_PROVIDED = {
     "get_computed_blocks_for_connector": "KV connectors",
     "truncate_computed_blocks": "KV connectors",
     "pop_blocks_for_free": "KV connectors (deferred frees of a KV consumer)",
-    "finalize_partial_tail_offloads": "KV connectors (a KV producer's partial tails)",
-    "get_block_ids_for_computed_tokens": "KV connectors (request_finished)",
     "evict_blocks": "KV connectors (failed KV loads)",
     "record_blocks_for_zeroing": "KV connectors (failed KV loads)",
     "coordinator.get_num_blocks_to_allocate": "KV connectors (parked async KV loads)",

@@ -15,7 +15,9 @@ Gauges (label ``engine``: the engine core's pid): ``jenga_kv_pool_bytes``,
 ``jenga_kv_used_bytes{group}``, ``jenga_kv_cached_bytes``, ``jenga_kv_waste_bytes{cause}``,
 ``jenga_prefix_hit_tokens``, ``jenga_prefix_query_tokens`` and
 ``jenga_prefix_miss_tokens{reason}`` (since start; reasons in
-:mod:`jenga.core.manager.miss_reasons`).
+:mod:`jenga.core.manager.miss_reasons`); with a host tier (``kv_offloading_size``,
+:mod:`jenga.vllm.offloading`): ``jenga_host_pool_bytes``, ``jenga_host_used_bytes{group,kind}``,
+``jenga_host_demoted_pages``, ``jenga_host_promoted_pages`` and ``jenga_host_hit_tokens`` (since start).
 """
 
 from __future__ import annotations
@@ -40,7 +42,15 @@ def startup_line(mgr) -> str:
                        for g, pb in zip(mgr.model.groups, pool.page_bytes, strict=True))
     return (f"jenga active: KV-cache manager {type(mgr).__name__}; groups: {groups}; large page "
             f"{fmt_bytes(pool.large_page_bytes)}; pool {pool.num_large_pages} large pages "
-            f"({fmt_bytes(pool.total_bytes)})")
+            f"({fmt_bytes(pool.total_bytes)})" + host_part(mgr))
+
+
+def host_part(mgr) -> str:
+    """The start-up line's host tier (``kv_offloading_size`` inside vLLM), empty without one."""
+    if mgr.host is None:
+        return ""
+    return (f"; host tier (kv_offloading_size): {mgr.host_num_large} large pages "
+            f"({fmt_bytes(mgr.host.total_bytes)}), {mgr.host.policy} demotion")
 
 
 def metrics_dir() -> Path:
@@ -61,7 +71,18 @@ def figures(mgr) -> dict:
                                      s.waste_out_of_window_bytes, s.waste_padding_bytes, s.waste_duplicate_bytes),
                              strict=True)),
         prefix_hit_tokens=s.prefix_hit_tokens, prefix_query_tokens=s.prefix_query_tokens,
-        prefix_miss_tokens=dict(s.prefix_miss_tokens))
+        prefix_miss_tokens=dict(s.prefix_miss_tokens), host=host_figures(mgr, s))
+
+
+def host_figures(mgr, s) -> dict | None:
+    """The host tier's gauges (None without one): bytes per group (with its page kind), pages
+    demoted and promoted, hit tokens the host served."""
+    if mgr.host is None:
+        return None
+    return dict(pool_bytes=s.host_total_bytes, demoted_pages=s.demotions, promoted_pages=s.promotions,
+                hit_tokens=s.host_hit_tokens,
+                used_bytes=[(g.name, g.spec.kind, b) for g, b in zip(mgr.model.groups, mgr.host.group_used_bytes(),
+                                                                      strict=True)])
 
 
 class Snapshots:
@@ -120,6 +141,18 @@ class JengaCollector:
             "miss": GaugeMetricFamily("jenga_prefix_miss_tokens", "prompt tokens a hit could have covered and did "
                                       "not, by reason, since start", labels=["engine", "reason"]),
         }
+        host = {
+            "pool": GaugeMetricFamily("jenga_host_pool_bytes", "jenga's host tier (kv_offloading_size)",
+                                      labels=["engine"]),
+            "used": GaugeMetricFamily("jenga_host_used_bytes", "host-tier bytes holding pages, per cache group",
+                                      labels=["engine", "group", "kind"]),
+            "demoted": GaugeMetricFamily("jenga_host_demoted_pages", "pages copied device -> host since start",
+                                         labels=["engine"]),
+            "promoted": GaugeMetricFamily("jenga_host_promoted_pages", "pages copied host -> device since start",
+                                          labels=["engine"]),
+            "hit": GaugeMetricFamily("jenga_host_hit_tokens", "prompt tokens the host tier served since start",
+                                     labels=["engine"]),
+        }
         for path in sorted(self.folder.glob("*.json")):
             if not path.stem.isdigit() or not _alive(int(path.stem)):
                 continue
@@ -138,7 +171,14 @@ class JengaCollector:
                 fams["waste"].add_metric([e, cause], b)
             for reason, n in f["prefix_miss_tokens"].items():
                 fams["miss"].add_metric([e, reason], n)
-        return list(fams.values())
+            h = f.get("host")
+            if h:
+                for key in ("pool", "demoted", "promoted", "hit"):
+                    host[key].add_metric([e], h[{"pool": "pool_bytes", "demoted": "demoted_pages",
+                                                 "promoted": "promoted_pages", "hit": "hit_tokens"}[key]])
+                for name, kind, b in h["used_bytes"]:
+                    host["used"].add_metric([e, name, kind], b)
+        return list(fams.values()) + list(host.values())
 
 
 _registered = False

@@ -19,6 +19,7 @@ from jenga.vllm import compat
 from jenga.vllm.adapter import JengaKVCacheAdapter
 from jenga.vllm.admission import HitsFirst, admission_name
 from jenga.vllm.metrics import Snapshots, startup_line
+from jenga.vllm.offloading import uses_host_tier
 from jenga.vllm.plan import layout_name, uniform_plan
 from jenga.vllm.specs import UnsupportedInVllm
 
@@ -48,8 +49,10 @@ def refuse_unsupported(vllm_config) -> None:
     (first of all, a vLLM version outside the supported range)."""
     compat.check_version()
     checks = [
-        (vllm_config.kv_transfer_config is not None,
-         "KV connectors (offloading, disaggregated prefill, LMCache/NIXL transfers)"),
+        (vllm_config.kv_transfer_config is not None and not uses_host_tier(vllm_config),
+         f"the KV connector {getattr(vllm_config.kv_transfer_config, 'kv_connector', None)!r} (disaggregated "
+         "prefill, LMCache/NIXL transfers; host offloading is jenga's own host tier: set kv_offloading_size with "
+         "the native backend)"),
         (spec_method(vllm_config) not in SPEC_METHODS,
          f"the speculative method {spec_method(vllm_config)!r} (verified against stock vLLM: "
          f"{', '.join(m for m in SPEC_METHODS if m)})"),
@@ -108,6 +111,16 @@ def sub_block_hits_lost(kv_cache_config, hash_block_size: int, enable_caching: b
             "expect fewer hits")
 
 
+def check_host_layout(mgr, host) -> None:
+    """The workers' host buffer (``jenga_host``, computed by the plugin) addresses the pages of the
+    manager's host tier exactly: same page and large-page bytes, same number of large pages."""
+    pool = mgr.pool
+    if (tuple(pool.page_bytes), pool.large_page_bytes, mgr.host_num_large) != (host.page_bytes, host.large_bytes,
+                                                                               host.num_large):
+        raise UnsupportedInVllm(f"jenga.vllm: the host layout {host} differs from the manager's pages "
+                                f"{pool.page_bytes} / {pool.large_page_bytes} B x {mgr.host_num_large}")
+
+
 class JengaScheduler(Scheduler):
     """vLLM's ``Scheduler`` whose ``kv_cache_manager`` is a jenga adapter."""
 
@@ -127,10 +140,19 @@ class JengaScheduler(Scheduler):
                     "(entry point 'vllm.general_plugins' -> jenga.vllm.plugin:register) did not run in the "
                     "engine core; reinstall jenga with the [vllm] extra, or set JENGA_VLLM_LAYOUT=uniform")
             plan = uniform_plan(kv_cache_config, self.max_model_len)
+        host = getattr(kv_cache_config, "jenga_host", None)  # kv_offloading_size's host tier (jenga.vllm.offloading)
+        if uses_host_tier(vllm_config) and host is None:
+            raise UnsupportedInVllm("jenga.vllm: kv_offloading_size is set but the KV-cache config has no jenga host "
+                                    "layout: the jenga vLLM plugin did not run in the engine core")
         self.kv_cache_manager = JengaKVCacheAdapter(
             plan, kv_cache_config, max_model_len=self.max_model_len, enable_caching=self.cache_config.enable_prefix_caching,
             log_stats=self.log_stats, enable_kv_cache_events=self.enable_kv_cache_events,
-            hash_block_size=self.hash_block_size, max_step_tokens=self.scheduler_config.max_num_batched_tokens)
+            hash_block_size=self.hash_block_size, host_memory_bytes=None if host is None else host.total_bytes,
+            max_step_tokens=self.scheduler_config.max_num_batched_tokens)
+        if host is not None:
+            check_host_layout(self.kv_cache_manager.manager, host)
+        if self.connector is not None:  # jenga's connector reads the copy plans off jenga's manager
+            self.connector.bind_kv_cache_manager(self.kv_cache_manager)
         check_max_model_len_fits(self.kv_cache_manager.manager, self.max_model_len)
         logger.info("%s", startup_line(self.kv_cache_manager.manager))
         # vLLM's scheduler read these off its own manager in __init__; with jenga's pages finer
