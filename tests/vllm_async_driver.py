@@ -146,6 +146,10 @@ class FakeRunner:
         bs = self.block_sizes[g]
         return self.layout.token_addr(g, table[pos // bs], pos % bs)
 
+    def page_keys(self, g: int, block: int) -> list:
+        """The store's keys of every slot of ``block`` in group ``g`` (a state's is the first)."""
+        return [self.layout.token_addr(g, block, i) for i in range(self.block_sizes[g])]
+
     def _state_block(self, g: int, table: list[int], seq_len: int) -> int:
         """The block of an align-mode state of ``seq_len`` tokens: block-table column
         ``(seq_len - 1) // block`` (vLLM's aligned state index; the runner copies the previous
