@@ -89,19 +89,23 @@ class HostRunner(FakeRunner):
         self.demoted = self.promoted = 0
 
     @staticmethod
-    def _copy(src: dict, a: tuple, dst: dict, b: tuple) -> None:
-        for k in [k for k in dst if k[:2] == b]:
-            del dst[k]
-        dst.update({(*b, k[2]): v for k, v in src.items() if k[:2] == a})
+    def _copy(src: dict, src_keys: list, dst: dict, dst_keys: list) -> None:
+        for a, b in zip(src_keys, dst_keys, strict=True):
+            if a in src:
+                dst[b] = src[a]
+            else:
+                dst.pop(b, None)
 
     def execute(self, out):
         plan = out.kv_connector_metadata.plan
         for g, pairs in plan.demote.items():
             for dev, host in pairs.tolist():
-                self._copy(self.kv, (g, self.exec_id(g, dev)), self.host, (g, host))
+                keys = self.page_keys(g, self.exec_id(g, dev))
+                self._copy(self.kv, keys, self.host, [(g, host, i) for i in range(len(keys))])
         for g, pairs in plan.promote.items():
             for host, dev in pairs.tolist():
-                self._copy(self.host, (g, host), self.kv, (g, self.exec_id(g, dev)))
+                keys = self.page_keys(g, self.exec_id(g, dev))
+                self._copy(self.host, [(g, host, i) for i in range(len(keys))], self.kv, keys)
         self.demoted += sum(len(p) for p in plan.demote.values())
         self.promoted += sum(len(p) for p in plan.promote.values())
         return super().execute(out)

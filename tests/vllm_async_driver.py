@@ -6,12 +6,17 @@ it off (vLLM's CPU platform sets ``async_scheduling = False``).
 The engine loop is ``EngineCore.step_with_batch_queue``'s: schedule step ``k + 1`` before the
 output of step ``k`` reaches the scheduler (a queue of two batches).  The runner executes a
 batch as soon as it is scheduled, like the worker: it knows the tokens it sampled, the
-scheduler does not until ``update_from_output``.  It keeps a KV store keyed by (group, block
-id, slot): every computed token writes ``(position, token id)`` through the block table the
+scheduler does not until ``update_from_output``.  It keeps a KV store keyed by byte address in
+the workers' real KV buffer (:mod:`vllm_kv_bytes`: block id times the group's block stride plus
+its layer offset, as vLLM's ``KVCacheTensor`` places it; jenga's page-layer rewrite included):
+every computed token writes ``(position, token id)`` at its slot through the block table the
 scheduler sent, and every step first reads back all earlier positions of the request through
 that table and checks them (a prefix hit must point at pages holding exactly those tokens; no
 other request may have overwritten a live page).  The sampled token is a hash of the tokens
-read back, so a wrong page would also change the output.
+read back, so a wrong page would also change the output.  Every step it also checks that no two
+live pages (the pages each request still reads, and those the step writes) share a byte, over
+all their layers (``Overlap``): two groups' pages overlapping in the page-layer buffer would
+else go unseen whenever their slots' first bytes differ.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request
 from vllm.v1.structured_output import StructuredOutputManager
+from vllm_kv_bytes import BufferLayout, LivePages  # noqa: E402
 
 from jenga.vllm.compat import MINOR, kv_cache_configs  # noqa: E402
 
@@ -59,29 +65,31 @@ def async_config(path: str, **kw):
     return cfg
 
 
-def kv_config(vllm_config, layers, num_blocks: int):
+def kv_config(vllm_config, layers, num_blocks: int | None = None, *, shape=None, budget_bytes: int | None = None):
     """vLLM's own KV-cache config for ``layers`` (a number of full-attention layers, or one kind
     per layer: ``"full"``, ``("sliding", window)``, ``("chunked", chunk)``, ``"mamba"``) and a
-    budget of ``num_blocks`` blocks of every layer.  A ``"mamba"`` layer is an align-mode state
-    (``cache_config.mamba_cache_mode = "align"`` is set here) whose page is padded to the
-    attention page, as vLLM's hybrid config does."""
-    specs = layer_specs(vllm_config, layers)
+    budget of ``num_blocks`` blocks of every layer (or ``budget_bytes``).  A ``"mamba"`` layer is an
+    align-mode state (``cache_config.mamba_cache_mode = "align"`` is set here) whose page is padded
+    to the attention page, as vLLM's hybrid config does.  ``shape``: see :func:`layer_specs`."""
+    specs = layer_specs(vllm_config, layers, shape=shape)
     page = next(iter(specs.values())).page_size_bytes
     if any(isinstance(s, MambaSpec) for s in specs.values()):
         vllm_config.cache_config.mamba_cache_mode = "align"
         vllm_config.cache_config.mamba_block_size = vllm_config.cache_config.block_size
     resolve_kv_cache_layout(vllm_config, [["LBNHC"]], specs.values())  # the engine core does this first
-    cfg = kv_cache_configs(vllm_config, [specs], [num_blocks * page * len(specs)])[0]
+    budget = budget_bytes if budget_bytes is not None else num_blocks * page * len(specs)
+    cfg = kv_cache_configs(vllm_config, [specs], [budget])[0]
     vllm_config.cache_config.num_gpu_blocks = cfg.num_blocks  # as the engine core records it
     return cfg
 
 
-def layer_specs(vllm_config, layers) -> dict:
-    """vLLM's per-layer KV specs for ``layers`` (see :func:`kv_config`)."""
+def layer_specs(vllm_config, layers, *, shape=None) -> dict:
+    """vLLM's per-layer KV specs for ``layers`` (see :func:`kv_config`); ``shape``: a real model's
+    attention layer, (KV heads, head size, dtype), instead of the model folder's."""
     mc = vllm_config.model_config
     kinds = ["full"] * layers if isinstance(layers, int) else list(layers)
-    kw = dict(block_size=vllm_config.cache_config.block_size, num_kv_heads=mc.get_total_num_kv_heads(),
-              head_size=mc.get_head_size(), dtype=mc.dtype)
+    heads, head_size, dtype = shape or (mc.get_total_num_kv_heads(), mc.get_head_size(), mc.dtype)
+    kw = dict(block_size=vllm_config.cache_config.block_size, num_kv_heads=heads, head_size=head_size, dtype=dtype)
     specs = {}
     for i, kind in enumerate(kinds):
         name = f"model.layers.{i}.self_attn.attn"
@@ -124,24 +132,61 @@ class FakeRunner:
         self.state = [isinstance(g.kv_cache_spec, MambaSpec) for g in kv_cache_config.kv_cache_groups]
         # per group, the first position token ``p`` attends to (the rest may be freed)
         self.first_needed = [_first_needed(g.kv_cache_spec) for g in kv_cache_config.kv_cache_groups]
-        self.kv: dict[tuple[int, int, int], tuple[int, int]] = {}
+        self.layout = BufferLayout(kv_cache_config)
+        self.live = LivePages(self.layout)
+        self.kv: dict[int, tuple] = {}  # byte address of a token slot (a state's page) -> what was written
         self.tokens: dict[str, list[int]] = {}
         self.prompt_len: dict[str, int] = {}
         self.tables: dict[str, list[list[int]]] = {}
+        self.written: dict[str, int] = {}  # running request -> tokens computed through its tables
         self.checked = 0
         self.states_checked = 0  # align-mode states read back (a step resuming at ``start > 0``)
 
-    def _slot(self, g: int, table: list[int], pos: int) -> tuple[int, int, int]:
+    def _slot(self, g: int, table: list[int], pos: int) -> int:
         bs = self.block_sizes[g]
-        return g, table[pos // bs], pos % bs
+        return self.layout.token_addr(g, table[pos // bs], pos % bs)
 
-    def _state_slot(self, g: int, table: list[int], seq_len: int) -> tuple[int, int, str]:
-        """Where an align-mode state of ``seq_len`` tokens lives: block-table column
+    def page_keys(self, g: int, block: int) -> list:
+        """The store's keys of every slot of ``block`` in group ``g`` (a state's is the first)."""
+        return [self.layout.token_addr(g, block, i) for i in range(self.block_sizes[g])]
+
+    def _state_block(self, g: int, table: list[int], seq_len: int) -> int:
+        """The block of an align-mode state of ``seq_len`` tokens: block-table column
         ``(seq_len - 1) // block`` (vLLM's aligned state index; the runner copies the previous
         column's state forward when a step crosses into a new column)."""
         block = table[(seq_len - 1) // self.block_sizes[g]]
         assert block != 0, f"group {g}: the state column of {seq_len} tokens is the null block"
-        return g, block, "state"
+        return block
+
+    def _state_slot(self, g: int, table: list[int], seq_len: int) -> int:
+        return self.layout.page_addr(g, self._state_block(g, table, seq_len))
+
+    def _pages(self, tables: list[list[int]], lo: int, hi: int) -> set[tuple[int, int]]:
+        """The pages a request reads or writes while its tokens ``[lo, hi)`` are computed
+        (``lo == hi``: after they were): each token group's window or chunk back from ``lo``,
+        each state group's state at ``lo`` and at ``hi``."""
+        out = set()
+        for g, table in enumerate(tables):
+            if self.state[g]:
+                out.update((g, self._state_block(g, table, n)) for n in {lo, hi} if n)
+            elif hi:
+                bs = self.block_sizes[g]
+                out.update((g, table[i]) for i in range(self.first_needed[g](lo) // bs, (hi - 1) // bs + 1))
+        return out
+
+    def _check_live(self, starts: dict[str, int], scheduled: dict[str, int]) -> None:
+        """No two pages live in this step share a byte (``LivePages``)."""
+        live = set()
+        for rid, n in self.written.items():
+            start = starts.get(rid, n)
+            live |= self._pages(self.tables[rid], start, start + scheduled.get(rid, 0))
+        self.live.update(live)
+
+    def forget(self, out) -> None:
+        """The requests ``out`` (any scheduler output, one scheduling nothing too) reports finished or
+        preempted let go of their pages: vLLM may hand them on in that very step."""
+        for rid in set(out.finished_req_ids) | set(getattr(out, "preempted_req_ids", None) or ()):
+            self.written.pop(rid, None)
 
     def execute(self, out) -> ModelRunnerOutput:
         starts = {}
@@ -160,6 +205,9 @@ class FakeRunner:
                 for table, new in zip(self.tables[rid], c.new_block_ids[i], strict=True):
                     table.extend(new)
             starts[rid] = c.num_computed_tokens[i]
+        for rid, start in starts.items():
+            self.written[rid] = start
+        self._check_live(starts, out.num_scheduled_tokens)
         req_ids, sampled = [], []
         for rid, n in out.num_scheduled_tokens.items():
             start, toks, tables = starts[rid], self.tokens[rid], self.tables[rid]
@@ -183,6 +231,7 @@ class FakeRunner:
             for g, table in enumerate(tables):
                 if self.state[g]:  # the state after the step, in the column of its last token
                     self.kv[self._state_slot(g, table, start + n)] = ("state", start + n, _digest(toks[:start + n]))
+            self.written[rid] = start + n
             req_ids.append(rid)
             if start + n == len(toks):  # the last known token computed: sample the next one
                 digest = hashlib.blake2b(repr([t for _, t in sorted(seen)] + toks[start:start + n]).encode(), digest_size=8).digest()
@@ -202,6 +251,10 @@ def _digest(tokens: list[int]) -> bytes:
     return hashlib.blake2b(repr(tokens).encode(), digest_size=8).digest()
 
 
+class Stall(AssertionError):
+    """The scheduler stopped: requests wait, nothing runs and nothing is in flight."""
+
+
 def run(scheduler, hash_block: int, kv_cache_config, prompts, *, max_tokens: int = 24, arrivals=None,
         runner: FakeRunner | None = None):
     """Serve ``prompts`` (request ``i`` added before step ``arrivals[i]``) with two batches in flight
@@ -219,7 +272,12 @@ def run(scheduler, hash_block: int, kv_cache_config, prompts, *, max_tokens: int
         while pending and arrivals[pending[0]] <= step:
             scheduler.add_request(reqs[pending.pop(0)])
         out = scheduler.schedule()
+        runner.forget(out)
         step += 1
+        if not out.total_num_scheduled_tokens and not queue and scheduler.has_requests():
+            # nothing runs and nothing is in flight: no later step can schedule more (a stall)
+            raise Stall(f"step {step}: nothing scheduled, {len(scheduler.waiting)} waiting, "
+                        f"{len(scheduler.running)} running, {sum(r.is_finished() for r in reqs)} of {len(reqs)} done")
         if out.total_num_scheduled_tokens:
             # a request scheduled again while its previous step is in flight computes a token whose id
             # the scheduler does not know yet (its second output placeholder)

@@ -53,8 +53,12 @@ class JengaKVCacheAdapter:
 
     def __init__(self, plan: VllmPlan, kv_cache_config, *, max_model_len: int, enable_caching: bool,
                  log_stats: bool, enable_kv_cache_events: bool, hash_block_size: int | None = None,
-                 host_memory_bytes: int | None = None, admission: str | None = None):
+                 host_memory_bytes: int | None = None, admission: str | None = None,
+                 max_step_tokens: int | None = None):
         self.plan = plan
+        # the most tokens one step computes for a request (vLLM's max_num_batched_tokens): the
+        # full-sequence admission check counts what steps of that size hold at once
+        self.max_step_tokens = max_step_tokens or max_model_len
         # vLLM's block hashes key jenga's index when its hash block divides jenga's block
         self.hash_block_size = hash_block_size
         # read-only facts vLLM's engine core reads off the manager's groups (block sizes, specs)
@@ -235,8 +239,13 @@ class JengaKVCacheAdapter:
             if num_new_computed_tokens < req.hit:
                 mgr.shrink_hit(rid, num_new_computed_tokens)
             if full_sequence_must_fit:
+                # vLLM's reservation of the whole prompt: what its steps will really hold at once (a
+                # sliding group its window plus a step, a chunked one its chunk plus a step, a state
+                # group its state and checkpoints, full attention every token), never every page
+                # of one allocate of that length, which may exceed a pool where the request runs
                 total = min(request.num_tokens, self.max_model_len)
-                if not mgr.can_allocate(rid, max(0, total - req.start)):
+                step = self.max_step_tokens + num_lookahead_tokens
+                if not mgr.can_allocate(rid, max(0, total - req.start), step=step):
                     return None
         else:
             self._sync(request)

@@ -153,7 +153,7 @@ class JengaScheduler(Scheduler):
             plan, kv_cache_config, max_model_len=self.max_model_len, enable_caching=self.cache_config.enable_prefix_caching,
             log_stats=self.log_stats, enable_kv_cache_events=self.enable_kv_cache_events,
             hash_block_size=self.hash_block_size, host_memory_bytes=None if host is None else host.total_bytes,
-            admission=manager_admission(ordered))
+            admission=manager_admission(ordered), max_step_tokens=self.scheduler_config.max_num_batched_tokens)
         if host is not None:
             check_host_layout(self.kv_cache_manager.manager, host)
         if self.connector is not None:  # jenga's connector reads the copy plans off jenga's manager

@@ -36,15 +36,17 @@ class Admission:
         self.state_group = [not pol.group.spec.per_token for pol in policies]
         self.admitted = 0
 
-    def plan(self, req: Request, end: int, pairs) -> tuple[list[int], list]:
+    def plan(self, req: Request, end: int, pairs, step: int | None = None) -> tuple[list[int], list]:
         """Pages each group of ``pairs`` ((policy, state) pairs) needs to cover ``[0, end)``, and
-        the log of cached pages held."""
+        the log of cached pages held.  ``step``: the tokens up to ``end`` are computed in steps of
+        at most that many, so each group counts only what it holds at once (``Policy.peak_plan``)."""
         need = [0] * len(self.policies)
         ledger = self.ledger
         log = ledger.start_log()
         try:
             for pol, gs in pairs:
-                need[pol.gi] = pol.plan(req, gs, end, ledger)
+                need[pol.gi] = pol.plan(req, gs, end, ledger) if step is None else pol.peak_plan(req, gs, end, step,
+                                                                                                  ledger)
         finally:
             ledger.end_log()
         return need, log

@@ -28,17 +28,23 @@ from jenga.core.validation import checked_int
 from jenga.errors import InvalidArgumentError, SequenceTooLongError
 
 
-def can_allocate(mgr, req: Request, num_new_tokens: int, num_lookahead: int) -> bool:
+def can_allocate(mgr, req: Request, num_new_tokens: int, num_lookahead: int, step: int | None = None) -> bool:
     """``KVCacheManager.can_allocate`` for the live record ``req``.
 
     Exact (the same count against free + evictable memory ``allocate`` makes) and without any
     effect; token ids need not be known, so an admission check asks ``can_allocate(rid,
-    prompt_len + max_new_tokens - hit)`` for a whole sequence (sliding and chunked groups then
-    count every page, as one allocate of that length would hold them).  Raises like ``allocate``
-    on a bad count or a length past the model's maximum."""
+    prompt_len + max_new_tokens - hit)`` for a whole sequence.  Without ``step`` sliding and
+    chunked groups then count every page, as one allocate of that length would hold them; with
+    ``step`` (the most tokens one step of the request computes, lookahead included) each group
+    counts the most pages the steps hold at once (``Policy.peak_plan``: a window or chunk plus a
+    step's tokens), so a yes means that, with nothing else changing, every step's allocate up to
+    that length succeeds.  Raises like ``allocate`` on a bad count or a length past the model's
+    maximum."""
     if num_new_tokens < 0 or num_lookahead < 0:
         raise InvalidArgumentError(f"request {req.request_id!r}: negative token count "
                                    f"({num_new_tokens}, lookahead {num_lookahead})")
+    if step is not None and step < 1:
+        raise InvalidArgumentError(f"request {req.request_id!r}: a step of {step} tokens")
     end = req.start + num_new_tokens + num_lookahead
     if end > mgr.model.max_model_len:
         raise SequenceTooLongError(f"request {req.request_id!r}: {end} tokens exceed the model's max length "
@@ -47,7 +53,7 @@ def can_allocate(mgr, req: Request, num_new_tokens: int, num_lookahead: int) -> 
         return False  # its host hit's promotion was refused: allocate waits
     admission = mgr.admission
     old, req.num_lookahead = req.num_lookahead, num_lookahead
-    need, log = admission.plan(req, end, req.pairs or list(zip(mgr.policies, req.groups, strict=True)))
+    need, log = admission.plan(req, end, req.pairs or list(zip(mgr.policies, req.groups, strict=True)), step)
     ok = admission.quota_of(req, need, end, mgr.num_allocated) is not None
     admission.unhold_plan(req, log)
     req.num_lookahead = old

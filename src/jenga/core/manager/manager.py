@@ -322,10 +322,14 @@ class KVCacheManager:
             return req.hit
         return self.lookup(request_id, max_tokens=num_tokens)
 
-    def can_allocate(self, request_id: object, num_new_tokens: int, *, num_lookahead: int = 0) -> bool:
+    def can_allocate(self, request_id: object, num_new_tokens: int, *, num_lookahead: int = 0,
+                     step: int | None = None) -> bool:
         """Would ``allocate(request_id, num_new_tokens, num_lookahead=...)`` succeed now?  Exact and
-        without any effect (``jenga.core.manager.cache_control.can_allocate``)."""
-        return cache_control.can_allocate(self, self._req(request_id), num_new_tokens, num_lookahead)
+        without any effect.  ``step``: would the request's allocates of at most ``step`` tokens
+        each, up to that length, succeed with nothing else changing (a whole-sequence admission
+        check: sliding and chunked groups count their window or chunk plus a step, not every
+        page; ``jenga.core.manager.cache_control.can_allocate``)."""
+        return cache_control.can_allocate(self, self._req(request_id), num_new_tokens, num_lookahead, step)
 
     def chunk_tokens(self, request_id: object, num_new_tokens: int) -> int:
         """The largest ``n' <= num_new_tokens`` every group accepts as the end of the

@@ -238,10 +238,18 @@ class Policy(ABC):
         about to compute its next token (``jenga.capacity``).  Image kinds: 0."""
         return 0
 
-    def peak_pages(self, length: int) -> int:
+    def peak_pages(self, length: int, step: int = 1) -> int:
         """Most small pages this group holds at any step of a request computing its tokens
-        ``0 .. length`` one step at a time (``context_pages`` of each length up to ``length``)."""
+        ``0 .. length`` in steps of at most ``step`` tokens (one token a step: ``context_pages``
+        of each length up to ``length``)."""
         return self.context_pages(length)
+
+    def peak_plan(self, req: Request, gs: GroupState, end: int, step: int, ops: PageOps) -> int:
+        """New pages ``req`` holds at most at once while it computes its tokens up to ``end`` in
+        steps of at most ``step`` tokens (an admission that must hold a whole sequence, counted as
+        the steps will really hold it); like ``plan``, it may hold cached pages.  Default: ``plan``
+        (a state's work page and checkpoints, an image's pages are all held at once)."""
+        return self.plan(req, gs, end, ops)
 
     def forget_plan(self, gs: GroupState) -> None:
         """A ``plan`` will not be followed by ``grow``: drop what it noted in ``gs`` (admission's rollback)."""

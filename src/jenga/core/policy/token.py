@@ -140,23 +140,38 @@ class FullPolicy(Policy):
     def references(self, gs: GroupState, images: bool = True) -> list[int]:
         return [p for p in gs.pages if p is not None]
 
-    def context_pages(self, length: int) -> int:
-        return length // self.tpp - self.keep_from(length) // self.tpp + 1  # up to the next token's page
+    def step_pages(self, start: int, stop: int) -> int:
+        """Pages a request holds while one step computes its tokens ``[start, stop)``
+        (``stop > start``): from the page of the first position ``start`` reads to the page of
+        ``stop - 1`` (pages below left at the commit before the step)."""
+        return (stop - 1) // self.tpp - self.keep_from(start) // self.tpp + 1
 
-    def peak_pages(self, length: int) -> int:
-        """A count at ``l + P`` is at least the count at ``l`` (``P``: the page for a full or
-        sliding group, ``lcm(chunk, page)`` for a chunked one), so the lengths ``peak_candidates``
-        names hold the peak."""
-        tpp, keep_from = self.tpp, self.keep_from
-        out = self.context_pages(length)
-        for n in self.peak_candidates(length):
-            out = max(out, n // tpp - keep_from(n) // tpp + 1)
+    def context_pages(self, length: int) -> int:
+        return self.step_pages(length, length + 1)  # up to the next token's page
+
+    def peak_pages(self, length: int, step: int = 1) -> int:
+        """Over the steps of at most ``step`` tokens (``step_pages``), the count at a step
+        starting at ``l + P`` is at least the count at ``l`` (``P``: the page for a full or
+        sliding group, ``lcm(chunk, page)`` for a chunked one) while a whole step fits before
+        ``length + 1``, and past the last such start ``last`` only the start moves up (the count
+        only falls): so ``last`` and the starts ``peak_candidates(last)`` names hold the peak."""
+        last = max(0, length + 1 - step)
+        out = self.step_pages(last, min(last + step, length + 1))
+        for n in self.peak_candidates(last):
+            out = max(out, self.step_pages(n, n + step))
         return out
 
     def peak_candidates(self, length: int) -> range:
-        """Lengths below ``length`` where ``context_pages`` may exceed its value at ``length``
-        (every token stays: none)."""
+        """Step starts below ``length`` where a step's count may exceed the count of the step
+        starting at ``length`` (every token stays: none)."""
         return range(0)
+
+    def peak_plan(self, req: Request, gs: GroupState, end: int, step: int, ops: PageOps) -> int:
+        """``plan`` capped by the most pages the request holds at once over steps of at most
+        ``step`` tokens (``peak_pages``) less those it holds now (a hit's pages: they stay held
+        or, once out of the window or chunk, go back to the pool before the peak needs them)."""
+        need = self.plan(req, gs, end, ops)
+        return min(need, max(0, self.peak_pages(end - 1, step) - self.held_pages(gs))) if need else 0
 
     def stale_pages(self, req: Request, gs: GroupState) -> int:
         lo = min(self.first_needed(req.num_computed) // self.tpp, len(gs.pages))
@@ -281,7 +296,8 @@ class ChunkedPolicy(FullPolicy):
     bounds_hit = False
 
     def peak_candidates(self, length: int) -> range:
-        """Within one chunk the count only grows: the peak is at ``length`` or a chunk's last token."""
+        """Within one chunk a step's count only grows with its start: the peak is at ``length``
+        or a chunk's last token."""
         chunk = self.group.spec.chunk
         return range(length - length % chunk - 1, max(-1, length - lcm(chunk, self.tpp)), -chunk)
 
