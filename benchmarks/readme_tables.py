@@ -1,4 +1,4 @@
-"""Regenerate the README's tables whose figures come from a deterministic command.
+"""Regenerate the tables of the README and the docs pages whose figures come from a deterministic command.
 
 Each such table sits between two markers that name it and the command a reader runs::
 
@@ -6,15 +6,17 @@ Each such table sits between two markers that name it and the command a reader r
     ...the table, as this script renders it...
     <!-- end -->
 
-Only the text between a block's markers is rewritten, so other README edits merge around it.
+Blocks live in README.md and docs/*.md (:func:`pages`); a block may stand in more than one page
+(the README's headline figures are also on their docs page), and every copy is rendered and
+checked.  Only the text between a block's markers is rewritten, so other edits merge around it.
 A block's renderer calls the same code as its command and prints the same figures (same
 formats).  :data:`FAST` blocks take seconds and are re-rendered whole by ``make test``
 (``tests/test_readme_tables.py``); the rest by the same test under ``-m slow`` or by
 ``--check`` here.  A slow block has a :class:`Sample`: a few of its rows (one trace, one
 section, one manager's column) that the same code renders in seconds with a narrower command;
-``make test`` checks that each sampled line is in the README's block as it is rendered now, so a
-stale slow block fails there too.  Machine-dependent figures (µs, tokens/s) are never generated:
-the README marks them as measured, with the date and command.
+``make test`` checks that each sampled line is in every copy of the block as it is rendered now, so
+a stale slow block fails there too.  Machine-dependent figures (µs, tokens/s) are never generated:
+the pages mark them as measured, with the date and command.
 
     python benchmarks/readme_tables.py              # rewrite every block (minutes: the slow ones too)
     python benchmarks/readme_tables.py --fast       # only the fast blocks
@@ -27,13 +29,15 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import pathlib
 import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 MARK = re.compile(r"<!-- generated: (?P<name>[\w.-]+) \| (?P<cmd>[^\n]*?) -->\n(?P<body>.*?)<!-- end -->", re.S)
 
 
@@ -165,7 +169,8 @@ def _bench_table(cmd: str, hits: bool) -> Callable[[], str]:
                 ("mean waste", "waste_frac_mean", "pct"), ("preemptions", "preemptions", "{}"),
                 ("evicted pages", "evicted_pages", "{}"), ("steps", "steps", "{}")]
         if hits:
-            rows.insert(5, ("prefix hit rate", "prefix_hit_rate", "pct"))
+            rows[5:5] = [("prefix hits at first admission", "first_admission_hit_rate", "pct"),
+                         ("tokens re-read after preemption", "readmission_hit_tokens", "{}")]
         head = ["metric", *res] + (["jenga / paged"] if both else [])
         out = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
         for label, key, f in rows:
@@ -233,7 +238,7 @@ def _calibration() -> str:
 
 
 def _vllm_spec_acceptance() -> str:
-    sys.path.insert(0, str(README.parent / "benchmarks"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     import tempfile
 
     import vllm_spec_acceptance as bench
@@ -256,7 +261,7 @@ BLOCKS: dict[str, Block] = {
     "simulate-ministral": _simulate("ministral-8b", "arxiv-multiq", 36, 0.25, "jenga,paged,uniform", sample="jenga"),
     "calibration": Block("python -m jenga.sim.fit", _calibration),
     "vllmfeat": Block(".venv/bin/python benchmarks/vllm_spec_acceptance.py --markdown", _vllm_spec_acceptance),
-    "bench": _bench(),
+    "bench": _bench(hits=True),
     # the tiny Jamba: ~10-20 s per manager (53 s for the three), checked under -m slow only
     "bench-jamba": _bench("--model", "tiny-jamba-1to7", "--shared-prefix", "128", "--state-checkpoint-interval", "64",
                           managers="jenga,paged,uniform", hits=True, sample=False),
@@ -282,9 +287,27 @@ FAST = ("reproduce-closed-form", "plan-ministral")
 
 # ------------------------------------------------------------------------------------------ apply
 
+def pages() -> list[pathlib.Path]:
+    """The files generated blocks live in: the README, then the docs site's pages."""
+    return [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def read_pages() -> dict[pathlib.Path, str]:
+    return {page: page.read_text() for page in pages()}
+
+
 def blocks_in(text: str) -> dict[str, tuple[str, str]]:
-    """``{name: (command, body)}`` of the README's generated blocks."""
+    """``{name: (command, body)}`` of the generated blocks in one page's ``text``."""
     return {m["name"]: (m["cmd"], m["body"]) for m in MARK.finditer(text)}
+
+
+def pages_of(texts: dict[pathlib.Path, str]) -> dict[str, list[pathlib.Path]]:
+    """``{name: [the pages holding that block]}`` over ``texts`` (``{page: text}``)."""
+    out: dict[str, list[pathlib.Path]] = {}
+    for page, text in texts.items():
+        for name in blocks_in(text):
+            out.setdefault(name, []).append(page)
+    return out
 
 
 def missing_line(body: str, sample: str, prefix: bool = False) -> str | None:
@@ -297,21 +320,23 @@ def missing_line(body: str, sample: str, prefix: bool = False) -> str | None:
     return None
 
 
-def stale_samples(text: str, names, rendered: dict[str, str] | None = None) -> dict[str, str]:
+def stale_samples(texts: dict[pathlib.Path, str], names, rendered: dict[str, str] | None = None) -> dict[str, str]:
     """``{name: message}`` of the blocks ``names`` whose sample, rendered now (or given in
-    ``rendered``), is not in the README ``text``'s block."""
-    found = blocks_in(text)
+    ``rendered``), is not in every copy of the block in ``texts`` (``{page: text}``)."""
+    where = pages_of(texts)
     out = {}
     for name in names:
-        if name not in found:
-            out[name] = f"README has no block {name!r}"
+        if name not in where:
+            out[name] = f"no page has block {name!r}"
             continue
         sample = BLOCKS[name].sample
         got = rendered[name] if rendered is not None else sample.render()
-        line = missing_line(found[name][1], got, sample.prefix)
-        if line is not None:
-            out[name] = (f"README block {name!r}: `{sample.command}` prints {line!r}, which the block lacks; "
-                         f"run `python benchmarks/readme_tables.py --only {name}`")
+        for page in where[name]:
+            line = missing_line(blocks_in(texts[page])[name][1], got, sample.prefix)
+            if line is not None:
+                out[name] = (f"{os.path.relpath(page, ROOT)} block {name!r}: `{sample.command}` prints {line!r}, "
+                             f"which the block lacks; run `python benchmarks/readme_tables.py --only {name}`")
+                break
     return out
 
 
@@ -325,9 +350,9 @@ def regenerate(text: str, names, bodies: dict[str, str] | None = None) -> str:
     found = blocks_in(text)
     for name, (cmd, _) in found.items():
         if name not in BLOCKS:
-            raise ValueError(f"README block {name!r} is not one of {sorted(BLOCKS)}")
+            raise ValueError(f"block {name!r} is not one of {sorted(BLOCKS)}")
         if cmd != BLOCKS[name].command:
-            raise ValueError(f"README block {name!r} names the command {cmd!r}, not {BLOCKS[name].command!r}")
+            raise ValueError(f"block {name!r} names the command {cmd!r}, not {BLOCKS[name].command!r}")
     bodies = render([n for n in names if n in found]) if bodies is None else bodies
 
     def sub(m: re.Match) -> str:
@@ -342,27 +367,32 @@ def main(argv=None) -> int:
     ap.add_argument("--fast", action="store_true", help="only the fast blocks (the ones make test checks)")
     ap.add_argument("--only", action="append", help="only this block (repeatable)")
     ap.add_argument("--samples", action="store_true", help="do not write; render the slow blocks' samples "
-                    "(seconds each) and exit 1 if a sampled line is not in its README block")
+                    "(seconds each) and exit 1 if a sampled line is not in a copy of its block")
     a = ap.parse_args(argv)
     if a.samples:
         names = [n for n in a.only or BLOCKS if BLOCKS[n].sample is not None]
-        stale = stale_samples(README.read_text(), names)
+        stale = stale_samples(read_pages(), names)
         print("\n".join(stale.values()) or f"{len(names)} samples in their blocks")
         return 1 if stale else 0
     names = a.only or [n for n in BLOCKS if n in FAST or not a.fast]
-    text = README.read_text()
-    regenerate(text, [], {})  # markers and commands checked before minutes of rendering
-    bodies = render(names)
-    text = README.read_text()  # again: another run may have written its blocks meanwhile
-    new = regenerate(text, names, bodies)
-    if a.check:
-        if new != text:
-            sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True), "README.md",
-                                                       "generated"))
-            return 1
-        return 0
-    README.write_text(new)
-    return 0
+    texts = read_pages()
+    for text in texts.values():
+        regenerate(text, [], {})  # markers and commands checked before minutes of rendering
+    where = pages_of(texts)
+    bodies = render([n for n in names if n in where])
+    rc = 0
+    for page in pages():
+        text = page.read_text()  # again: another run may have written its blocks meanwhile
+        new = regenerate(text, names, bodies)
+        if new == text:
+            continue
+        if a.check:
+            sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True),
+                                                       os.path.relpath(page, ROOT), "generated"))
+            rc = 1
+        else:
+            page.write_text(new)
+    return rc
 
 
 if __name__ == "__main__":

@@ -156,7 +156,7 @@ def snapshot(mgr: KVCacheManager) -> dict:
     for rid, r in mgr.requests.items():
         reqs[rid] = dict(
             tokens=list(r.tokens), computed=r.num_computed, scheduled=r.num_scheduled,
-            lookahead=r.num_lookahead, hit=r.hit, pins=sorted(r.pins, key=repr),
+            lookahead=r.num_lookahead, hit=r.hit, hit_holds=sorted(r.hit_holds, key=repr),
             # block hashes are a lazily filled cache of (tokens, salt, images): compare those
             salt=r.salt_root, images=r.images,
             # each kind's record has its own fields (``Policy.new_state``): all of them but the table

@@ -40,7 +40,7 @@ def test_budget_keeps_one_slack_large_page():
 # ----------------------------------------------------- the bare allocator
 def test_allocator_placement_and_pool_return():
     a = LargePageAllocator([384, 256], 3)
-    assert a.large_bytes == 768 and a.k == [2, 3]
+    assert a.large_page_bytes == 768 and a.k == [2, 3]
     # group 1 (k=3) for tag "x": slots of large 0 in order, then a new large page
     assert [a.allocate(1, "x", True) for _ in range(4)] == [0, 1, 2, 3]
     assert a.group_of == [1, 1, -1] and a.num_free_large == 1

@@ -72,15 +72,15 @@ def test_precheck_counts_the_cached_pages_of_a_long_hit_run_exactly():
     mgr.add_request("c", prompt[:-1] + [9])
     hit = mgr.lookup("c")
     req = mgr.requests["c"]
-    (group_, pages), = req.reserve
+    (group_, pages), = req.deferred_holds
     assert len(pages) > BULK and hit == 2 * len(pages)
     alloc, ref = mgr.ledger.alloc, mgr.ledger.ref[group_]
     free = alloc.num_free_large + alloc.free_small[group_]  # one page per large page here
     unheld = sum(ref[p] == 0 for p in pages)
     assert 0 < unheld < len(pages) and len(mgr.ledger.evictor.keys[group_]) == unheld  # the hit's cached pages
     assert not mgr.admission.hit_cannot_fit(req, hit + 2 * free, mgr.num_allocated)  # free pages alone hold it: nothing counted
-    assert req.reserve_cached is None
+    assert req.deferred_cached_bytes is None
     # one page more: only the cached pages outside the hit could give it, and there are none
     assert mgr.admission.hit_cannot_fit(req, hit + 2 * free + 2, mgr.num_allocated)
-    assert req.reserve_cached == unheld * alloc.page_bytes[group_]
+    assert req.deferred_cached_bytes == unheld * alloc.page_bytes[group_]
     mgr.check_integrity()

@@ -111,7 +111,7 @@ def test_recompute_under_shared_attention_pages_matches_hf(name):
     """The second request of an 85-token shared prefix: its state resumes at the checkpoint 64
     (none at the junction 80 yet), so tokens [64, 80) are recomputed for the state layers while
     the attention layers share the first request's cached pages up to 80 and write no K/V there
-    (slot -1; ``jenga.core.manager.shared_recompute``).  The third resumes at 80.  Tokens and logits equal HF's."""
+    (slot -1; ``jenga.core.manager.junction``).  The third resumes at 80.  Tokens and logits equal HF's."""
     shared, a, b, c = prompts([85, 25, 13, 9], seed=7)
     llm = jenga.LLM(name, kv_memory="8MiB", max_num_batched_tokens=64, state_checkpoint_interval=32)
     writes, backend = [], llm.runner.backend

@@ -27,7 +27,7 @@ def scenario(mgr):
     mgr.add_request("d", [500, 501, 502])
     mgr.lookup("d")
     run(mgr, "d", 3, [4])  # holds b's pending hit
-    assert mgr.requests["b"].pins
+    assert mgr.requests["b"].hit_holds
     mgr.free("c")  # c's keys for the shared pages are recorded: b still holds them
     mgr.free("b")  # b's pins undone: one long hold_run entry
     mgr.check_integrity()

@@ -11,8 +11,7 @@ from array import array
 import pytest
 from conftest import full, group, make_manager, model, serve
 
-from jenga.core.prefix.hash_chain import HashChain
-from jenga.core.prefix.hash_memo import HashMemo
+from jenga.core.manager.prompt_hashes import HashChain, HashMemo
 from jenga.core.prefix.hashing import extend_block_hashes, root_hash
 
 

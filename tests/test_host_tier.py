@@ -22,7 +22,7 @@ from test_properties import MAX_LEN, SETTINGS, SPECS, TPP, ManagerMachine, min_l
 
 from jenga.core.manager.manager import KVCacheManager
 from jenga.core.pagesize import with_base_page
-from jenga.core.policy.base import OUT_OF_RANGE_AGE
+from jenga.core.policy.base import OUT_OF_WINDOW_AGE
 from jenga.core.tables import TokenTable
 from jenga.errors import InsufficientMemoryError, InvalidArgumentError, JengaError
 
@@ -51,7 +51,7 @@ class HostMachine(ManagerMachine):
         lp = with_base_page(self.spec, TPP).lcm_page_bytes
         self.mgr = KVCacheManager(self.spec, (num_large + 1) * lp, tokens_per_page=TPP, enable_prefix_caching=caching,
                                   fit_pages=False, window_slack=0, eviction=self.eviction,
-                                  out_of_window_age=OUT_OF_RANGE_AGE if aged else 0,
+                                  out_of_window_age=OUT_OF_WINDOW_AGE if aged else 0,
                                   host_memory_bytes=host * lp, host_policy=host_policy)
         self.live, self.shadow, self.host_shadow = {}, {}, {}
         self.next_id = 0
@@ -112,7 +112,7 @@ def _trace(host_policy: str, seed: int) -> Counter:
     """Requests on shared prefixes through a small device pool and a host tier; page contents are
     token ids in numpy arrays per tier, copied by each plan; every token a step reads is checked."""
     spec = model(group("full", full(), 1), group("swa", sliding(5), 2, 1), max_len=64)
-    mgr = host_manager(spec, 20, 40, host_policy=host_policy, out_of_window_age=OUT_OF_RANGE_AGE)
+    mgr = host_manager(spec, 20, 40, host_policy=host_policy, out_of_window_age=OUT_OF_WINDOW_AGE)
     pool = mgr.pool
     dev = [np.full((pool.num_large_pages * k, TPP), -1) for k in pool.small_per_large]
     host = [np.full((mgr.host_num_large * k, TPP), -1) for k in pool.small_per_large]

@@ -215,7 +215,7 @@ def test_one_state_page_per_step_periodic_only_where_it_can_pay():
     assert mgr.lookup("b") == 8 and mgr.requests["b"].junction == 10
     st = mgr.allocate("b", 12).groups[1]
     # the attention group shares a's cached pages up to the junction 10 (tokens 8, 9 are
-    # recomputed for the state only, jenga.core.manager.shared_recompute): one fresh attention page fewer
+    # recomputed for the state only, jenga.core.manager.junction): one fresh attention page fewer
     assert (st.work_page, st.read_page, st.checkpoints) == (30, 18, {10: 31})
     assert mgr.ref[1][18] == 0 and cached_keys(mgr, 1)[18] == (2, -8)  # let go of, at full priority
     mgr.check_integrity()

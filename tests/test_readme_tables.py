@@ -1,9 +1,10 @@
-"""The README's generated tables are what the code prints now (``benchmarks/readme_tables.py``).
+"""The generated tables of the README and the docs pages are what the code prints now
+(``benchmarks/readme_tables.py``).
 
 The fast blocks are re-rendered here on every ``make test``; the slow ones (simulations of
 minutes) under ``-m slow``, and in ``make test`` through their samples: a few rows each that the
-same code renders in seconds, which must be in the README's block as printed now.  Every block the
-generator knows is in the README, with its command.
+same code renders in seconds, which must be in every copy of the block as printed now.  Every block
+the generator knows is in a page (README.md or docs/*.md), with its command.
 """
 
 from __future__ import annotations
@@ -16,21 +17,34 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import readme_tables as rt  # noqa: E402
 
-TEXT = rt.README.read_text()
+TEXTS = rt.read_pages()
+WHERE = rt.pages_of(TEXTS)
+TEXT = TEXTS[rt.README]
 
 
-def test_every_block_is_in_the_readme_with_its_command():
-    found = rt.blocks_in(TEXT)
-    assert set(found) == set(rt.BLOCKS)
-    for name, (cmd, _) in found.items():
-        assert cmd == rt.BLOCKS[name].command, name
+def test_every_block_is_in_a_page_with_its_command():
+    assert set(WHERE) == set(rt.BLOCKS)
+    for page, text in TEXTS.items():
+        for name, (cmd, _) in rt.blocks_in(text).items():
+            assert cmd == rt.BLOCKS[name].command, (page, name)
+
+
+def test_pages_are_the_readme_and_the_docs_site():
+    assert rt.pages()[0] == rt.README
+    assert {p.name for p in rt.pages()[1:]} >= {"benchmarks.md", "vllm.md", "reproduction.md"}
+    assert all(p.parent.name == "docs" for p in rt.pages()[1:])
+    # the README keeps headline figures; the rest moved to their pages
+    assert 1 <= len(rt.blocks_in(TEXT)) <= 2
+    assert all(len(WHERE[n]) == 1 or rt.README in WHERE[n] for n in WHERE), "a block copied between docs pages"
 
 
 def _check(name: str) -> None:
-    new = rt.regenerate(TEXT, [name])
-    assert rt.blocks_in(new)[name] == rt.blocks_in(TEXT)[name], (
-        f"README block {name!r} differs from what `{rt.BLOCKS[name].command}` prints now; "
-        f"run `python benchmarks/readme_tables.py --only {name}`")
+    new_bodies = rt.render([name])
+    for page in WHERE[name]:
+        new = rt.regenerate(TEXTS[page], [name], new_bodies)
+        assert rt.blocks_in(new)[name] == rt.blocks_in(TEXTS[page])[name], (
+            f"{page.name} block {name!r} differs from what `{rt.BLOCKS[name].command}` prints now; "
+            f"run `python benchmarks/readme_tables.py --only {name}`")
 
 
 @pytest.mark.parametrize("name", rt.FAST)
@@ -50,7 +64,7 @@ def test_slow_block_matches_the_code(name):
 
 
 def _stale_figure(text: str, name: str, sample: str) -> str:
-    """``text`` with the last digit of the block's first sampled row (a figure) changed."""
+    """``text`` (one page) with the last digit of the block's first sampled row (a figure) changed."""
     body = rt.blocks_in(text)[name][1]
     row = next(ln for ln in sample.splitlines() if ln.startswith("| ") and any(c.isdigit() for c in ln)
                and not set(ln) <= set("|-"))
@@ -63,15 +77,17 @@ def _stale_figure(text: str, name: str, sample: str) -> str:
 @pytest.mark.parametrize("name", [
     pytest.param(n, marks=pytest.mark.xdist_group("readme-vs-vllm") if n in VLLM_SAMPLES else ())
     for n in SLOW if rt.BLOCKS[n].sample is not None])
-def test_slow_block_sample_is_in_the_readme(name):
-    """The slow block's sampled rows, rendered now, are in its README block; and a README whose
+def test_slow_block_sample_is_in_its_pages(name):
+    """The slow block's sampled rows, rendered now, are in every copy of its block; and a page whose
     sampled row has one figure changed is found stale."""
     got = rt.BLOCKS[name].sample.render()
     assert got.strip()
-    assert rt.stale_samples(TEXT, [name], {name: got}) == {}, rt.stale_samples(TEXT, [name], {name: got})[name]
-    stale = _stale_figure(TEXT, name, got)
-    assert stale != TEXT
-    assert name in rt.stale_samples(stale, [name], {name: got})
+    stale = rt.stale_samples(TEXTS, [name], {name: got})
+    assert stale == {}, stale[name]
+    for page in WHERE[name]:
+        changed = _stale_figure(TEXTS[page], name, got)
+        assert changed != TEXTS[page]
+        assert page.name in rt.stale_samples({**TEXTS, page: changed}, [name], {name: got})[name]
 
 
 def test_slow_blocks_without_a_sample_are_the_known_ones():
@@ -110,14 +126,40 @@ def test_sample_lines_are_matched_in_order_whole_or_as_leading_columns():
 
 def test_a_stale_block_is_found_and_only_its_text_changes():
     name = rt.FAST[0]
-    cmd, body = rt.blocks_in(TEXT)[name]
-    stale = TEXT.replace(body, body.replace("|", "| 9", 1), 1)
+    (page,) = WHERE[name]
+    text = TEXTS[page]
+    cmd, body = rt.blocks_in(text)[name]
+    stale = text.replace(body, body.replace("|", "| 9", 1), 1)
     new = rt.regenerate(stale, [name])
-    assert new == TEXT  # the block is rendered back; nothing outside it moved
+    assert new == text  # the block is rendered back; nothing outside it moved
+
+
+def test_check_and_write_cover_every_page(tmp_path, monkeypatch, capsys):
+    """``--check`` finds a stale block in a docs page, and a rewrite mends it there, the README
+    untouched."""
+    name = rt.FAST[0]
+    (page,) = WHERE[name]
+    assert page != rt.README
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    copies = {tmp_path / "README.md": TEXT, docs / page.name: TEXTS[page]}
+    for path, text in copies.items():
+        path.write_text(text)
+    monkeypatch.setattr(rt, "ROOT", tmp_path)
+    monkeypatch.setattr(rt, "README", tmp_path / "README.md")
+    assert rt.main(["--check", "--only", name]) == 0
+    body = rt.blocks_in(TEXTS[page])[name][1]
+    (docs / page.name).write_text(TEXTS[page].replace(body, body.replace("|", "| 9", 1), 1))
+    assert rt.main(["--check", "--only", name]) == 1
+    assert f"docs/{page.name}" in capsys.readouterr().out
+    assert rt.main(["--only", name]) == 0
+    assert (docs / page.name).read_text() == TEXTS[page]
+    assert (tmp_path / "README.md").read_text() == TEXT
 
 
 def test_a_marker_with_another_command_is_refused():
     name = rt.FAST[0]
     cmd = rt.BLOCKS[name].command
+    (page,) = WHERE[name]
     with pytest.raises(ValueError, match="names the command"):
-        rt.regenerate(TEXT.replace(f"{name} | {cmd} -->", f"{name} | {cmd} --quick -->"), [])
+        rt.regenerate(TEXTS[page].replace(f"{name} | {cmd} -->", f"{name} | {cmd} --quick -->"), [])

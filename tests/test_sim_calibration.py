@@ -123,13 +123,13 @@ def test_stacked_cells_keep_their_order(ministral_cells):
 
 
 def _calibration_block() -> tuple[str, str]:
-    """The README's generated calibration block and the prose after it."""
+    """The generated calibration block of docs/reproduction.md and the prose after it."""
     import pathlib
     import re
 
-    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "reproduction.md").read_text()
     m = re.search(r"<!-- generated: calibration \| [^>]*-->\n(.*?)<!-- end -->\n\n(.*?)\n\n", text, re.S)
-    assert m, "README has no calibration block"
+    assert m, "docs/reproduction.md has no calibration block"
     return m[1], m[2]
 
 

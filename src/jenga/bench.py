@@ -4,10 +4,16 @@ Default setup (chosen so the workload's KV need, ~34 MiB with every request resi
 the budget): the built-in ``tiny-gemma3`` model (random weights; 6 layers, 5 sliding with a
 64-token window : 1 full, like Gemma-3), 48 requests with 256-448-token prompts and 64 output
 tokens each (EOS ignored, so both managers do exactly the same work), ``--kv-memory 12MiB`` of
-fp32 KV, 512-token step budget (chunked prefill).  PagedAttention v0 keeps every token in every
-layer; jenga keeps only the window in the sliding layers, so the same memory holds ~2.5x more
-running requests -> bigger decode batches -> more tokens per second (a decode step's cost is
-mostly per-step, not per-request, at these batch sizes).  Everything runs in this process on
+fp32 KV, 512-token step budget (chunked prefill); ``--shared-prefix N`` starts every prompt with
+the same N tokens.  PagedAttention v0 keeps every token in every layer; jenga keeps only the
+window in the sliding layers, so the same memory holds ~2.5x more running requests -> bigger
+decode batches -> more tokens per second (a decode step's cost is mostly per-step, not
+per-request, at these batch sizes).
+
+Prefix hits are reported in two rows that mean different things: the share of prompt tokens found
+cached when a request is first admitted (the shared prefix at work), and the tokens a request
+preempted by recompute finds again when it is re-admitted (its own pages, still cached: a
+re-read, which only a manager that preempts gets).  Everything runs in this process on
 the CPU with one torch thread (tiny kernels: more threads mostly add synchronisation, and
 collapse when other processes share the cores), timed end to end (scheduling, manager,
 metadata, forward, sampling) after a short untimed warm-up per engine.
@@ -102,6 +108,7 @@ def run_engine(name: str, args, work: Workload, progress=None, *, track_kv_stats
     wall = time.perf_counter() - t0
     m, s, st = llm.metrics, llm.scheduler.stats, llm.manager.stats()
     queries = st.prefix_query_tokens - st0.prefix_query_tokens
+    first = st.first_query_tokens - st0.first_query_tokens
     host = {} if llm.host_pool is None else {
         key: getattr(st, key) - getattr(st0, key) for key in HOST_COUNTERS} | {"host_total_bytes": st.host_total_bytes}
     return {
@@ -116,6 +123,9 @@ def run_engine(name: str, args, work: Workload, progress=None, *, track_kv_stats
         "max_running": s.max_running,
         "preemptions": s.preemptions,
         "prefix_hit_rate": (st.prefix_hit_tokens - st0.prefix_hit_tokens) / queries if queries else 0.0,
+        # the manager counts a request's first lookup apart from its re-adds after a preemption
+        "first_admission_hit_rate": (st.first_hit_tokens - st0.first_hit_tokens) / first if first else 0.0,
+        "readmission_hit_tokens": st.repeat_hit_tokens - st0.repeat_hit_tokens,
         "evicted_pages": st.evicted_pages - st0.evicted_pages,
         "peak_kv_used_bytes": m.peak_used_bytes,
         "peak_kv_needed_bytes": m.peak_needed_bytes,
@@ -213,7 +223,9 @@ def _print_table(data: dict) -> None:
             ("peak KV held", "peak_kv_used_bytes", "bytes", False),
             ("peak KV needed", "peak_kv_needed_bytes", "bytes", False),
             ("mean waste", "waste_frac_mean", "pct", False), ("preemptions", "preemptions", "{}", False),
-            ("prefix hit rate", "prefix_hit_rate", "pct", False), ("evicted pages", "evicted_pages", "{}", False),
+            ("prefix hits at first admission", "first_admission_hit_rate", "pct", False),
+            ("tokens re-read after preemption", "readmission_hit_tokens", "{}", False),
+            ("evicted pages", "evicted_pages", "{}", False),
             ("steps", "steps", "{}", False), ("wall time", "wall_s", "{:.1f} s", False)]
     if all("host_hit_tokens" in r for r in res.values()):  # --host-kv-memory
         rows += [("host tier", "host_total_bytes", "bytes", False), ("host hit tokens", "host_hit_tokens", "{}", False),

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from jenga.core.manager.manager import KVCacheManager
+from jenga.core.manager.rules import ManagerRules
 from jenga.core.pagesize import with_base_page
 from jenga.core.policy.registry import Policy, policy_for
 from jenga.core.request import CheckpointState, GroupState, ImageState, Request, TokenState
@@ -58,22 +59,31 @@ def stored_as(spec: object) -> str | None:
     return by_spec_type(STORED_AS, spec)
 
 
-class TrueNeedsManager(KVCacheManager):
-    """Waste of a baseline = bytes it holds - bytes the *real* model needs (every
-    baseline keeps more, or pads more, than the model reads)."""
+class TrueNeedsRules(ManagerRules):
+    """A baseline's rules that transform the model: they keep the real model's policies and
+    records too (``remember_true_model``, from their ``prepare_model``), which measure its needs."""
+
     default_eviction = "lru"  # the systems these baselines stand for evict LRU
 
-    def _remember_true_model(self, model: ModelSpec, tokens_per_page: int) -> None:
+    def remember_true_model(self, model: ModelSpec, tokens_per_page: int) -> None:
         self.true_model = with_base_page(model, tokens_per_page)
         self.true_policies: list[Policy] = [policy_for(i, g, tokens_per_page)
                                             for i, g in enumerate(self.true_model.groups)]
         self.true_records = [true_record(pol.group.spec) for pol in self.true_policies]
 
+
+class TrueNeedsManager(KVCacheManager):
+    """Waste of a baseline = bytes it holds - bytes the *real* model needs (every
+    baseline keeps more, or pads more, than the model reads)."""
+
+    rules_class = TrueNeedsRules
+
     def request_accounting(self, req: Request) -> tuple[int, int, int, int]:
         held, _, _, padding = super().request_accounting(req)
         needed = stale = 0
         started = req.tables is not None
-        for pol, record in zip(self.true_policies, self.true_records, strict=True):
+        rules = self.rules
+        for pol, record in zip(rules.true_policies, rules.true_records, strict=True):
             if record is None:
                 continue  # outside the KV pool in these baselines
             make, keeps_tokens = record

@@ -14,7 +14,7 @@ out-of-window tokens held by sliding layers show up as waste.
 
 from __future__ import annotations
 
-from jenga.baselines.common import TrueNeedsManager, by_spec_type, stored_as
+from jenga.baselines.common import TrueNeedsManager, TrueNeedsRules, by_spec_type, stored_as
 from jenga.core.specs import (
     AttentionSpec,
     CrossAttentionSpec,
@@ -62,14 +62,19 @@ def paged_model(model: ModelSpec, block: int) -> ModelSpec:
     return ModelSpec(f"{model.name}[paged]", tuple(groups), model.max_model_len, model.num_layers, model.hf_config)
 
 
+class PagedRules(TrueNeedsRules):
+    """The paged manager's model: one page size for every layer (``paged_model``)."""
+
+    def prepare_model(self, model: ModelSpec, tokens_per_page: int, max_ratio: float | None) -> ModelSpec:
+        self.remember_true_model(model, tokens_per_page)
+        return paged_model(model, tokens_per_page)
+
+
 class PagedManager(TrueNeedsManager):
     """PagedAttention v0 ("max page") behind the ``KVCacheManager`` API."""
 
     name = "paged"
-
-    def _prepare_model(self, model: ModelSpec, tokens_per_page: int, max_ratio: float | None) -> ModelSpec:
-        self._remember_true_model(model, tokens_per_page)
-        return paged_model(model, tokens_per_page)
+    rules_class = PagedRules
 
 
-__all__ = ["PAGE_SPEC", "PagedManager", "paged_model"]
+__all__ = ["PAGE_SPEC", "PagedManager", "PagedRules", "paged_model"]

@@ -10,44 +10,47 @@ from __future__ import annotations
 from jenga.core.alloc.allocator import Supply
 from jenga.core.manager.admission import Admission
 from jenga.core.manager.manager import KVCacheManager
+from jenga.core.manager.rules import ManagerRules
 from jenga.core.policy.registry import cdiv
+from jenga.core.specs import ModelSpec
 
 WEIGHT = {"full": 1.0, "cross": 1.0, "sliding": 0.5, "chunked": 0.5, "mamba": 0.5, "vision": 0.5}
 
 
 class StaticAdmission(Admission):
-    """Jenga's admission with per-group caps on large pages (``caps``, set by the manager)."""
-
-    caps: list[int]
+    """Jenga's admission with per-group caps on large pages (the allocator's ``caps``)."""
 
     def quota_for(self, need: list[int], sup: Supply | None = None) -> list[int] | None:
         """As jenga's, but a group takes new large pages only up to its share; its own fully
         evictable large pages can always be recycled."""
         alloc = self.alloc
         sup = sup or alloc.supply()
-        room = [c - o for c, o in zip(self.caps, alloc.owned, strict=True)]
+        room = [c - alloc.owned_large(g) for g, c in enumerate(alloc.caps)]
         least = [cdiv(max(0, x - f - c), k)
                  for x, f, c, k in zip(need, sup.free_small, sup.cached_small, alloc.k, strict=True)]
         if sum(least) > sup.whole_large or any(
-                lo > r + e for lo, r, e in zip(least, room, alloc.e_count, strict=True)):
+                lo > r + alloc.evictable_large(g) for g, (lo, r) in enumerate(zip(least, room, strict=True))):
             return None
-        most = [min(cdiv(x, k), r + e) for x, k, r, e in zip(need, alloc.k, room, alloc.e_count, strict=True)]
+        most = [min(cdiv(x, k), r + alloc.evictable_large(g))
+                for g, (x, k, r) in enumerate(zip(need, alloc.k, room, strict=True))]
         if sum(most) <= sup.whole_large:
             return most
         return least
+
+
+class StaticRules(ManagerRules):
+    """jenga's rules with the artifact's per-group caps (module doc) and LRU eviction."""
+
+    default_eviction = "lru"
+    admission_class = StaticAdmission
+
+    def caps(self, model: ModelSpec, num_large: int) -> list[int]:
+        w = [g.page_bytes * WEIGHT.get(g.kind, 1.0) for g in model.groups]
+        return [max(1, int(num_large * x / sum(w))) for x in w]
 
 
 class StaticManager(KVCacheManager):
     """Static partition: per-group caps on large pages, decided at start-up."""
 
     name = "static"
-    default_eviction = "lru"
-    admission_class = StaticAdmission
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        w = [g.page_bytes * WEIGHT.get(g.kind, 1.0) for g in self.model.groups]
-        n = self.pool.num_large_pages
-        self.caps = [max(1, int(n * x / sum(w))) for x in w]
-        self.alloc.caps = self.caps
-        self.admission.caps = self.caps
+    rules_class = StaticRules

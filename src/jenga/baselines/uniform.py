@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 
-from jenga.baselines.common import TrueNeedsManager, stored_as
+from jenga.baselines.common import TrueNeedsManager, TrueNeedsRules, stored_as
 from jenga.core.alloc.page_states import Supply
 from jenga.core.manager.admission import Admission
 from jenga.core.policy.registry import (
@@ -101,51 +101,58 @@ def _fallback_full(model: ModelSpec, block: int) -> ModelSpec:
     return paged_model(model, block)
 
 
-class _ReleaseAtNextAllocate(FullPolicy):
-    """Out-of-window pages are released when the request next allocates, not at commit."""
+def releasing_at_next_allocate(base: type[FullPolicy]) -> type[FullPolicy]:
+    """``base`` (a sliding or chunked policy) with v1's release of out-of-window pages at the
+    request's next allocate: a subclass of it, so every uniform policy has one base class."""
 
-    releases_at_next_allocate = True
+    class ReleaseAtNextAllocate(base):
+        """Out-of-window pages are released when the request next allocates, not at commit."""
 
-    def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
-        computed = req.num_computed
-        self._register(req, gs, ops, computed)
+        releases_at_next_allocate = True
 
-    def _register(self, req: Request, gs: GroupState, ops: PageOps, computed: int) -> None:
-        if not ops.caching:
-            return
-        tpp, pages = self.tpp, gs.pages
-        full = min(computed // tpp, len(req.hashes) * self.block // tpp, len(pages))
-        keep_from = self.retained_from(req)
-        for i in range(max(gs.registered, keep_from), full):
-            if pages[i] is not None and (i + 1) * tpp <= self.retained_to(req):
-                ops.register(self.gi, pages[i], self.page_key(req, i))
-        gs.registered = max(gs.registered, full)
+        def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
+            computed = req.num_computed
+            self._register(req, gs, ops, computed)
 
-    def retained_from(self, req: Request) -> int:
-        return 0
+        def _register(self, req: Request, gs: GroupState, ops: PageOps, computed: int) -> None:
+            if not ops.caching:
+                return
+            tpp, pages = self.tpp, gs.pages
+            full = min(computed // tpp, len(req.hashes) * self.block // tpp, len(pages))
+            keep_from = self.retained_from(req)
+            for i in range(max(gs.registered, keep_from), full):
+                if pages[i] is not None and (i + 1) * tpp <= self.retained_to(req):
+                    ops.register(self.gi, pages[i], self.page_key(req, i))
+            gs.registered = max(gs.registered, full)
 
-    def retained_to(self, req: Request) -> int:
-        return 1 << 62
+        def retained_from(self, req: Request) -> int:
+            return 0
 
-    def plan(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> int:
-        """Pages past the held ones; those below the window stay held (``skipped``)."""
-        return max(0, cdiv(end, self.tpp) - len(gs.pages))
+        def retained_to(self, req: Request) -> int:
+            return 1 << 62
 
-    def skipped(self, req: Request, gs: GroupState) -> range:
-        """Page indices that left the window / chunk but are still held (freed at the next allocate)."""
-        return range(gs.released, min(self.keep_from(req.num_computed) // self.tpp, len(gs.pages)))
+        def plan(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> int:
+            """Pages past the held ones; those below the window stay held (``skipped``)."""
+            return max(0, cdiv(end, self.tpp) - len(gs.pages))
 
-    def freed_by_release(self, req: Request, gs: GroupState, ops: PageOps) -> int:
-        """Pages that ``release_skipped`` gives back to the pool (held by nobody else)."""
-        ref, pages = ops.ref[self.gi], gs.pages
-        return sum(1 for i in self.skipped(req, gs) if pages[i] is not None and ref[pages[i]] == 1)
+        def skipped(self, req: Request, gs: GroupState) -> range:
+            """Page indices that left the window / chunk but are still held (freed at the next allocate)."""
+            return range(gs.released, min(self.keep_from(req.num_computed) // self.tpp, len(gs.pages)))
 
-    def release_skipped(self, req: Request, gs: GroupState, ops: PageOps) -> None:
-        """``remove_skipped_blocks``: drop the pages below the window (no new registration)."""
-        super().commit(req, gs, _NoRegister(ops))
+        def freed_by_release(self, req: Request, gs: GroupState, ops: PageOps) -> int:
+            """Pages that ``release_skipped`` gives back to the pool (held by nobody else)."""
+            ref, pages = ops.ref[self.gi], gs.pages
+            return sum(1 for i in self.skipped(req, gs) if pages[i] is not None and ref[pages[i]] == 1)
 
-    def next_event(self, req: Request, gs: GroupState, ops: PageOps) -> int:
-        return (gs.registered + 1) * self.tpp if ops.caching else 1 << 62
+        def release_skipped(self, req: Request, gs: GroupState, ops: PageOps) -> None:
+            """``remove_skipped_blocks``: drop the pages below the window (no new registration)."""
+            super().commit(req, gs, _NoRegister(ops))
+
+        def next_event(self, req: Request, gs: GroupState, ops: PageOps) -> int:
+            return (gs.registered + 1) * self.tpp if ops.caching else 1 << 62
+
+    ReleaseAtNextAllocate.__name__ = ReleaseAtNextAllocate.__qualname__ = f"ReleaseAtNextAllocate{base.__name__}"
+    return ReleaseAtNextAllocate
 
 
 class _NoRegister:
@@ -155,7 +162,7 @@ class _NoRegister:
         self._ops = ops
         self.caching = False
         self.now = ops.now
-        self.out_of_range_age = ops.out_of_range_age
+        self.out_of_window_age = ops.out_of_window_age
 
     def drop(self, *args) -> None:
         self._ops.drop(*args)
@@ -164,7 +171,7 @@ class _NoRegister:
         self._ops.drop_run(*args)
 
 
-class UniformSlidingPolicy(_ReleaseAtNextAllocate, SlidingPolicy):
+class UniformSlidingPolicy(releasing_at_next_allocate(SlidingPolicy)):
     """v1 sliding window: retention only inside the window that ends at the prompt."""
 
     def retained_from(self, req: Request) -> int:
@@ -174,7 +181,7 @@ class UniformSlidingPolicy(_ReleaseAtNextAllocate, SlidingPolicy):
         return req.prompt_len
 
 
-class UniformChunkedPolicy(_ReleaseAtNextAllocate, ChunkedPolicy):
+class UniformChunkedPolicy(releasing_at_next_allocate(ChunkedPolicy)):
     pass
 
 
@@ -222,7 +229,7 @@ class UncachedImagePolicy(ImagePolicy):
         gs.to_fill.clear()
 
 
-def _releasing(policies: list[Policy], req: Request) -> list[tuple[_ReleaseAtNextAllocate, GroupState]]:
+def _releasing(policies: list[Policy], req: Request) -> list[tuple[FullPolicy, GroupState]]:
     """The groups whose out-of-window pages wait for the request's next allocate."""
     return [(pol, gs) for pol, gs in zip(policies, req.groups, strict=True)
             if pol.releases_at_next_allocate]
@@ -240,34 +247,41 @@ class UniformAdmission(Admission):
         return self.quota_for(need, Supply(sup.free_small, sup.cached_small, sup.whole_large + credit))
 
 
+class UniformRules(TrueNeedsRules):
+    """vLLM v1's rules: its model (``uniform_model``), its policies, its fit check, and the
+    skipped blocks freed before an allocation that is sure to succeed."""
+
+    admission_class = UniformAdmission
+
+    def prepare_model(self, model: ModelSpec, tokens_per_page: int, max_ratio: float | None) -> ModelSpec:
+        self.remember_true_model(model, tokens_per_page)
+        um = uniform_model(model, tokens_per_page)
+        self.align = math.lcm(*(g.tokens_per_page for g in um.groups if g.spec.per_token)) \
+            if any(g.spec.per_token for g in um.groups) else tokens_per_page
+        return um
+
+    def policy(self, gi: int, group: LayerGroup, block: int) -> Policy:
+        for cls in type(group.spec).__mro__:  # exact type first, then its bases (as ``policy_for``)
+            if cls in UNIFORM_POLICIES:
+                return UNIFORM_POLICIES[cls](gi, group, block, self.align)
+        raise AssertionError(f"uniform: no rule for {type(group.spec).__name__}")
+
+    def before_allocate(self, mgr: TrueNeedsManager, req: Request, n: int, lookahead: int) -> bool:
+        """Free the skipped blocks only once the allocation is sure to succeed (count first)."""
+        releasing = [(pol, gs) for pol, gs in _releasing(mgr.policies, req) if pol.skipped(req, gs)]
+        if releasing:
+            if not mgr.can_allocate(req.request_id, n, num_lookahead=lookahead):
+                return False
+            for pol, gs in releasing:
+                pol.release_skipped(req, gs, mgr.ledger)
+        return True
+
+
 class UniformManager(TrueNeedsManager):
     """vLLM v1's hybrid allocator behind the ``KVCacheManager`` API."""
 
     name = "uniform"
-    admission_class = UniformAdmission
-
-    def _prepare_model(self, model: ModelSpec, tokens_per_page: int, max_ratio: float | None) -> ModelSpec:
-        self._remember_true_model(model, tokens_per_page)
-        um = uniform_model(model, tokens_per_page)
-        self._align = math.lcm(*(g.tokens_per_page for g in um.groups if g.spec.per_token)) \
-            if any(g.spec.per_token for g in um.groups) else tokens_per_page
-        return um
-
-    def _allocate_slow(self, req: Request, n: int, lookahead: int, end: int):
-        """Free the skipped blocks only once the allocation is sure to succeed (count first)."""
-        releasing = [(pol, gs) for pol, gs in _releasing(self.policies, req) if pol.skipped(req, gs)]
-        if releasing:
-            if not self.can_allocate(req.request_id, n, num_lookahead=lookahead):
-                return None
-            for pol, gs in releasing:
-                pol.release_skipped(req, gs, self.ledger)
-        return super()._allocate_slow(req, n, lookahead, end)
-
-    def _policy(self, gi: int, group: LayerGroup) -> Policy:
-        for cls in type(group.spec).__mro__:  # exact type first, then its bases (as ``policy_for``)
-            if cls in UNIFORM_POLICIES:
-                return UNIFORM_POLICIES[cls](gi, group, self.block, self._align)
-        raise AssertionError(f"uniform: no rule for {type(group.spec).__name__}")
+    rules_class = UniformRules
 
 
 #: spec type -> the uniform manager's policy (``align``: the Mamba checkpoint alignment)

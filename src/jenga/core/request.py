@@ -66,10 +66,10 @@ class Request:
     num_scheduled: int = 0  # allocated, not yet committed by append_tokens
     num_lookahead: int = 0
     last_access: int = 0
-    hit: int = 0  # tokens the last lookup found (pinned until allocate)
-    pins: list[tuple] = field(default_factory=list)  # the hold log: (group, page, key) or (group, pages, keys)
-    reserve: list | None = None  # the lookup's holds, recorded but not done yet (jenga.core.manager.ledger)
-    reserve_cached: int | None = None  # bytes of cached pages among them (computed when first asked)
+    hit: int = 0  # tokens the last lookup found (held until allocate)
+    hit_holds: list[tuple] = field(default_factory=list)  # the hit's holds done: (group, page, key) or (group, pages, keys)
+    deferred_holds: list | None = None  # the lookup's holds, recorded but not done yet (jenga.core.manager.ledger)
+    deferred_cached_bytes: int | None = None  # bytes of cached pages among them (computed when first asked)
     limit: int = 0  # allocate may end below this without new pages (fast path)
     tables: PageTables | None = None
     counted: bool = False  # prefix hit statistics recorded
@@ -79,7 +79,7 @@ class Request:
     next_event: int = 0  # append_tokens commits groups once num_computed reaches this
     salt_root: bytes = b""
     pairs: list | None = None  # (policy, group state) pairs with work, set at the first allocate
-    lender: tuple | None = None  # (tokens, hashes) of a prompt starting alike (jenga.core.prefix.hash_memo)
+    lender: tuple | None = None  # (tokens, hashes) of a prompt starting alike (jenga.core.manager.prompt_hashes)
     # the caller's chained block hashes (a live sequence, one per ``hash_step`` caller blocks of
     # jenga's block taken), read instead of hashing (jenga.core.manager.prompt_hashes); None: jenga hashes
     source_hashes: object = None

@@ -21,7 +21,7 @@ class TokenTable:
 
     ``write_from``: the engine writes no K/V of a position below it.  It is the request's hit
     except where a state group's hit lies below this group's cached prefix
-    (:mod:`jenga.core.manager.shared_recompute`): the tokens between are computed (for the state layers;
+    (:mod:`jenga.core.manager.junction`): the tokens between are computed (for the state layers;
     their queries read the cached K/V here) while these cached pages are shared, never written."""
 
     group: int

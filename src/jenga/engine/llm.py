@@ -88,8 +88,9 @@ def _resolve_model(model: str | Path, random_weights: bool, seed: int, dtype: to
     return config, net, str(path), load_tokenizer(path, eos_ids + list(gen.eos_token_ids)), gen
 
 
-def _resolve_draft(model, llm, random_weights: bool, seed: int, tokens_per_page: int, k: int):
-    """The draft model and its cache spec (named ``draft``) for speculative decoding."""
+def _resolve_draft(model, llm, random_weights: bool, seed: int, tokens_per_page: int, k: int, ckpt: dict):
+    """The draft model and its cache spec (named ``draft``; ``ckpt``: the target's state checkpoint
+    interval, so a prefix hit finds both models' states at the same positions) for speculative decoding."""
     from jenga.core.specs import ModelSpec
     from jenga.engine.speculative import DRAFT_NAME
 
@@ -102,7 +103,7 @@ def _resolve_draft(model, llm, random_weights: bool, seed: int, tokens_per_page:
         raise InvalidArgumentError(f"draft vocabulary ({net.config.vocab_size}) differs from the target's "
                                    f"({llm.config_vocab})")
     spec = ModelSpec.from_hf_config(source, dtype=llm.dtype, tokens_per_page=tokens_per_page, vision=False,
-                                    name=DRAFT_NAME)
+                                    name=DRAFT_NAME, **ckpt)
     return net.eval(), spec
 
 
@@ -156,7 +157,7 @@ class LLM:
         if speculative_model is not None:
             draft, draft_spec = _resolve_draft(speculative_model, self, random_weights,
                                                seed + 1 if speculative_seed is None else speculative_seed,
-                                               tokens_per_page, num_speculative_tokens)
+                                               tokens_per_page, num_speculative_tokens, ckpt)
             spec = spec.combine(draft_spec)
         self.spec = spec
         self.kv_memory = parse_bytes(kv_memory)
@@ -164,6 +165,10 @@ class LLM:
         self.manager = make_manager(manager, spec, self.kv_memory, tokens_per_page=tokens_per_page,
                                     enable_prefix_caching=enable_prefix_caching, device=str(self.device),
                                     **tier, **(manager_kwargs or {}))
+        if draft is not None:
+            from jenga.engine.speculative import check_draft_groups
+
+            check_draft_groups(spec, self.manager, manager)
         self.host_pool = None if not tier else HostKVPool(self.manager.model, self.manager.layout,
                                                           self.manager.host_num_large)
         vision = cross = None
@@ -183,7 +188,8 @@ class LLM:
             from jenga.engine.speculative import SpecScheduler, SpeculativeDecoder
 
             self.scheduler = SpecScheduler(self.manager, num_speculative_tokens=num_speculative_tokens, **sched)
-            self.speculative = SpeculativeDecoder(self.runner, draft, self.manager, self.scheduler, device=self.device)
+            self.speculative = SpeculativeDecoder(self.runner, draft, self.manager, self.scheduler, device=self.device,
+                                                  host_pool=self.host_pool)
         self.limits = RequestLimits.of(self.manager, self.scheduler.max_model_len)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.track_kv_stats = track_kv_stats

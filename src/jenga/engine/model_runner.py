@@ -12,7 +12,7 @@ every decoder layer reads and writes its K/V only through ``manager.layout.kv_vi
 * the flattened token arrays (positions, request index, write slots) are built with torch
   ops; the only Python loops are per request and per page, never per token;
 * a token below its table's ``write_from`` (its K/V is in a shared cached page, the request
-  recomputes it for its state layers: ``jenga.core.manager.shared_recompute``) gets write slot ``-1``;
+  recomputes it for its state layers: ``jenga.core.manager.junction``) gets write slot ``-1``;
 * the step's requests are laid out decodes first, then prefill chunks, each part with its own
   metadata (:mod:`jenga.engine.split_attention`), so decodes never pay for a prefill's
   query padding.
@@ -154,12 +154,16 @@ class ModelRunner:
                     q_pos_dev=q_pos.to(dev), q_req_dev=q_req.to(dev), q_local=q_local.to(dev), max_q=max(new),
                     qsl=qsl)
 
-    def prepare(self, plan: StepPlan) -> tuple[Tensor, Tensor, ForwardContext, Tensor]:
+    def prepare(self, plan: StepPlan, spec: Sequence[int] | None = None, *,
+                copy_reads: bool = True) -> tuple[Tensor, Tensor, ForwardContext, Tensor]:
         """``(input_ids [T], positions [T], ctx, logits_indices [S])`` for the step's plan.
 
         Requests are laid out decodes first (one query token each), then prefill chunks; each
         part gets its own metadata (:class:`SplitMetadata`).  ``logits_indices`` follow the
-        plan's order of items with ``.sample``.
+        plan's order of items with ``.sample``.  ``spec[i]``: how many of item ``i``'s tokens
+        (its last ones) are speculative: the state layers keep their inputs and write no state
+        of them (:mod:`jenga.engine.speculative_state`); none by default.  ``copy_reads=False``:
+        the caller already copied the step's prefix-hit checkpoints into the work pages.
         """
         items = plan.scheduled
         dec = [i for i, it in enumerate(items) if it.num_tokens == 1]
@@ -195,7 +199,8 @@ class ModelRunner:
         ctx = ForwardContext.from_groups(self.kv_views, metas, backend=self.backend)
         if self.states.groups:
             its = [items[i] for i in order]
-            ctx = self.states.context(ctx, its, [it.start for it in its], [it.num_tokens for it in its])
+            ctx = self.states.context(ctx, its, [it.start for it in its], [it.num_tokens for it in its],
+                                      None if spec is None else [spec[i] for i in order], copy_reads)
         self.item_first = {i: end_of[i] - items[i].num_tokens + 1 for i in end_of}
         logits_idx = torch.tensor([end_of[i] for i, it in enumerate(items) if it.sample], dtype=torch.long)
         dev = self.device

@@ -21,6 +21,13 @@ where ``state`` is the tuple of the layer's state tensors in spec order (fp32). 
 splits each prefill at its checkpoint positions, runs the segments, writes the state after a
 segment into the checkpoint page and the final state into the work page — all through the
 exec views of the group's pages, never a private cache.
+
+Speculative tokens (drafts a verifier may reject, :mod:`jenga.engine.speculative`) are the last
+``spec`` tokens of a request's span: the mixer runs them one token at a time from the state after
+the request's other tokens, but their states are never written to a page; their mixer inputs are
+kept (:class:`~jenga.engine.speculative_state.SpeculativeStates`) until the verifier says how many
+were accepted, and only then does the work page advance over those.  So a state page only ever
+holds the state at a committed position (what a prefix hit may restore).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import torch
 from torch import Tensor
 
 from jenga.engine.attention import ForwardContext
+from jenga.engine.speculative_state import SpeculativeStates
 
 
 @dataclass
@@ -43,31 +51,43 @@ class StateMetadata:
     spans: list[tuple[int, int]]  # (first flat token, number of tokens)
     checkpoints: list[list[tuple[int, int]]]  # per request: (tokens of this step done, exec page), sorted
     reads: list[tuple[int, int]] = field(default_factory=list)  # (checkpoint exec page, work exec page)
+    spec: list[int] = field(default_factory=list)  # per request: speculative tokens ending its span
+    keys: list[object] = field(default_factory=list)  # per request: its id (speculative inputs are kept by it)
 
     @classmethod
-    def build(cls, tables: Sequence, starts: Sequence[int], counts: Sequence[int], n_layers: int) -> StateMetadata:
-        """From each request's ``StateTable`` (``tables``), first position and token count."""
+    def build(cls, tables: Sequence, starts: Sequence[int], counts: Sequence[int], n_layers: int,
+              spec: Sequence[int] | None = None, keys: Sequence[object] = ()) -> StateMetadata:
+        """From each request's ``StateTable`` (``tables``), first position, token count and
+        speculative tokens among them (none by default).  A request running speculative tokens
+        only (a draft's proposal) copies no read page: the forward of its other tokens did."""
+        spec = list(spec) if spec is not None else [0] * len(counts)
         work, fresh, spans, ckpts, reads = [], [], [], [], []
         offset = 0
-        for t, c, n in zip(tables, starts, counts, strict=True):
+        for t, c, n, s in zip(tables, starts, counts, spec, strict=True):
+            m = n - s  # committed tokens: their states may reach pages
             work.append(t.work_page * n_layers)
             fresh.append(c == 0)
             spans.append((offset, n))
-            ckpts.append(sorted((pos - c, page * n_layers) for pos, page in t.checkpoints.items() if c < pos <= c + n))
-            if t.read_page is not None and c > 0:
+            ckpts.append(sorted((pos - c, page * n_layers) for pos, page in t.checkpoints.items() if c < pos <= c + m))
+            if t.read_page is not None and c > 0 and m > 0:
                 reads.append((t.read_page * n_layers, t.work_page * n_layers))
             offset += n
-        return cls(work, fresh, spans, ckpts, reads)
+        return cls(work, fresh, spans, ckpts, reads, spec, list(keys))
 
 
-def copy_reads(views: Sequence[Tensor], meta: StateMetadata) -> None:
-    """Copy prefix-hit checkpoints into the work pages (one layer's state tensors)."""
-    if not meta.reads:
-        return
-    src = torch.tensor([s for s, _ in meta.reads], device=views[0].device)
-    dst = torch.tensor([d for _, d in meta.reads], device=views[0].device)
-    for v in views:
-        v[dst] = v[src]
+def copy_reads(copies: Sequence[tuple[Sequence[Tensor], StateMetadata]]) -> None:
+    """Copy prefix-hit checkpoints into the work pages, for each ``(layer's state views, its
+    group's metadata)``: every read page is read before any work page is written (a read page is
+    let go of when its step is allocated, so a later allocate of the step may have given its
+    bytes to another request, of any group)."""
+    taken = []
+    for views, meta in copies:
+        if meta.reads:
+            src = torch.tensor([s for s, _ in meta.reads], device=views[0].device)
+            dst = torch.tensor([d for _, d in meta.reads], device=views[0].device)
+            taken.extend((v, dst, v[src]) for v in views)
+    for v, dst, val in taken:
+        v[dst] = val
 
 
 def _load(views: Sequence[Tensor], pages: Tensor, fresh: Tensor) -> tuple[Tensor, ...]:
@@ -91,14 +111,17 @@ class StateContext(ForwardContext):
 
     state_views: Sequence[Sequence[Tensor] | None] = ()
     state_metadata: Sequence[StateMetadata | None] = ()
+    speculative: SpeculativeStates | None = None  # where speculative tokens' inputs are kept
 
     def run_state(self, layer: int, u: Tensor, mixer) -> Tensor:
         """Run ``mixer`` over this step's per-token inputs ``u [T, F]`` of ``layer``; ``[T, G]``."""
         views, meta = self.state_views[layer], self.state_metadata[layer]
         dev = u.device
         outs: list[Tensor] = []
-        dec = [r for r, (_, n) in enumerate(meta.spans) if n == 1]
-        pre = [r for r, (_, n) in enumerate(meta.spans) if n > 1]
+        spec = meta.spec or [0] * len(meta.spans)
+        dec = [r for r, (_, n) in enumerate(meta.spans) if n - spec[r] == 1]
+        pre = [r for r, (_, n) in enumerate(meta.spans) if n - spec[r] > 1]
+        after: dict[int, tuple[Tensor, ...]] = {}  # request with speculative tokens -> state before them
         if dec:
             rows = torch.tensor([meta.spans[r][0] for r in dec], device=dev)
             pages = torch.tensor([meta.work[r] for r in dec], device=dev)
@@ -108,9 +131,12 @@ class StateContext(ForwardContext):
             for k, r in enumerate(dec):
                 for _, page in meta.checkpoints[r]:  # only offset 1 is possible
                     _store(views, torch.tensor([page], device=dev), [s[k:k + 1] for s in state])
+                if spec[r]:
+                    after[r] = tuple(s[k:k + 1] for s in state)
             outs.append((rows, y))
         for r in pre:
             a, n = meta.spans[r]
+            n -= spec[r]
             page = torch.tensor([meta.work[r]], device=dev)
             state = tuple(s[0] for s in _load(views, page, torch.tensor([meta.fresh[r]], device=dev)))
             done, ys = 0, []
@@ -123,6 +149,10 @@ class StateContext(ForwardContext):
                     _store(views, torch.tensor([ck], device=dev), [s[None] for s in state])
             _store(views, page, [s[None] for s in state])
             outs.append((torch.arange(a, a + n, device=dev), torch.cat(ys)))
+            if spec[r]:
+                after[r] = tuple(s[None] for s in state)
+        if any(spec):
+            outs.append(self._run_speculative(layer, u, mixer, after))
         if len(outs) == 1 and outs[0][0].numel() == u.shape[0]:
             return outs[0][1]
         y0 = outs[0][1]
@@ -130,6 +160,25 @@ class StateContext(ForwardContext):
         for rows, y in outs:
             out[rows] = y
         return out
+
+    def _run_speculative(self, layer: int, u: Tensor, mixer, after: dict[int, tuple[Tensor, ...]]):
+        """(rows, y) of the speculative tokens: from the state after each request's other tokens
+        (``after``) or, for a request running speculative tokens only, its work page."""
+        views, meta = self.state_views[layer], self.state_metadata[layer]
+        dev = u.device
+        spec_rows = [r for r, s in enumerate(meta.spec) if s]
+        alone = [r for r in spec_rows if r not in after]
+        if alone:
+            pages = torch.tensor([meta.work[r] for r in alone], device=dev)
+            loaded = _load(views, pages, torch.zeros(len(alone), dtype=torch.bool, device=dev))
+            for k, r in enumerate(alone):
+                after[r] = tuple(s[k:k + 1] for s in loaded)
+        state = tuple(torch.cat(parts) for parts in zip(*(after[r] for r in spec_rows), strict=True))
+        spans = [(meta.spans[r][0] + meta.spans[r][1] - meta.spec[r], meta.spec[r]) for r in spec_rows]
+        ys = self.speculative.run(layer, mixer, [meta.keys[r] for r in spec_rows], state,
+                                  [u[a:a + s] for a, s in spans])
+        rows = torch.cat([torch.arange(a, a + s, device=dev) for a, s in spans])
+        return rows, torch.cat(ys)
 
 
 class StateBindings:
@@ -155,13 +204,52 @@ class StateBindings:
         for layer, s in enumerate(shapes):
             if s is not None and self.views[layer] is None:
                 raise ValueError(f"layer {layer} keeps a state but no cache group of {manager.model.name} holds it")
+        self.speculative = SpeculativeStates()
 
-    def context(self, ctx: ForwardContext, items, starts: list[int], counts: list[int]) -> StateContext:
-        """The step's :class:`StateContext` (items in token order); copies prefix-hit checkpoints first."""
+    def metadata(self, items, starts: list[int], counts: list[int],
+                 spec: Sequence[int] | None = None) -> list[StateMetadata | None]:
+        """Per layer: its group's :class:`StateMetadata` for ``items`` (None: no state layer)."""
         metas: list[StateMetadata | None] = [None] * self.n_layers
+        keys = [it.seq.request_id for it in items] if spec is not None and any(spec) else ()
         for gi, n_g in self.groups.items():
-            meta = StateMetadata.build([it.tables.groups[gi] for it in items], starts, counts, n_g)
+            meta = StateMetadata.build([it.tables.groups[gi] for it in items], starts, counts, n_g, spec, keys)
             for layer in self.layers[gi]:
                 metas[layer] = meta
-                copy_reads(self.views[layer], meta)
-        return StateContext(ctx.kv_views, ctx.metadata, ctx.backend, self.views, metas)
+        return metas
+
+    def read_copies(self, metas: Sequence[StateMetadata | None]) -> list[tuple[Sequence[Tensor], StateMetadata]]:
+        """What :func:`copy_reads` copies for ``metas`` (per state layer: its views and metadata)."""
+        return [(self.views[layer], meta) for layer, meta in enumerate(metas) if meta is not None]
+
+    def context(self, ctx: ForwardContext, items, starts: list[int], counts: list[int],
+                spec: Sequence[int] | None = None, copy: bool = True) -> StateContext:
+        """The step's :class:`StateContext` (items in token order; ``spec``: their speculative
+        tokens, none by default); copies prefix-hit checkpoints first unless ``copy`` is False
+        (the caller copied them, :func:`copy_reads`, before any forward of the step)."""
+        metas = self.metadata(items, starts, counts, spec)
+        if copy:
+            copy_reads(self.read_copies(metas))
+        return StateContext(ctx.kv_views, ctx.metadata, ctx.backend, self.views, metas, self.speculative)
+
+    def commit_speculative(self, request_id: object, tables, start: int, keep: int) -> None:
+        """Advance a request's states over its ``keep`` accepted speculative tokens from position
+        ``start``: ``tables`` (its PageTables) were allocated for them and are not committed yet.
+        Per state group, the state is read from its table's read page when it has one (as a step
+        starts) else its work page, the kept inputs are replayed from it, the states at the
+        table's checkpoint positions inside go to their pages and the last one to the work page.
+        The kept inputs stay until the next step clears them (:meth:`SpeculativeStates.clear`)."""
+        for gi, n_g in self.groups.items():
+            t = tables.groups[gi]
+            src = (t.read_page if t.read_page is not None and start > 0 else t.work_page) * n_g
+            ckpts = {pos - start: page * n_g for pos, page in t.checkpoints.items() if start < pos <= start + keep}
+            for layer in self.layers[gi]:
+                views = self.views[layer]
+                dev = views[0].device
+                state = _load(views, torch.tensor([src], device=dev), torch.zeros(1, dtype=torch.bool, device=dev))
+                done = 0
+                for o in [*sorted(ckpts), keep]:
+                    state = self.speculative.replay(layer, request_id, done, o, state)
+                    done = o
+                    if o in ckpts:
+                        _store(views, torch.tensor([ckpts[o]], device=dev), state)
+                _store(views, torch.tensor([t.work_page * n_g], device=dev), state)

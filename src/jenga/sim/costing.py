@@ -40,22 +40,99 @@ from jenga.core.specs import (
 
 @dataclass(frozen=True, slots=True)
 class GroupCost:
+    """A group's cost record; the class is the kind's rule of what a step reads (``GROUP_COST``
+    picks it by spec type).  The base is full attention: each request reads its whole context."""
+
     kind: str  # full | sliding | chunked | mamba | cross | vision
     bytes_per_token: int  # all layers of the group (0 for states)
     state_bytes: int  # all layers of the group (states only)
     num_layers: int
     window: int = 0  # sliding window or chunk size
 
+    #: the group's queries read image tokens (cross attention), not the text context
+    reads_images = False
+
+    def reads(self, end: np.ndarray, q: np.ndarray, img: np.ndarray) -> np.ndarray:
+        """Tokens each request reads in this group (``end`` = context after the step)."""
+        return end
+
+    def step(self, qf: float, end: np.ndarray, q: np.ndarray, img: np.ndarray) -> tuple[float, float]:
+        """``(kv_bytes_read, attention_flops)`` of this group for the step (``qf``: 4 x H_q x D)."""
+        eff = self.reads(end, q, img)
+        before = np.maximum(eff - q, 0)
+        return float(eff.sum()) * self.bytes_per_token, qf * self.num_layers * float((q * (before + (q + 1) / 2)).sum())
+
+    def needed(self, end: np.ndarray, one: np.ndarray, img: np.ndarray) -> float | None:
+        """Bytes live requests hold usefully in this group (``one``: ones like ``end``); ``None``:
+        not in the memory timeline."""
+        return float(self.reads(end, one, img).sum()) * self.bytes_per_token
+
+
+class WindowCost(GroupCost):
+    """Sliding window ``W``: ``min(c, W + q - 1)`` tokens."""
+
+    __slots__ = ()
+
+    def reads(self, end, q, img):
+        return np.minimum(end, self.window + q - 1)
+
+
+class ChunkCost(GroupCost):
+    """Chunked local attention: the tokens of the chunk(s) the new tokens fall in."""
+
+    __slots__ = ()
+
+    def reads(self, end, q, img):
+        first = ((end - q) // self.window) * self.window  # start of the chunk of the first new token
+        return end - first
+
+
+class ImageCost(GroupCost):
+    """Cross attention: the request's image tokens, ``text queries x image tokens`` FLOPs."""
+
+    __slots__ = ()
+    reads_images = True
+
+    def reads(self, end, q, img):
+        return img
+
+    def step(self, qf, end, q, img):
+        return float(img.sum()) * self.bytes_per_token, qf * self.num_layers * float((q * img).sum())
+
+
+class StateCost(GroupCost):
+    """Mamba / state: one state per request, independent of the context; no attention FLOPs."""
+
+    __slots__ = ()
+
+    def step(self, qf, end, q, img):
+        return self.state_bytes * len(end), 0.0
+
+    def needed(self, end, one, img):
+        return float(self.state_bytes * len(end))
+
+
+class NoCost(GroupCost):
+    """Vision embeddings: read at prefill only, outside the step's KV reads and the timeline."""
+
+    __slots__ = ()
+
+    def step(self, qf, end, q, img):
+        return 0, 0.0
+
+    def needed(self, end, one, img):
+        return None
+
 
 #: spec type -> the cost record of a group of ``n`` layers of it (a kind's nearest registered base
 #: is used; any other cache kind reads its whole context, like full attention)
 GROUP_COST: dict[type, Callable[[CacheSpec, int], GroupCost]] = {
     CacheSpec: lambda s, n: GroupCost("full", s.bytes_per_token() * n, 0, n),
-    MambaSpec: lambda s, n: GroupCost("mamba", 0, s.state_bytes() * n, n),
-    VisionEmbeddingSpec: lambda s, n: GroupCost("vision", 0, 0, n),
-    CrossAttentionSpec: lambda s, n: GroupCost("cross", s.bytes_per_token() * n, 0, n),
-    SlidingWindowSpec: lambda s, n: GroupCost("sliding", s.bytes_per_token() * n, 0, n, s.window),
-    ChunkedLocalSpec: lambda s, n: GroupCost("chunked", s.bytes_per_token() * n, 0, n, s.chunk),
+    MambaSpec: lambda s, n: StateCost("mamba", 0, s.state_bytes() * n, n),
+    VisionEmbeddingSpec: lambda s, n: NoCost("vision", 0, 0, n),
+    CrossAttentionSpec: lambda s, n: ImageCost("cross", s.bytes_per_token() * n, 0, n),
+    SlidingWindowSpec: lambda s, n: WindowCost("sliding", s.bytes_per_token() * n, 0, n, s.window),
+    ChunkedLocalSpec: lambda s, n: ChunkCost("chunked", s.bytes_per_token() * n, 0, n, s.chunk),
 }
 
 
@@ -70,31 +147,18 @@ def group_costs(model: ModelSpec) -> list[GroupCost]:
 
 
 class StepCoster:
-    """KV bytes read and attention FLOPs of one step for one model (see module docstring).
-
-    ``q_flops_per_layer`` = ``4 x H_q x D`` (query heads x head dim of the model).
+    """KV bytes read and attention FLOPs of one step for one model (see module docstring), each
+    group asked through its cost record.  ``q_flops_per_layer`` = ``4 x H_q x D`` (query heads x
+    head dim of the model).
     """
 
     def __init__(self, model: ModelSpec, num_q_heads: int, head_dim: int):
         self.groups = group_costs(model)
         self.qf = 4.0 * num_q_heads * head_dim
-        self.images_in_cross = any(g.kind == "cross" for g in self.groups)
+        self.images_in_cross = any(g.reads_images for g in self.groups)
 
     def kinds(self) -> list[str]:
         return sorted({g.kind for g in self.groups})
-
-    def effective(self, g: GroupCost, end: np.ndarray, q: np.ndarray, img: np.ndarray) -> np.ndarray:
-        """Tokens each request reads in group ``g`` (``end`` = context after the step)."""
-        if g.kind == "full":
-            return end
-        if g.kind == "sliding":
-            return np.minimum(end, g.window + q - 1)
-        if g.kind == "chunked":
-            first = ((end - q) // g.window) * g.window  # start of the chunk of the first new token
-            return end - first
-        if g.kind == "cross":
-            return img
-        return np.zeros_like(end)
 
     def step(self, end: np.ndarray, q: np.ndarray, img: np.ndarray, img_ctx: np.ndarray | None = None,
              img_new: np.ndarray | None = None) -> tuple[float, float]:
@@ -106,18 +170,9 @@ class StepCoster:
         kv = 0.0
         flops = 0.0
         for g in self.groups:
-            if g.kind == "mamba":
-                kv += g.state_bytes * len(end)
-                continue
-            if g.kind == "vision":
-                continue
-            eff = self.effective(g, end, q, img)
-            kv += float(eff.sum()) * g.bytes_per_token
-            if g.kind == "cross":
-                flops += self.qf * g.num_layers * float((q * img).sum())
-            else:
-                before = np.maximum(eff - q, 0)
-                flops += self.qf * g.num_layers * float((q * (before + (q + 1) / 2)).sum())
+            gkv, gflops = g.step(self.qf, end, q, img)
+            kv += gkv
+            flops += gflops
         return kv, flops
 
     def needed_by_kind(self, end: np.ndarray, img: np.ndarray) -> dict[str, float]:
@@ -125,11 +180,7 @@ class StepCoster:
         out: dict[str, float] = {}
         one = np.ones_like(end)
         for g in self.groups:
-            if g.kind == "mamba":
-                b = float(g.state_bytes * len(end))
-            elif g.kind == "vision":
-                continue
-            else:
-                b = float(self.effective(g, end, one, img).sum()) * g.bytes_per_token
-            out[g.kind] = out.get(g.kind, 0.0) + b
+            b = g.needed(end, one, img)
+            if b is not None:
+                out[g.kind] = out.get(g.kind, 0.0) + b
         return out

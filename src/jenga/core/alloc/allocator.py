@@ -24,32 +24,31 @@ list.  No other suffix; ``RunMoves.verb`` (numpy over a long run) is one path of
 from __future__ import annotations
 
 import math
+from array import array
 from functools import reduce
 
 import numpy as np
 
 from jenga.core.alloc.allocator_check import check_allocator
-from jenga.core.alloc.evictable_set import EvictableSet
-from jenga.core.alloc.free_pool import FreePool
-from jenga.core.alloc.free_slots import FreeSlots
-from jenga.core.alloc.page_states import CACHED, FREE, USED, EvictionSource, Supply
+from jenga.core.alloc.free_space import EvictableSet, FreePool, FreeSlots
+from jenga.core.alloc.page_states import CACHED, FREE, USED, EvictionSource, PageViews, Supply
 from jenga.core.alloc.run_moves import RunMoves
-from jenga.core.flat_arrays import BULK, zeros
+from jenga.core.flat_arrays import BULK, view, zeros
 
 CARVE_LOOP = 16  # up to this many large pages carved at once: a slice assignment each
 
-__all__ = ["CACHED", "FREE", "USED", "EvictionSource", "LargePageAllocator", "Supply"]
+__all__ = ["CACHED", "FREE", "USED", "EvictionSource", "LargePageAllocator", "PageViews", "Supply"]
 
 class LargePageAllocator:
     """The large-page pool and per-group carving, with request tags: a façade over its parts, the
     free pool (``free_large``), the free slots (``slots``), the set ``E`` (``e``) and the run moves
     (``moves``), which it builds on its flat arrays and calls."""
 
-    def __init__(self, page_bytes: list[int], num_large: int):
+    def __init__(self, page_bytes: list[int], num_large: int, caps: list[int] | None = None):
         assert page_bytes and all(p > 0 for p in page_bytes), f"bad page sizes {page_bytes}"
-        self.large_bytes = reduce(math.lcm, page_bytes)
+        self.large_page_bytes = reduce(math.lcm, page_bytes)
         self.page_bytes = list(page_bytes)
-        self.k = [self.large_bytes // p for p in page_bytes]
+        self.k = [self.large_page_bytes // p for p in page_bytes]
         self.num_large = num_large
         n, groups = num_large, len(page_bytes)
         self.group_of: list[int] = [-1] * n
@@ -62,7 +61,7 @@ class LargePageAllocator:
         self.cached_small = [0] * groups  # cached pages outside E
         self.used_small = [0] * groups  # USED pages per group
         self.owned = [0] * groups  # large pages each group owns now
-        self.caps: list[int] | None = None  # per-group large-page caps (static partition baseline)
+        self.caps = caps  # per-group caps on the large pages a group owns at once (the static baseline's)
         self.num_carved = 0  # large pages ever carved (the manager's per-request quota counts these)
         # the parts: each is handed the arrays it reads or moves
         self.free_large = FreePool(n)  # lowest id first
@@ -76,6 +75,8 @@ class LargePageAllocator:
         self.free_small = self.slots.free_small  # visible free slots
         self.hidden_free = self.slots.hidden_free  # free slots inside E
         self.e_count = self.e.e_count  # fully evictable large pages per group
+        # what the evictor reads in place; every other user asks the queries below
+        self.views = PageViews(self.state, self.in_e, self.group_of, self.n_cached)
 
     @property
     def evictor(self) -> EvictionSource | None:
@@ -101,6 +102,41 @@ class LargePageAllocator:
 
     def large_of(self, group: int, page: int) -> int:
         return page // self.k[group]
+
+    def used_pages(self, group: int) -> int:
+        """USED small pages of ``group``."""
+        return self.used_small[group]
+
+    def used_bytes(self) -> int:
+        """Bytes of the USED small pages of every group."""
+        return sum(n * b for n, b in zip(self.used_small, self.page_bytes, strict=True))
+
+    def free_slots(self, group: int) -> int:
+        """Free slots of ``group``'s carved large pages outside ``E`` (visible to steps 1 and 4)."""
+        return self.slots.free_small[group]
+
+    def free_bytes(self) -> int:
+        """Bytes free without evicting: free large pages and the free slots outside ``E``."""
+        free = len(self.free_large) * self.large_page_bytes
+        for n, b in zip(self.slots.free_small, self.page_bytes, strict=True):
+            free += n * b
+        return free
+
+    def hidden_free_bytes(self) -> int:
+        """Bytes of the free slots inside ``E`` (freed with their large page's cached pages)."""
+        return sum(n * b for n, b in zip(self.slots.hidden_free, self.page_bytes, strict=True))
+
+    def owned_large(self, group: int) -> int:
+        """Large pages carved for ``group`` now."""
+        return self.owned[group]
+
+    def evictable_large(self, group: int) -> int:
+        """Fully evictable large pages (in ``E``) of ``group``."""
+        return self.e.e_count[group]
+
+    def page_states(self, group: int) -> bytes:
+        """A copy of the state (FREE / USED / CACHED) of each small page of ``group`` (checks)."""
+        return bytes(self.state[group])
 
     def snapshot(self) -> dict:
         """Plain copies of the pool and the free-slot structures (read-only view for tests)."""
@@ -212,7 +248,7 @@ class LargePageAllocator:
         k, state, m = self.k[group], self.state[group], len(larges)
         group_of, tag_of, n_used = self.group_of, self.tag_of, self.n_used
         if m > 1 and larges[-1] - larges[0] == m - 1 and larges == list(range(larges[0], larges[-1] + 1)):
-            self.moves.carve_range(group, tag, larges[0], m, out)  # ascending, consecutive: one slice each
+            self._carve_range(group, tag, larges[0], m, out)  # ascending, consecutive: one slice each
             self.num_carved += m
             return
         if m > CARVE_LOOP and m * k > BULK:
@@ -220,7 +256,7 @@ class LargePageAllocator:
                 assert group_of[large] == -1, f"large page {large} popped while owned"
                 group_of[large] = group
                 tag_of[large] = tag
-            self.moves.carve_flat(group, np.asarray(larges, dtype=np.int64))
+            self._carve_flat(group, np.asarray(larges, dtype=np.int64))
         elif k == 1:  # one page each: its state byte
             for large in larges:
                 assert group_of[large] == -1, f"large page {large} popped while owned"
@@ -245,6 +281,28 @@ class LargePageAllocator:
             for large in larges:
                 out.extend(range(large * k, large * k + k))
         self.num_carved += m
+        self.owned[group] += m
+        self.used_small[group] += m * k
+
+    def _carve_flat(self, group: int, larges: np.ndarray) -> None:
+        """The page state of large pages ``larges`` just carved for ``group``: all pages USED."""
+        state, k = view(self.state[group]), self.k[group]
+        pages = larges if k == 1 else (larges[:, None] * k + np.arange(k)).ravel()
+        assert not state[pages].any(), "large pages carved with pages in use"
+        state[pages] = USED
+        view(self.n_used)[larges] = k
+
+    def _carve_range(self, group: int, tag: object, lo: int, m: int, out: list[int]) -> None:
+        """Carve the consecutive fresh large pages ``[lo, lo + m)`` for ``group`` and take all
+        their pages: one slice assignment per array, the pages appended to ``out`` in order."""
+        k, state, group_of, hi = self.k[group], self.state[group], self.group_of, lo + m
+        assert group_of[lo:hi].count(-1) == m, f"large pages {lo}..{hi - 1} popped while owned"
+        group_of[lo:hi] = [group] * m
+        self.tag_of[lo:hi] = [tag] * m
+        self.n_used[lo:hi] = array("q", [k]) * m
+        assert state.count(FREE, lo * k, hi * k) == m * k, f"large pages {lo}..{hi - 1} carved with pages in use"
+        state[lo * k:hi * k] = bytes([USED]) * (m * k)
+        out.extend(range(lo * k, hi * k))
         self.owned[group] += m
         self.used_small[group] += m * k
 
@@ -276,7 +334,7 @@ class LargePageAllocator:
         self.n_used[large] -= 1
         self.used_small[group] -= 1
         self.slots.add(group, large, page % self.k[group])
-        self.e.settle(large)
+        self.e.place(large)
 
     def release_many(self, group: int, pages) -> None:
         """``release`` for each of the distinct USED ``pages`` of ``group`` (a list or an int
@@ -296,7 +354,7 @@ class LargePageAllocator:
         self.to_cached_many(group, (page,))
 
     def to_cached_many(self, group: int, pages, larges=None, counts=None) -> None:
-        """USED -> CACHED for each page (one pass; large pages settled once at the end).
+        """USED -> CACHED for each page (one pass; large pages placed once at the end).
         ``larges``, ``counts``: the pages' distinct large pages ascending and how many pages each
         has (a caller that has them; else counted here)."""
         k = self.k[group]
@@ -373,7 +431,7 @@ class LargePageAllocator:
         self.n_cached[large] -= 1
         self.cached_small[group] -= 1
         self.slots.add(group, large, page % self.k[group])
-        self.e.settle(large)
+        self.e.place(large)
 
     def evict_whole(self, large: int) -> None:
         """Every CACHED page of fully evictable ``large`` -> FREE at once; the large page

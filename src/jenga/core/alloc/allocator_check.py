@@ -34,8 +34,8 @@ def check_allocator(alloc, free_large, visible: list[dict], hidden: dict) -> dic
         totals["used"] += used * alloc.page_bytes[g]
         totals["cached"] += cached * alloc.page_bytes[g]
         totals["free"] += (k - used - cached) * alloc.page_bytes[g]
-    totals["free"] += len(free_large) * alloc.large_bytes
-    assert sum(totals.values()) == alloc.num_large * alloc.large_bytes, f"bytes do not add up: {totals}"
+    totals["free"] += len(free_large) * alloc.large_page_bytes
+    assert sum(totals.values()) == alloc.num_large * alloc.large_page_bytes, f"bytes do not add up: {totals}"
     for g in range(len(alloc.k)):
         n_used = alloc.state[g].count(USED)
         assert n_used == alloc.used_small[g], f"group {g}: {n_used} used pages, counter {alloc.used_small[g]}"

@@ -1,5 +1,5 @@
 """What the allocator and the evictor tell each other: page states, the supply an allocation may
-draw on, and the evictor's interface (implemented by ``jenga.core.evict.lru``)."""
+draw on, and the evictor's interface (implemented by ``jenga.core.evict.evictor``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ FREE, USED, CACHED = 0, 1, 2
 
 
 class EvictionSource(ABC):
-    """What the allocator asks of the evictor (implemented by ``jenga.core.evict.lru``)."""
+    """What the allocator asks of the evictor (implemented by ``jenga.core.evict.evictor``)."""
 
     @abstractmethod
     def evict_large(self, group: int | None = None) -> int | None:
@@ -52,6 +52,17 @@ class EvictionSource(ABC):
     @abstractmethod
     def on_unevictable(self, large: int) -> None:
         """``large`` left ``E`` (a page was touched, or it was evicted / emptied)."""
+
+
+class PageViews(NamedTuple):
+    """The allocator's per-page arrays its evictor reads in place (read only: only the allocator
+    writes them).  The evictor's heaps check, per entry, that a page is still CACHED and a large
+    page still in ``E``; a call per check would cost more than the check."""
+
+    state: list[bytearray]  # per group, per small page: FREE / USED / CACHED
+    in_e: bytearray  # per large page: 1 while in E (fully evictable)
+    group_of: list[int]  # per large page: the group it is carved for, -1 while free
+    n_cached: object  # per large page: its CACHED small pages (an ``array('q')``)
 
 
 class Supply(NamedTuple):

@@ -1,20 +1,16 @@
 """The allocator's page moves for a run of pages at once, with numpy over its flat arrays:
 USED -> CACHED (a free), CACHED -> USED (a hit), USED -> FREE (a free without caching, or of
-unregistered pages), whole one-page large pages evicted or carved.
+unregistered pages), whole fully evictable large pages evicted.
 Each does what the per-page loop in :class:`jenga.core.alloc.allocator.LargePageAllocator` does, in one
-pass; used for runs longer than ``jenga.core.flat_arrays.BULK``.  Also without numpy: a carve of
-consecutive fresh large pages (slices) and the eviction of a few whole large pages of one group
-(one loop).  A part owned by that class."""
+pass; used for runs longer than ``jenga.core.flat_arrays.BULK``.  Also without numpy: the eviction
+of a few whole large pages of one group (one loop).  A part owned by that class (which carves
+large pages itself)."""
 
 from __future__ import annotations
 
-from array import array
-
 import numpy as np
 
-from jenga.core.alloc.evictable_set import EvictableSet
-from jenga.core.alloc.free_pool import FreePool
-from jenga.core.alloc.free_slots import FreeSlots
+from jenga.core.alloc.free_space import EvictableSet, FreePool, FreeSlots
 from jenga.core.alloc.page_states import CACHED, FREE, USED
 from jenga.core.flat_arrays import as_ids, unique_counts, view
 
@@ -60,8 +56,8 @@ class RunMoves:
 
     def release(self, group: int, pages) -> None:
         """USED -> FREE for the distinct ``pages`` of ``group`` (k > 1): the same state as one
-        release per page, each large page settled once after all its pages (before that its
-        settle changes nothing: it still has a USED page, so it is not in E), large pages that
+        release per page, each large page placed once after all its pages (before that its
+        place changes nothing: it still has a USED page, so it is not in E), large pages that
         end all free back to the pool together."""
         k = self.k[group]
         ids = as_ids(pages)
@@ -76,7 +72,7 @@ class RunMoves:
         ends = np.cumsum(counts).tolist()
         empty = ((n_used[larges] == 0) & (view(self.n_cached)[larges] == 0)).tolist()
         freed = (ids % k).tolist()
-        slots, settle, group_of, tag_of = self.slots, self.e.settle, self.group_of, self.tag_of
+        slots, place, group_of, tag_of = self.slots, self.e.place, self.group_of, self.tag_of
         lo, back = 0, []
         for large, hi, whole in zip(larges.tolist(), ends, empty, strict=True):
             new = freed[lo:hi]
@@ -88,7 +84,7 @@ class RunMoves:
                 back.append(large)
                 continue
             slots.add_many(group, large, new)
-            settle(large)
+            place(large)
         if back:
             self.owned[group] -= len(back)
             self.pool.push_many(back)
@@ -181,25 +177,3 @@ class RunMoves:
             self.slots.forget_hidden(group, larges, n_free)
         self.pool.push_many(larges)
         self.owned[group] -= m
-
-    def carve_flat(self, group: int, larges: np.ndarray) -> None:
-        """The page state of large pages ``larges`` just carved for ``group``: all pages USED."""
-        state, k = view(self.state[group]), self.k[group]
-        pages = larges if k == 1 else (larges[:, None] * k + np.arange(k)).ravel()
-        assert not state[pages].any(), "large pages carved with pages in use"
-        state[pages] = USED
-        view(self.n_used)[larges] = k
-
-    def carve_range(self, group: int, tag: object, lo: int, m: int, out: list[int]) -> None:
-        """Carve the consecutive fresh large pages ``[lo, lo + m)`` for ``group`` and take all
-        their pages: one slice assignment per array, the pages appended to ``out`` in order."""
-        k, state, group_of, hi = self.k[group], self.state[group], self.group_of, lo + m
-        assert group_of[lo:hi].count(-1) == m, f"large pages {lo}..{hi - 1} popped while owned"
-        group_of[lo:hi] = [group] * m
-        self.tag_of[lo:hi] = [tag] * m
-        self.n_used[lo:hi] = array("q", [k]) * m
-        assert state.count(FREE, lo * k, hi * k) == m * k, f"large pages {lo}..{hi - 1} carved with pages in use"
-        state[lo * k:hi * k] = bytes([USED]) * (m * k)
-        out.extend(range(lo * k, hi * k))
-        self.owned[group] += m
-        self.used_small[group] += m * k

@@ -7,21 +7,22 @@ comes before everything else is evicted in bulk, merged across groups with numpy
 smallest head is popped one at a time, looking again only at the group that changed, and each
 group's pops are evicted together at the end.
 
-``LargeEviction`` is a part the evictor (:class:`jenga.core.evict.lru.PrefixEvictor`) owns: it
+``LargeEviction`` is a part the evictor (:class:`jenga.core.evict.evictor.PrefixEvictor`) owns: it
 holds the per-group orders of fully evictable large pages (``heaps``, one ``RunHeap`` each) and
 each large page's version (``ver``: an entry is valid while its large page is in ``E`` at the
-version it entered with); the evictor pushes entries and bumps versions, and hands it the
-function that forgets the cached pages of an evicted large page (``drop_pages``).
+version it entered with); the evictor pushes entries and bumps versions.  It picks; the evictor
+evicts: ``pick_one`` returns a popped large page, ``pick_many`` yields the picks in batches of one
+group (a list, or an int array from a merge), each evicted by the evictor before the next is
+picked, so every pick sees the state the evictions before it left.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Iterator
 
 import numpy as np
 
 from jenga.core.alloc.allocator import LargePageAllocator
-from jenga.core.alloc.page_states import CACHED
 from jenga.core.evict.run_heap import RunHeap
 from jenga.core.flat_arrays import view, zeros
 from jenga.core.prefix.index import PrefixIndex
@@ -32,8 +33,9 @@ BULK_RUN = 16  # a run's pages go to bulk eviction when at least this many come 
 class LargeEviction:
     """The orders of fully evictable large pages and their eviction (module doc)."""
 
-    def __init__(self, alloc: LargePageAllocator, index: PrefixIndex, drop_pages: Callable[[int, list[int]], None]):
-        self.alloc, self.index, self.drop_pages = alloc, index, drop_pages
+    def __init__(self, alloc: LargePageAllocator, index: PrefixIndex):
+        self.index = index  # its KV events, if on, keep each group's picks apart
+        self.pages = alloc.views  # read in place (``PageViews``)
         # per group: fully evictable large pages by key; an element is valid while the large
         # page's version is the one it entered E with (ties go to the lower large page id)
         self.ver = zeros(alloc.num_large)
@@ -41,15 +43,15 @@ class LargeEviction:
 
     def valid(self, large, t, n, v) -> bool:
         """Whether an entry of ``large`` at version ``v`` is current."""
-        return self.ver[large] == v and self.alloc.in_e[large] == 1
+        return self.ver[large] == v and self.pages.in_e[large] == 1
 
     def valid_many(self, larges, ts, ns, vs) -> np.ndarray:
         """``valid`` for arrays of entries."""
-        return (view(self.ver)[larges] == vs) & (view(self.alloc.in_e)[larges] == 1)
+        return (view(self.ver)[larges] == vs) & (view(self.pages.in_e)[larges] == 1)
 
-    def evict_one(self, group: int | None = None) -> int | None:
-        """``PrefixEvictor.evict_large``: the large page with the smallest key (of ``group`` only,
-        when given) evicted; its id, or ``None``."""
+    def pick_one(self, group: int | None = None) -> tuple[int, int] | None:
+        """For ``PrefixEvictor.evict_large``: the large page with the smallest key (of ``group``
+        only, when given), popped, with its group; ``None`` when there is none."""
         heaps = self.heaps
         if group is None:
             tops = [(e, g) for g in range(len(heaps)) if heaps[g] and (e := heaps[g].top()) is not None]
@@ -60,25 +62,22 @@ class LargeEviction:
             if heaps[group].top() is None:
                 return None
             g = group
-        found = heaps[g].pop()[2]
-        self.evict_popped(g, [found])
-        return found
+        return g, heaps[g].pop()[2]
 
-    def evict_many(self, m: int) -> list[int]:
-        """``evict_large()`` up to ``m`` times; the freed large pages in eviction order.
+    def pick_many(self, m: int, out: list[int]) -> Iterator[tuple[int, list[int] | np.ndarray]]:
+        """For ``evict_large()`` up to ``m`` times: yields ``(group, larges)`` batches for the evictor
+        to evict (each before the next is picked); ``out`` gets the large pages in eviction order.
 
         One element at a time: the smallest of the groups' heads is popped and only its group
         is looked at again.  Where the head is a run's element and a stretch of at least
         ``BULK_RUN`` of it comes before everything else, the stretches of every group's head
         run below the next entry of any group's heap are merged with numpy instead (a run
         whose stretch was too short is looked at again after ``BULK_RUN`` more pops).  A popped
-        large page is evicted later, with its group's other picks in one call
-        (``evict_popped``): popping a valid element leaves every other element's
-        validity as it was (each large page has one current version, and groups own distinct
-        large pages), so the picks are the same.  With KV events (``index.events``) nothing is
+        large page is evicted later, with its group's other picks in one batch: popping a valid
+        element leaves every other element's validity as it was (each large page has one current
+        version, and groups own distinct large pages), so the picks are the same.  With KV events (``index.events``) nothing is
         merged and a group's picks are evicted when the next pick is another group's, so the
         events keep the eviction order."""
-        out: list[int] = []
         heaps = self.heaps
         events = self.index.events is not None
         picks: list[list[int]] = [[] for _ in heaps]  # per group: popped, not evicted yet
@@ -98,13 +97,13 @@ class LargeEviction:
                 nexts = [min(e[:3] for e in heaps[h].heap[1:3]) for h in live if len(heaps[h]) > 1]
                 cutoff = min(nexts) if nexts else None
                 if any(heaps[h].run_ahead(BULK_RUN, cutoff) for h in live):
-                    self._evict_picks(picks)
-                    out.extend(self._evict_merged(m - len(out), live, [heaps[h].segment(cutoff) for h in live]))
+                    yield from self._flush(picks)
+                    yield from self._pick_merged(m - len(out), live, [heaps[h].segment(cutoff) for h in live], out)
                     tops = [(e, h) for h in range(len(heaps)) if heaps[h] and (e := heaps[h].top()) is not None]
                     continue
                 skip, wait = (g, r), BULK_RUN
             if events and g != last:
-                self._evict_picks(picks)
+                yield from self._flush(picks)
                 last = g
             large = heap.pop()[2]
             wait -= 1
@@ -117,32 +116,20 @@ class LargeEviction:
                 del tops[j]
             else:
                 tops[j] = (top, g)
-        self._evict_picks(picks)
-        return out
+        yield from self._flush(picks)
 
-    def _evict_picks(self, picks: list[list[int]]) -> None:
-        """Evict each group's popped large pages (``picks[g]``, in pick order) and clear them."""
+    @staticmethod
+    def _flush(picks: list[list[int]]) -> Iterator[tuple[int, list[int]]]:
+        """Each group's popped large pages (``picks[g]``, in pick order) as a batch; then cleared."""
         for g, larges in enumerate(picks):
             if larges:
-                self.evict_popped(g, larges)
+                yield g, larges
                 picks[g] = []
 
-    def evict_popped(self, g: int, larges: list[int]) -> None:
-        """Every cached page of each of the fully evictable ``larges`` (of group ``g``, popped
-        from its order) leaves, dropped in one call; they are free."""
-        alloc = self.alloc
-        k = alloc.k[g]
-        if k == 1:
-            pages = larges
-        else:
-            st = alloc.state[g]
-            pages = [p for large in larges for p in range(large * k, (large + 1) * k) if st[p] == CACHED]
-        self.drop_pages(g, pages)
-        alloc.evict_whole_many(g, larges)
-
-    def _evict_merged(self, m: int, live: list[int], segs: list[tuple[np.ndarray, ...]]) -> list[int]:
-        """Evict the first ``m`` valid elements of the merged ``segs`` (group ``live[j]``'s head
-        run stretch is ``segs[j]``); the large page ids in eviction order."""
+    def _pick_merged(self, m: int, live: list[int], segs: list[tuple[np.ndarray, ...]],
+                     out: list[int]) -> Iterator[tuple[int, np.ndarray]]:
+        """The first ``m`` valid elements of the merged ``segs`` (group ``live[j]``'s head run
+        stretch is ``segs[j]``), one batch per group; ``out`` gets them in eviction order."""
         ts, ns, ids = (np.concatenate([seg[x] for seg in segs]) for x in range(3))
         valid = np.concatenate([self.valid_many(seg[2], seg[0], seg[1], seg[3]) for seg in segs])
         owner = np.repeat(np.arange(len(live)), [len(seg[2]) for seg in segs])
@@ -154,17 +141,8 @@ class LargeEviction:
             self.heaps[g].consume(int(counts[j]))
         picked = order[taken]
         larges, owners = ids[picked], owner[picked]
-        alloc = self.alloc
         for j, g in enumerate(live):
             mine = larges[owners == j]
-            if not len(mine):
-                continue
-            k = alloc.k[g]
-            if k == 1:
-                pages = mine
-            else:  # the cached pages of each large page, in order
-                block = (mine[:, None] * k + np.arange(k)).ravel()
-                pages = block[view(alloc.state[g])[block] == CACHED]
-            self.drop_pages(g, pages.tolist())
-            alloc.evict_whole_many(g, mine)
-        return larges.tolist()
+            if len(mine):
+                yield g, mine
+        out.extend(larges.tolist())

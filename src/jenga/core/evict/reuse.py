@@ -1,7 +1,7 @@
 """A scan-resistant evictor: pages whose content proved reusable outlive one-off pages, and
 among those a stable subset stays resident when the reused set is larger than the pool.
 
-Plain LRU (:class:`~jenga.core.evict.lru.PrefixEvictor`) thrashes on a cyclic working set
+Plain LRU (:class:`~jenga.core.evict.evictor.PrefixEvictor`) thrashes on a cyclic working set
 bigger than the pool: every page is evicted just before its next use.  Here each block
 hash has a *use count* (computed or hit; kept by :class:`~jenga.core.prefix.index.PrefixIndex`
 beyond the page's eviction, like ARC's ghost lists).  Eviction order, first to last:
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jenga.core.evict.lru import PrefixEvictor
+from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.evict.run_heap import SMALL
 from jenga.core.flat_arrays import BULK, as_ids, unique_counts, view, zeros
 from jenga.core.policy.base import held_window_time
@@ -52,7 +52,7 @@ class ReuseEvictor(PrefixEvictor):
         """Flag ``pages`` (distinct) as class 3 (``on``) or not; pages already so are left."""
         if not on and not self._num_prot[group]:
             return  # nothing to clear
-        flags, k, in_e, prot_in = self._flags[group], self.alloc.k[group], self.alloc.in_e, self._prot_in
+        flags, k, in_e, prot_in = self._flags[group], self.alloc.k[group], self.pages.in_e, self._prot_in
         if len(pages) <= BULK:
             for page in pages:
                 if flags[page] == on:
@@ -120,7 +120,7 @@ class ReuseEvictor(PrefixEvictor):
         if last_access >= 0:
             t, held_window = held_window_time(last_access)
             protected = PROTECTED if held_window else PROTECTED - t
-        flags, prot_in, in_e = self._flags[group], self._prot_in, self.alloc.in_e
+        flags, prot_in, in_e = self._flags[group], self._prot_in, self.pages.in_e
         out, reused = [], 0  # k == 1: large-page entries; else each page's key time
         for page, neg in zip(ids, negs, strict=True):
             times[page] = last_access
@@ -209,7 +209,7 @@ class ReuseEvictor(PrefixEvictor):
         super().on_evictable_many(group, larges)
 
     def on_unevictable(self, large: int) -> None:
-        self.on_unevictable_many(self.alloc.group_of[large], (large,))
+        self.on_unevictable_many(self.pages.group_of[large], (large,))
 
     def on_unevictable_many(self, group: int, larges) -> None:
         self._move_protected(group, larges, 1)
@@ -253,7 +253,7 @@ class ReuseEvictor(PrefixEvictor):
             for page in pages:
                 assert page in self.keys[g] and self.keys[g][page][0] >= PROTECTED // 2, f"{g}:{page} not class 3"
                 inside[page // k] = inside.get(page // k, 0) + 1
-                if alloc.in_e[page // k]:
+                if self.pages.in_e[page // k]:
                     e.add(page // k)
                 else:
                     out[g] += 1

@@ -22,9 +22,8 @@ class ByteAccounting:
 
     def used_bytes(self) -> int:
         """Bytes of pages live requests hold (their hits included): ``KVCacheManager.used_bytes``."""
-        self.ledger.settle()  # a lookup's pending hit is held first
-        alloc = self.ledger.alloc
-        return sum(n * b for n, b in zip(alloc.used_small, alloc.page_bytes, strict=True))
+        self.ledger.settle()  # a lookup's deferred hit is held first
+        return self.ledger.alloc.used_bytes()
 
     def request(self, req: Request) -> tuple[int, int, int, int]:
         """(held, needed, stale, padding) bytes of one live request (see ``jenga.core.manager.stats``)."""
@@ -47,7 +46,7 @@ class ByteAccounting:
         ledger.settle()
         shared = 0
         for g, ref in enumerate(ledger.ref):
-            extra = sum(ref) - ledger.alloc.used_small[g]
+            extra = sum(ref) - ledger.alloc.used_pages(g)
             shared += extra * self.model.groups[g].page_bytes
         return shared, self.duplicate_bytes(requests)
 

@@ -1,10 +1,10 @@
 """Admission: what one ``allocate`` may take, decided before any page moves.
 
-The pages each group needs (``plan``, undone by ``rollback``), which groups fill other requests'
+The pages each group needs (``plan``, undone by ``unhold_plan``), which groups fill other requests'
 large pages first (``prefer_shared``) and how many fresh or evicted large pages each group may take
 (the quota of steps 2-3, ``quota_for``; for an admission, the pages the evictor protects stay out
 of reach while other requests run, ``quota_of``).  ``hit_cannot_fit`` answers, without holding a
-lookup's pending hit, whether a first allocate surely fails.  The rule "may a new request evict
+lookup's deferred hit, whether a first allocate surely fails.  The rule "may a new request evict
 protected pages?" is ``protected``, written once for both.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from jenga.core.alloc.allocator import LargePageAllocator, Supply
-from jenga.core.evict.lru import PrefixEvictor
+from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.flat_arrays import BULK, int64s, view
 from jenga.core.manager.ledger import PageLedger
 from jenga.core.policy.registry import Policy, cdiv
@@ -24,7 +24,8 @@ from jenga.core.request import Request
 class Admission:
     """Need, quota and fit of an allocation (module doc).  ``margin``: pages per token group and
     running request an admission leaves evictable beside the protected ones; ``protected_share``:
-    share of the pool beyond which protected pages no longer hold admissions back."""
+    share of the pool beyond which protected pages no longer hold admissions back.  ``admitted``:
+    live requests past their first allocate (the manager counts them; the rules below read it)."""
 
     def __init__(self, policies: list[Policy], alloc: LargePageAllocator, index: PrefixIndex,
                  evictor: PrefixEvictor, ledger: PageLedger, block: int, *, margin: int = 1,
@@ -33,6 +34,7 @@ class Admission:
         self.block = block
         self.margin, self.protected_share = margin, protected_share
         self.state_group = [not pol.group.spec.per_token for pol in policies]
+        self.admitted = 0
 
     def plan(self, req: Request, end: int, pairs) -> tuple[list[int], list]:
         """Pages each group of ``pairs`` ((policy, state) pairs) needs to cover ``[0, end)``, and
@@ -47,9 +49,9 @@ class Admission:
             ledger.end_log()
         return need, log
 
-    def rollback(self, req: Request, log: list) -> None:
+    def unhold_plan(self, req: Request, log: list) -> None:
         """Undo a ``plan`` that will not be followed by growing."""
-        self.ledger.undo_holds(log)
+        self.ledger.unhold(log)
         for pol, gs in zip(self.policies, req.groups, strict=True):
             pol.forget_plan(gs)
 
@@ -75,7 +77,7 @@ class Admission:
         if prot is None or not allocated:
             return None
         alloc = self.alloc
-        if self.evictor.protected_bytes() > self.protected_share * alloc.num_large * alloc.large_bytes:
+        if self.evictor.protected_bytes() > self.protected_share * alloc.num_large * alloc.large_page_bytes:
             return None
         return prot
 
@@ -87,7 +89,7 @@ class Admission:
         pages (on a sliding model, each article whose window it takes is a lost hit)."""
         if not any(need):
             return need
-        self.ledger.settle()  # a pending hit's pages are no supply
+        self.ledger.settle()  # a deferred hit's pages are no supply
         sup = self.alloc.supply()
         quota = self.quota_for(need, sup)
         if quota is None or req.tables is not None:
@@ -178,7 +180,7 @@ class Admission:
 
     def hit_cannot_fit(self, req: Request, end: int, allocated: int) -> bool:
         """True when the first ``allocate`` of ``req`` up to ``end`` surely fails: its new pages
-        need more bytes than are free plus cached outside its pending hit and, for an admission
+        need more bytes than are free plus cached outside its deferred hit and, for an admission
         while others hold pages, outside the ``protected`` pages (then holding the hit would be
         undone at once).  Reads the structures without holding the hit."""
         if req.images:
@@ -189,14 +191,12 @@ class Admission:
         need = 0
         for pol, gs in zip(self.policies, req.groups, strict=True):
             need += pol.plan(req, gs, end, ledger) * pb[pol.gi]
-        free = alloc.num_free_large * alloc.large_bytes
-        for g, p in enumerate(pb):
-            free += alloc.free_small[g] * p
+        free = alloc.free_bytes()
         if need <= free:  # free pages alone hold it (what is out of reach below is all cached)
             return False
-        if req.reserve_cached is None:
+        if req.deferred_cached_bytes is None:
             held = 0
-            for group, pages in req.reserve:
+            for group, pages in req.deferred_holds:
                 r = ref[group]
                 if type(pages) is not list:
                     unheld = r[pages] == 0
@@ -205,16 +205,16 @@ class Admission:
                 else:
                     unheld = [r[p] for p in pages].count(0)
                 held += unheld * pb[group]
-            req.reserve_cached = held
-        avail = free
+            req.deferred_cached_bytes = held
+        avail = free + alloc.hidden_free_bytes()
         for g, p in enumerate(pb):
-            avail += (alloc.hidden_free[g] + len(keys[g])) * p
+            avail += len(keys[g]) * p
         # out of reach: the hit's cached pages, and for an admission the protected pages; the two
         # may overlap, so the larger counts (both lie in cached pages and the free slots of fully
         # evictable large pages)
-        out = req.reserve_cached
+        out = req.deferred_cached_bytes
         prot = self.protected(allocated)
         if prot is not None:
             outside, e_prot = prot
-            out = max(out, sum(o * p for o, p in zip(outside, pb, strict=True)) + e_prot * alloc.large_bytes)
+            out = max(out, sum(o * p for o, p in zip(outside, pb, strict=True)) + e_prot * alloc.large_page_bytes)
         return need > avail - out

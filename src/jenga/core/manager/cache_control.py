@@ -12,13 +12,13 @@ caching (no checkpoints) or for groups that store per-token pages.
 
 Functions over the manager's parts; ``KVCacheManager``'s methods of the same names call them
 (so every baseline has them).  ``can_allocate`` runs admission's ``plan`` / ``quota_of`` /
-``rollback``, the halves of ``allocate`` that change nothing when undone.
+``unhold_plan``, the halves of ``allocate`` that change nothing when undone.
 """
 
 from __future__ import annotations
 
 from jenga.core.alloc.allocator import LargePageAllocator
-from jenga.core.evict.lru import PrefixEvictor
+from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.policy.base import Policy
 from jenga.core.prefix.events import KVEvent
 from jenga.core.prefix.index import PrefixIndex
@@ -49,7 +49,7 @@ def can_allocate(mgr, req: Request, num_new_tokens: int, num_lookahead: int) -> 
     old, req.num_lookahead = req.num_lookahead, num_lookahead
     need, log = admission.plan(req, end, req.pairs or list(zip(mgr.policies, req.groups, strict=True)))
     ok = admission.quota_of(req, need, end, mgr.num_allocated) is not None
-    admission.rollback(req, log)
+    admission.unhold_plan(req, log)
     req.num_lookahead = old
     return ok
 
@@ -72,7 +72,7 @@ def reset_prefix_cache(alloc: LargePageAllocator, index: PrefixIndex, evictor: P
     Like vLLM's, it refuses while any request holds pages (their pages are shared through the
     index): returns False and changes nothing then, else True.  With KV events on, it records
     one ``AllBlocksCleared``."""
-    if any(alloc.used_small):
+    if alloc.used_bytes():
         return False
     events, index.events = index.events, None
     try:

@@ -2,21 +2,21 @@
 to the evictor at zero references, unregistered ones freed.
 
 ``PageLedger`` is the ``PageOps`` the policies call.  It owns the per-group reference counts, the
-keys of releases by other holders (:mod:`jenga.core.manager.released_keys`), the log of holds an
-allocation may have to undo, the current allocation's grant and a lookup's pending hit; the
+keys of releases by other holders (:mod:`jenga.core.manager.holds`), the log of holds an
+allocation may have to undo, the current allocation's grant and a lookup's deferred holds; the
 manager hands it the allocator, the index and the evictor it works on.
 
-*A lookup's hit is held lazily.*  ``lookup`` promises that the pages of its hit stay put until
+*A lookup's hit is held lazily (its holds deferred).*  ``lookup`` promises that the pages of its hit stay put until
 ``allocate`` or ``free``.  Holding them at once costs a reference, an evictor key and an allocator
 state change per page, and a scheduler looks up a waiting long prompt on every step only to find
 it does not fit and free it again (thousands of pages held and given back per step).  So while
-``lookup`` runs the policies' ``hit`` (``recording``), ``hold`` / ``hold_run`` only record which
+``lookup`` runs the policies' ``hit`` (``_deferring``), ``hold`` / ``hold_run`` only record which
 pages the hit holds, and the ledger holds them for real (``settle``) the first time anything reads
 or changes the page structures through it (every page move below, and the manager's ``alloc``,
 ``index``, ``evictor``, ``ref``).  Two calls need not: an ``allocate`` of that request that cannot
-fit even if every free and unpinned cached byte were its own returns ``None`` at once
+fit even if every free and unheld cached byte were its own returns ``None`` at once
 (``Admission.hit_cannot_fit``), and ``free`` (or a new ``lookup``) of it gives the hit back with
-the effect a hold and its undo have: none (``forget_pending``: a hit let go before its allocate is
+the effect a hold and its undo have: none (``unhold_deferred``: a hit let go before its allocate is
 not a use, so use counts and keys stay as they were).
 """
 
@@ -29,11 +29,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from jenga.core.alloc.allocator import LargePageAllocator
-from jenga.core.evict.lru import PrefixEvictor
+from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.flat_arrays import BULK, as_ids, int64s, view, zeros
-from jenga.core.manager.released_keys import ReleasedKeys
-from jenga.core.manager.unhold import unhold
-from jenga.core.policy.base import OUT_OF_RANGE_AGE, PageOps
+from jenga.core.manager.holds import ReleasedKeys, unhold_log
+from jenga.core.policy.base import OUT_OF_WINDOW_AGE, PageOps
 from jenga.core.prefix.index import PrefixIndex
 from jenga.core.request import Request
 
@@ -57,57 +56,57 @@ class PageLedger(PageOps):
     """Reference counts and the hand-offs between allocator, index and evictor (module doc)."""
 
     def __init__(self, alloc: LargePageAllocator, index: PrefixIndex, evictor: PrefixEvictor, *, caching: bool,
-                 out_of_range_age: int = OUT_OF_RANGE_AGE):
+                 out_of_window_age: int = OUT_OF_WINDOW_AGE):
         self.alloc, self.index, self.evictor = alloc, index, evictor
         self.caching = caching
-        self.out_of_range_age = out_of_range_age
+        self.out_of_window_age = out_of_window_age
         self.now = 0  # the manager's clock: one tick per allocate
         self.ref = [zeros(alloc.num_large * k) for k in alloc.k]  # per group and page: references
-        self.released = ReleasedKeys([alloc.num_large * k for k in alloc.k])  # keys for undone pins
-        self.pending: Request | None = None  # the request whose recorded hit is not held yet
-        self._recording: list | None = None  # while ``lookup`` runs the policies' ``hit``: the holds
+        self.released = ReleasedKeys([alloc.num_large * k for k in alloc.k])  # keys for undone holds
+        self.deferred: Request | None = None  # the request whose recorded hit is not held yet
+        self._deferring: list | None = None  # while ``lookup`` runs the policies' ``hit``: the holds
         self._log: list | None = None  # holds to undo if the allocation is rolled back
         self._grant: Grant | None = None  # the allocation being grown
 
     # ------------------------------------------------------------ hit, log and grant
     def settle(self) -> None:
-        """Hold the pending hit for real, if any (``req.pins`` gets the log to undo it)."""
-        req = self.pending
+        """Hold the deferred hit for real, if any (``req.hit_holds`` gets the log to undo it)."""
+        req = self.deferred
         if req is None:
             return
-        self.pending = None
+        self.deferred = None
         self._log = log = []
         try:
-            for group, pages in req.reserve:
+            for group, pages in req.deferred_holds:
                 if type(pages) is list:
                     self.hold_run(group, pages)
                 else:
                     self.hold(group, pages)
         finally:
             self._log = None
-        req.pins, req.reserve = log, None
+        req.hit_holds, req.deferred_holds = log, None
 
     def record_hit(self, req: Request, policies: list, hit_of) -> None:
         """Run the policies' ``hit`` (``hit_of(policy, req)`` tokens each) recording their holds:
         they are done by the next ``settle``."""
         self.settle()
         rec: list = []
-        self._recording = rec
+        self._deferring = rec
         try:
             for pol, gs in zip(policies, req.groups, strict=True):
                 pol.hit(req, gs, hit_of(pol, req), self)
         finally:
-            self._recording = None
-        req.reserve = rec or None
-        req.reserve_cached = None
+            self._deferring = None
+        req.deferred_holds = rec or None
+        req.deferred_cached_bytes = None
         if rec:
-            self.pending = req
+            self.deferred = req
 
-    def forget_pending(self, req: Request) -> None:
-        """Give back ``req``'s pending hit: what holding it and undoing the hold would do
-        (nothing: a hit let go before its allocate is not a use, see ``undo_holds``)."""
-        self.pending = None
-        req.reserve = None
+    def unhold_deferred(self, req: Request) -> None:
+        """Give back ``req``'s deferred hit: what holding it and undoing the hold would do
+        (nothing: a hit let go before its allocate is not a use, see ``unhold``)."""
+        self.deferred = None
+        req.deferred_holds = None
 
     def start_log(self) -> list:
         """Log the holds from now on (``end_log`` stops): the allocation may be rolled back."""
@@ -121,8 +120,8 @@ class PageLedger(PageOps):
         """The allocation whose ``grow`` takes pages now (``None`` once it is done)."""
         self._grant = grant
 
-    def undo_holds(self, log: list) -> None:
-        """``unhold`` for holds that did not become a use (a rolled-back plan, a hit let go
+    def unhold(self, log: list) -> None:
+        """``unhold_log`` for holds that did not become a use (a rolled-back plan, a hit let go
         before its allocate): the reuse counts they added are taken back."""
         self.settle()
         index = self.index
@@ -132,11 +131,11 @@ class PageLedger(PageOps):
                     index.uncount_use_many(group, page)
                 else:
                     index.uncount_use(group, page)
-        unhold(log, self.ref, self.released, self.evictor, self.now)
+        unhold_log(log, self.ref, self.released, self.evictor, self.now)
 
     # ------------------------------------------------------------ page moves (PageOps)
     def take(self, group: int) -> int:
-        if self.pending is not None:
+        if self.deferred is not None:
             self.settle()
         alloc, grant = self.alloc, self._grant
         before = alloc.num_carved
@@ -148,10 +147,10 @@ class PageLedger(PageOps):
     def hold_run(self, group: int, pages: list[int]) -> None:
         """``hold`` each page (a hit on a run of distinct cached pages); the log gets one
         ``(group, pages, keys)`` entry for the run."""
-        if self._recording is not None:  # a lookup: held later (module doc)
-            self._recording.append((group, list(pages)))
+        if self._deferring is not None:  # a lookup: held later (module doc)
+            self._deferring.append((group, list(pages)))
             return
-        if self.pending is not None:
+        if self.deferred is not None:
             self.settle()
         ref, log = self.ref[group], self._log
         if self.index.uses is not None:
@@ -183,10 +182,10 @@ class PageLedger(PageOps):
             log.append((group, list(pages), keys))
 
     def hold(self, group: int, page: int) -> None:
-        if self._recording is not None:
-            self._recording.append((group, page))
+        if self._deferring is not None:
+            self._deferring.append((group, page))
             return
-        if self.pending is not None:
+        if self.deferred is not None:
             self.settle()
         ref = self.ref[group]
         if self.index.uses is not None:
@@ -197,7 +196,7 @@ class PageLedger(PageOps):
             self._log.append((group, page, key))
 
     def drop(self, group: int, page: int, last_access: int, prefix_len: int) -> None:
-        if self.pending is not None:
+        if self.deferred is not None:
             self.settle()
         ref = self.ref[group]
         assert ref[page] > 0, f"drop of unreferenced page {group}:{page}"
@@ -214,7 +213,7 @@ class PageLedger(PageOps):
         """``drop`` for each of ``pages`` in turn (a page may repeat), each with its own prefix
         length; the registered pages whose last reference goes are cached together, in one
         ``add_run`` (the same keys as one ``drop`` each)."""
-        if self.pending is not None:
+        if self.deferred is not None:
             self.settle()
         ref, caching, index = self.ref[group], self.caching, self.index
         ids: list[int] = []
@@ -241,7 +240,7 @@ class PageLedger(PageOps):
                  tokens_per_page: int) -> None:
         """``drop`` for ``pages[start:stop]`` (page ``i`` ends at token ``(i+1) * tokens_per_page``),
         setting them to None; cached pages handed to the evictor together (a long run in numpy)."""
-        if self.pending is not None:
+        if self.deferred is not None:
             self.settle()
         seg = pages[start:stop]
         pages[start:stop] = [None] * len(seg)
@@ -263,7 +262,7 @@ class PageLedger(PageOps):
         shared = r.any()  # usually not: every page's last reference goes (then no check is needed)
         assert not shared or r.min() >= 0, f"drop of unreferenced pages of group {group}"
         refs[ids] = r
-        if shared:  # still held by others: their keys are recorded for an undone pin
+        if shared:  # still held by others: their keys are recorded for an undone hold
             held = r > 0
             if self.caching:  # ``put`` for those, ``forget`` for the rest, in one pass
                 self.released.update_many(group, ids, held, last_access, negs)
@@ -340,7 +339,7 @@ class PageLedger(PageOps):
 
     def take_run(self, group: int, n: int) -> list[int]:
         """``n`` fresh pages of ``group`` (``take`` in a loop, own large pages in bulk)."""
-        if self.pending is not None:
+        if self.deferred is not None:
             self.settle()
         grant = self._grant
         pages, carved = self.alloc.allocate_many(group, grant.tag, n, grant.quota[group], grant.shared[group])
@@ -355,7 +354,7 @@ class PageLedger(PageOps):
         return pages
 
     def retime_keys(self, group: int, keys: list[bytes], ends: list[int], last_access: int) -> None:
-        if self.pending is not None:
+        if self.deferred is not None:
             self.settle()
         found = list(map(self.index.table[group].get, keys))
         ref = self.ref[group]
@@ -376,7 +375,7 @@ class PageLedger(PageOps):
             self.evictor.retime_run(group, ids[free], negs[free], last_access)
 
     def age_keys(self, group: int, keys: list[bytes], ends: list[int], stamp: int) -> None:
-        if self.pending is not None:
+        if self.deferred is not None:
             self.settle()
         ref = self.ref[group]
         picked = [(page, -end) for page, end in zip(map(self.index.table[group].get, keys), ends, strict=True)
@@ -392,7 +391,7 @@ class PageLedger(PageOps):
     def register(self, group: int, page: int, key: bytes) -> bool:
         """A key whose page is only CACHED goes to ``page``: the cached duplicate is evicted
         (``PrefixIndex``'s doc); a key held by a live page stays there (False)."""
-        if self.pending is not None:
+        if self.deferred is not None:
             self.settle()
         index = self.index
         holder = index.get(group, key)
@@ -402,7 +401,7 @@ class PageLedger(PageOps):
         return index.register(group, page, key)
 
     def register_run(self, group: int, pages: list[int | None], keys: list[bytes]) -> None:
-        if self.pending is not None:
+        if self.deferred is not None:
             self.settle()
         index = self.index
         taken = index.register_many(group, pages, keys, self.ref[group])
@@ -413,18 +412,18 @@ class PageLedger(PageOps):
                 index.register(group, page, key)
 
     def find(self, group: int, key: bytes) -> int | None:
-        if self.pending is not None:
+        if self.deferred is not None:
             self.settle()
         return self.index.get(group, key)
 
     def index_table(self, group: int) -> dict[bytes, int]:
-        if self.pending is not None:
+        if self.deferred is not None:
             self.settle()
         return self.index.table[group]
 
     def unregister(self, group: int, page: int) -> None:
         """Take a page out of the index (an aborted fill: nobody writes it)."""
-        if self.pending is not None:
+        if self.deferred is not None:
             self.settle()
         self.index.unregister(group, page)
 

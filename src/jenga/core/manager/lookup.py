@@ -5,7 +5,7 @@ Each group's policy proposes the longest valid hit no longer than a candidate
 group accepts.  Before that the prompt hasher hashes only what a hit can reach and bounds the
 candidate by the first page the full-attention group misses (:mod:`jenga.core.manager.prompt_hashes`);
 after it the junction finder notes where the cached attention prefix ends past a state hit
-(:mod:`jenga.core.manager.shared_recompute`).  The hit's pages are recorded with the ledger and held
+(:mod:`jenga.core.manager.junction`).  The hit's pages are recorded with the ledger and held
 once anything else happens (:mod:`jenga.core.manager.ledger`); a second lookup first lets go of them.
 """
 
@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from jenga.core.manager.junction import Junction, fixed_point
 from jenga.core.manager.ledger import PageLedger
 from jenga.core.manager.miss_reasons import MissReasons
 from jenga.core.manager.prompt_hashes import PromptHasher
-from jenga.core.manager.shared_recompute import Junction
 from jenga.core.policy.base import PageOps, Policy
 from jenga.core.prefix.index import PrefixIndex
 from jenga.core.request import Request
@@ -36,12 +36,12 @@ class PrefixLookup:
         self.hasher, self.ledger, self.index = hasher, ledger, index
         self.host = host  # a host tier: the hit over both tiers is promoted first (jenga.core.tier.promotion)
         self.promotion_quota = promotion_quota  # the admission rule promotions follow (Admission.promotion_quota)
-        self.junction = Junction(policies, block, caching, hasher.bound, self.fixed_point)
+        self.junction = Junction(policies, block, caching, hasher.bound, ledger)
         self.misses = MissReasons(block)
 
     def find(self, req: Request, max_tokens: int | None) -> int:
         """Let go of the last hit, then find and record the new one (``KVCacheManager.lookup``)."""
-        self.release(req)
+        self.reset_hit(req)
         if not self.caching:
             return 0
         top = self.top(req, max_tokens)
@@ -72,30 +72,24 @@ class PrefixLookup:
         """The longest prefix no longer than ``cand`` that every one of ``policies`` accepts;
         ``bound``: a FullPolicy with all its pages below ``cand`` cached (``PromptHasher.for_lookup``);
         ``ops``: the pages seen (default the device ledger; both tiers' ``TierView``)."""
-        ledger = self.ledger if ops is None else ops
-        while True:
-            start = cand
-            for pol in policies:
-                cand = cand // pol.tpp * pol.tpp if pol is bound else pol.longest_prefix(req, cand, ledger)
-            if cand == start:
-                return cand
+        return fixed_point(req, cand, policies, self.ledger if ops is None else ops, bound)
 
-    def release(self, req: Request) -> None:
-        """Let go of the hit the last lookup found (pending or held); fresh group states."""
-        self.let_go(req)
-        req.pins = []
+    def reset_hit(self, req: Request) -> None:
+        """Let go of the hit the last lookup found (deferred or held); fresh group states."""
+        self.unhold_hit(req)
+        req.hit_holds = []
         req.groups = [pol.new_state() for pol in self.policies]
         req.hit = req.num_computed = 0
 
-    def let_go(self, req: Request) -> bool:
-        """Undo the holds of ``req``'s hit if it has one not allocated yet (pending, or held since
+    def unhold_hit(self, req: Request) -> bool:
+        """Undo the holds of ``req``'s hit if it has one not allocated yet (deferred, or held since
         the lookup); whether it had."""
         ledger = self.ledger
-        if ledger.pending is req:
-            ledger.forget_pending(req)
-        elif req.pins:
-            ledger.undo_holds(req.pins)
-            req.pins = []
+        if ledger.deferred is req:
+            ledger.unhold_deferred(req)
+        elif req.hit_holds:
+            ledger.unhold(req.hit_holds)
+            req.hit_holds = []
         else:
             return False
         return True

@@ -23,18 +23,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from jenga.core.manager import cache_control
-from jenga.core.manager.admission import Admission
 from jenga.core.manager.integrity import check_manager
 from jenga.core.manager.ledger import Grant
 from jenga.core.manager.parts import build_parts, check_choices
 from jenga.core.manager.pool import PoolShape
+from jenga.core.manager.rules import ManagerRules
 from jenga.core.manager.stats import CacheStats, collect_stats
-from jenga.core.pagesize import manager_page_plan, with_base_page
-from jenga.core.policy.registry import OUT_OF_RANGE_AGE, Policy, policy_for
+from jenga.core.policy.registry import OUT_OF_WINDOW_AGE, Policy
 from jenga.core.prefix.events import EventLog, KVEvent
 from jenga.core.prefix.hashing import ImageRef
 from jenga.core.request import GroupState, Request, RequestView
-from jenga.core.specs import LayerGroup, ModelSpec
+from jenga.core.specs import ModelSpec
 from jenga.core.tables import PageTables
 from jenga.core.tier.copy_plan import CopyPlan
 from jenga.core.validation import TOKEN_ID_LIMIT, checked_int, token_array
@@ -54,16 +53,17 @@ class KVCacheManager:
     (0: their release time, the paper's text).  ``eviction``: ``"reuse"`` (jenga's default; pages reused at
     least twice outlive one-off pages and a stable subset of them survives a cyclic working set larger than
     the pool, see :mod:`jenga.core.evict.reuse`) or ``"lru"`` (the paper's order; the baselines'
-    default).  ``device`` is only used by :attr:`layout`.
+    default).  ``device`` is only used by :attr:`layout`.  What a variant changes (model transform,
+    policies, admission, eviction default, caps, a step before allocating) is its ``rules_class``
+    (:mod:`jenga.core.manager.rules`; the baselines bring theirs).
     """
 
     name = "jenga"
-    default_eviction = "reuse"
-    admission_class = Admission  # baselines bring their own quota rule
+    rules_class = ManagerRules
 
     def __init__(self, model: ModelSpec, memory_bytes: int | str, *, tokens_per_page: int = 16,
                  enable_prefix_caching: bool = True, device: str = "cpu", max_lcm_ratio: float = 8.0,
-                 fit_pages: bool = True, window_slack: int | None = None, out_of_window_age: int = OUT_OF_RANGE_AGE,
+                 fit_pages: bool = True, window_slack: int | None = None, out_of_window_age: int = OUT_OF_WINDOW_AGE,
                  eviction: str | None = None, host_memory_bytes: int | str | None = None,
                  host_policy: str = "per-kind"):
         tokens_per_page = checked_int(tokens_per_page, "tokens_per_page")
@@ -72,12 +72,13 @@ class KVCacheManager:
             host_memory_bytes = parse_bytes(host_memory_bytes)
         if window_slack is not None:
             window_slack = checked_int(window_slack, "window_slack", minimum=0)
-        eviction = eviction or self.default_eviction
+        self.rules = rules = self.rules_class()
+        eviction = eviction or rules.default_eviction
         check_choices(eviction, host_policy)
         self.window_slack = window_slack
         self.source_model = model
-        self.page_plan = None
-        model = self._prepare_model(model, tokens_per_page, max_lcm_ratio if fit_pages else None)
+        model = rules.prepare_model(model, tokens_per_page, max_lcm_ratio if fit_pages else None)
+        self.page_plan = rules.page_plan
         self.model = model
         self.block = tokens_per_page
         self.caching = enable_prefix_caching
@@ -86,21 +87,20 @@ class KVCacheManager:
         self.memory_bytes = memory_bytes
         p = build_parts(model, self.source_model, memory_bytes, host_memory_bytes, block=self.block, caching=self.caching,
                         eviction=eviction, out_of_window_age=out_of_window_age, window_slack=window_slack,
-                        host_policy=host_policy, policy_of=self._policy, admission_class=self.admission_class,
-                        promotion_quota=self._promotion_quota)
+                        host_policy=host_policy, rules=rules)
         self._alloc, self._index, self._evictor, self.ledger = p.alloc, p.index, p.evictor, p.ledger
         self.policies: list[Policy] = p.policies
         self.admission, self.hasher, self.host, self.prefix_lookup = p.admission, p.hasher, p.host, p.lookup
         self.junction = p.lookup.junction  # where a state hit's cached attention prefix ends
         self.step_commit, self.accounting, self.hits, self.intake = p.commit, p.accounting, p.hits, p.intake
         self.requests: dict[object, Request] = {}
-        self._allocated = 0  # live requests past their first allocate
         self._max_tokens = model.max_model_len + 1
+        self._before_allocate = rules.before_allocate
         self._layout = None
 
     # ----------------------------------------------------------- the parts
     def _settled(self, part):
-        self.ledger.settle()  # a lookup's pending hit is held first
+        self.ledger.settle()  # a lookup's deferred hit is held first
         return part
 
     alloc = property(lambda self: self._settled(self._alloc), doc="The allocator (tests and checks).")
@@ -116,28 +116,16 @@ class KVCacheManager:
     def pool(self) -> PoolShape:
         """The page pool, read-only: large pages, their bytes, each group's carving and caps."""
         a = self._alloc
-        return PoolShape(a.num_large, a.large_bytes, tuple(a.k), tuple(a.page_bytes),
+        return PoolShape(a.num_large, a.large_page_bytes, tuple(a.k), tuple(a.page_bytes),
                          None if a.caps is None else tuple(a.caps))
 
     now = property(lambda self: self.ledger.now, doc="The clock: one tick per ``allocate``.")
-    num_allocated = property(lambda self: self._allocated, doc="Live requests past their first ``allocate``.")
+    num_allocated = property(lambda self: self.admission.admitted, doc="Live requests past their first ``allocate``.")
 
     def view(self, request_id: object) -> RequestView | None:
         """A read-only view of a live request (``None`` if it is not live)."""
         req = self.requests.get(request_id)
         return None if req is None else RequestView(req)
-
-    def _prepare_model(self, model: ModelSpec, tokens_per_page: int, max_ratio: float | None) -> ModelSpec:
-        """The groups this manager really allocates (baselines transform the model here)."""
-        model = with_base_page(model, tokens_per_page)
-        if max_ratio is None:
-            return model
-        self.page_plan = manager_page_plan(model, max_ratio)
-        return self.page_plan.model
-
-    def _policy(self, gi: int, group: LayerGroup) -> Policy:
-        """The cache policy of a group (baselines swap in their own rules here)."""
-        return policy_for(gi, group, self.block)
 
     # ----------------------------------------------------------------- API
     def _req(self, request_id: object) -> Request:
@@ -219,6 +207,9 @@ class KVCacheManager:
         if end > self.model.max_model_len:
             raise SequenceTooLongError(f"request {request_id!r}: {end} tokens exceed the model's max length "
                                        f"{self.model.max_model_len}")
+        before = self._before_allocate
+        if before is not None and not before(self, req, num_new_tokens, num_lookahead):
+            return None
         return self._allocate_slow(req, num_new_tokens, num_lookahead, end)
 
     def _too_far(self, req: Request, start: int, n: int) -> None:
@@ -231,14 +222,14 @@ class KVCacheManager:
         if req.tables is None and self.host is not None and self.host.waits(req.request_id):
             return None  # its host hit's promotion was refused (jenga.core.tier.host_tier)
         old_lookahead, req.num_lookahead = req.num_lookahead, lookahead
-        if ledger.pending is req and admission.hit_cannot_fit(req, end, self._allocated):
+        if ledger.deferred is req and admission.hit_cannot_fit(req, end, admission.admitted):
             req.num_lookahead = old_lookahead
             return None
         pairs = req.pairs or list(zip(self.policies, req.groups, strict=True))
         need, log = admission.plan(req, end, pairs)
-        quota = admission.quota_of(req, need, end, self._allocated)
+        quota = admission.quota_of(req, need, end, admission.admitted)
         if quota is None:
-            admission.rollback(req, log)
+            admission.unhold_plan(req, log)
             req.num_lookahead = old_lookahead
             return None
         shared = admission.prefer_shared(req)
@@ -256,11 +247,11 @@ class KVCacheManager:
         if self.host is not None and not req.counted:
             self.host.count_hit(req.request_id, req.hit)
         self.hits.count(req)
-        req.pins = []
+        req.hit_holds = []
         req.num_scheduled += n
         req.last_access = ledger.now
         if req.tables is None:
-            self._allocated += 1
+            admission.admitted += 1
             req.tables = PageTables(req.request_id, 0, 0, 0, [gs.table for gs in req.groups])
             req.pairs = self._active(req)
         t = req.tables
@@ -289,10 +280,6 @@ class KVCacheManager:
                                        f"the model's max length {self.model.max_model_len}")
         self.step_commit.commit(req, token_ids, num_rejected)
 
-    def _promotion_quota(self, need: list[int]) -> list[int] | None:
-        """A lookup's promotion of ``need`` host pages per group under admission's rule."""
-        return self.admission.promotion_quota(need, self._allocated)
-
     def _active(self, req: Request) -> list[tuple[Policy, GroupState]]:
         """(policy, state) pairs with work after the first allocate: image groups only with images."""
         if req.images:
@@ -303,12 +290,12 @@ class KVCacheManager:
         """Drop the request; its registered pages stay cached (evictable), the rest are free."""
         req = self._req(request_id)
         self.step_commit.drop(req)
-        if not self.prefix_lookup.let_go(req):  # a hit not allocated yet: its holds undone, else the pages
+        if not self.prefix_lookup.unhold_hit(req):  # a hit not allocated yet: its holds undone, else the pages
             for pol, gs in zip(self.policies, req.groups, strict=True):
                 pol.free(req, gs, self.ledger)
         del self.requests[request_id]
         if req.tables is not None:
-            self._allocated -= 1
+            self.admission.admitted -= 1
         if self.caching and req.source_hashes is None:
             self.hasher.memo.remember(request_id, req.tokens, req.hashes, req.salt_root, req.images)
         self.hits.freed(req)

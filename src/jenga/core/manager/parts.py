@@ -10,11 +10,10 @@ itself into another.  ``check_choices`` validates the named choices before anyth
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from jenga.core.alloc.allocator import LargePageAllocator
-from jenga.core.evict.lru import PrefixEvictor
+from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.evict.reuse import ReuseEvictor
 from jenga.core.manager.accounting import ByteAccounting
 from jenga.core.manager.admission import Admission
@@ -25,9 +24,10 @@ from jenga.core.manager.ledger import PageLedger
 from jenga.core.manager.lookup import PrefixLookup
 from jenga.core.manager.pool import large_page_count
 from jenga.core.manager.prompt_hashes import PromptHasher
+from jenga.core.manager.rules import ManagerRules
 from jenga.core.policy.registry import Policy
 from jenga.core.prefix.index import PrefixIndex
-from jenga.core.specs import LayerGroup, ModelSpec
+from jenga.core.specs import ModelSpec
 from jenga.core.tier.host_tier import HOST_POLICIES, HostTier, host_page_count
 from jenga.errors import InvalidArgumentError
 
@@ -64,16 +64,14 @@ class ManagerParts:
 
 def build_parts(model: ModelSpec, source_model: ModelSpec, memory_bytes: int, host_memory_bytes: int | None, *,
                 block: int, caching: bool, eviction: str, out_of_window_age: int, window_slack: int | None,
-                host_policy: str, policy_of: Callable[[int, LayerGroup], Policy],
-                admission_class: type[Admission],
-                promotion_quota: Callable[[list[int]], list[int] | None]) -> ManagerParts:
+                host_policy: str, rules: ManagerRules) -> ManagerParts:
     """Build and wire the parts of a manager of ``model`` (the groups it allocates; ``source_model``:
     the one it was given) over the large pages ``memory_bytes`` holds (and ``host_memory_bytes`` on the
-    host; ``None``: no host tier; raises when a budget holds no large page).  ``policy_of(gi, group)``
-    makes each group's policy and ``admission_class`` the admission rule (baselines bring their own)."""
+    host; ``None``: no host tier; raises when a budget holds no large page).  ``rules`` make each
+    group's policy, the admission rule and the per-group caps (baselines bring their own)."""
     num_large = large_page_count(memory_bytes, model.lcm_page_bytes)
     num_host_large = 0 if host_memory_bytes is None else host_page_count(host_memory_bytes, model.lcm_page_bytes)
-    alloc = LargePageAllocator([g.page_bytes for g in model.groups], num_large)
+    alloc = LargePageAllocator([g.page_bytes for g in model.groups], num_large, caps=rules.caps(model, num_large))
     index = PrefixIndex(len(model.groups))
     sizes = [num_large * k for k in alloc.k]
     index.track_pages(sizes)  # registered flags for bulk frees
@@ -81,17 +79,19 @@ def build_parts(model: ModelSpec, source_model: ModelSpec, memory_bytes: int, ho
         index.track_uses(sizes)
     evictor = EVICTORS[eviction](alloc, index)
     alloc.evictor = evictor
-    ledger = PageLedger(alloc, index, evictor, caching=caching, out_of_range_age=out_of_window_age)
-    policies = [policy_of(i, g) for i, g in enumerate(model.groups)]
+    ledger = PageLedger(alloc, index, evictor, caching=caching, out_of_window_age=out_of_window_age)
+    policies = [rules.policy(i, g, block) for i, g in enumerate(model.groups)]
     for pol in policies:
         pol.set_window_slack(window_slack)
-    admission = admission_class(policies, alloc, index, evictor, ledger, block)
+    admission = rules.admission_class(policies, alloc, index, evictor, ledger, block)
     hasher = PromptHasher(policies, block)  # bounds how far a lookup hashes
     host = None  # the host tier (:mod:`jenga.core.tier.host_tier`): told of every eviction
     if num_host_large:
         host = HostTier([g.page_bytes for g in model.groups], num_host_large, ledger, policies, policy=host_policy)
         evictor.listener = host
-    lookup = PrefixLookup(policies, block, caching, hasher, ledger, index, host, promotion_quota)
+    # a lookup's promotion of host pages follows admission's rule for the requests admitted now
+    lookup = PrefixLookup(policies, block, caching, hasher, ledger, index, host,
+                          lambda need: admission.promotion_quota(need, admission.admitted))
     commit = StepCommit(policies, ledger, hasher, index, block, caching)
     accounting = ByteAccounting(policies, ledger, model)
     hits = HitCounts()  # prompt tokens looked up / found cached

@@ -110,13 +110,13 @@ def collect_stats(mgr) -> CacheStats:
     groups = mgr.model.groups
     pb = alloc.page_bytes
     n = range(len(groups))
-    group_used = tuple(alloc.used_small[g] * pb[g] for g in n)
+    group_used = tuple(alloc.used_pages(g) * pb[g] for g in n)
     used = sum(group_used)
     cached = sum(len(mgr.evictor.keys[g]) * pb[g] for g in n)
     # free slots in large pages that live requests use (slots beside cached pages in a fully
     # evictable large page are reclaimable at once, so they count as free, not waste)
-    carved_free = sum(alloc.free_small[g] * pb[g] for g in n)
-    total = alloc.num_large * alloc.large_bytes
+    carved_free = sum(alloc.free_slots(g) * pb[g] for g in n)
+    total = alloc.num_large * alloc.large_page_bytes
     needed = partial = stale_bytes = padding = 0
     for req in mgr.requests.values():
         held, need, stale, pad = mgr.request_accounting(req)

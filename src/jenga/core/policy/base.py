@@ -26,7 +26,7 @@ class PageOps(ABC):
 
     now: int
     caching: bool
-    out_of_range_age: int = 0
+    out_of_window_age: int = 0
 
     @abstractmethod
     def take(self, group: int) -> int:
@@ -93,7 +93,7 @@ class PageOps(ABC):
 NEVER = 1 << 62
 #: Default age of pages released because they left the window / chunk: stamped this much
 #: older than "now", they are evicted before any page a request still held when it finished.
-OUT_OF_RANGE_AGE = 1 << 40
+OUT_OF_WINDOW_AGE = 1 << 40
 #: Pages a request lets go while it still holds the prefix they complete (the window before a
 #: branch point, released during decode) are released at ``UNTIL_FREE + now``: plain LRU and the
 #: reuse order's one-off class read the time ``now``; its class of reused pages (newest first)
@@ -116,7 +116,7 @@ class Policy(ABC):
 
     #: a hit of this kind below the full-attention groups' cached prefix may leave those groups
     #: holding that prefix while the tokens between are recomputed (their engine writes no K/V
-    #: below ``TokenTable.write_from``; :mod:`jenga.core.manager.shared_recompute`)
+    #: below ``TokenTable.write_from``; :mod:`jenga.core.manager.junction`)
     recompute_under_shared = False
     #: a hit needs every page of the group below it (full attention): it bounds how far a lookup
     #: hashes (:mod:`jenga.core.manager.prompt_hashes`) and where the junction lies
@@ -124,7 +124,7 @@ class Policy(ABC):
     #: what a lookup this kind's pages cut short missed (``jenga.core.manager.miss_reasons``)
     miss_reason = "window_evicted"
     #: the group resumes from less than the whole prefix (a window, a state checkpoint): it needs the
-    #: junction, where the cached full-attention prefix ends (:mod:`jenga.core.manager.shared_recompute`)
+    #: junction, where the cached full-attention prefix ends (:mod:`jenga.core.manager.junction`)
     needs_junction = False
     #: the group holds pages per image, not per token (only requests with images use it)
     per_image = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from jenga.core.policy.base import NEVER, OUT_OF_RANGE_AGE, PageOps, Policy, cdiv
+from jenga.core.policy.base import NEVER, OUT_OF_WINDOW_AGE, PageOps, Policy, cdiv
 from jenga.core.policy.image import ImagePolicy, VisionPolicy
 from jenga.core.policy.state import CopyForwardMambaPolicy, MambaPolicy
 from jenga.core.policy.token import ChunkedPolicy, FullPolicy, SlidingPolicy
@@ -20,7 +20,7 @@ from jenga.core.specs import (
     VisionEmbeddingSpec,
 )
 
-__all__ = ["NEVER", "OUT_OF_RANGE_AGE", "POLICIES", "ChunkedPolicy", "CopyForwardMambaPolicy", "FullPolicy", "ImagePolicy", "MambaPolicy",
+__all__ = ["NEVER", "OUT_OF_WINDOW_AGE", "POLICIES", "ChunkedPolicy", "CopyForwardMambaPolicy", "FullPolicy", "ImagePolicy", "MambaPolicy",
            "PageOps", "Policy", "SlidingPolicy", "VisionPolicy", "cdiv", "policy_for"]
 
 POLICIES: dict[type, Callable[[int, LayerGroup, int], Policy]] = {

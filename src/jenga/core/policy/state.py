@@ -41,7 +41,7 @@ class MambaPolicy(Policy):
     state_type = CheckpointState
     miss_reason = "no_checkpoint"
 
-    #: jenga's engine writes no K/V below ``TokenTable.write_from`` (``jenga.core.manager.shared_recompute``)
+    #: jenga's engine writes no K/V below ``TokenTable.write_from`` (``jenga.core.manager.junction``)
     recompute_under_shared = True
 
     def __init__(self, gi: int, group: LayerGroup, block: int):
@@ -119,7 +119,7 @@ class MambaPolicy(Policy):
     def _junction_end(self, req: Request) -> int:
         """Where the step of a request resuming a cached state (``hit > 0``) below its junction
         ends: the junction, so its work page becomes the junction checkpoint (the state layers
-        recompute ``[hit, junction)`` under shared attention pages, ``jenga.core.manager.shared_recompute``).
+        recompute ``[hit, junction)`` under shared attention pages, ``jenga.core.manager.junction``).
         A request resuming no state keeps its full step: its junction typically comes from a
         prefix computed in this step or the one before, and the budget a shorter step leaves
         goes to admissions that cannot hit that prefix yet (measured: hits -1.2 points on
@@ -220,7 +220,7 @@ class MambaPolicy(Policy):
         branch point goes before other cached pages."""
         aged = pos % self.every == 0 and pos not in self._marks(req) \
             and pos < req.prompt_len // self.block * self.block
-        return ops.now - ops.out_of_range_age if aged else ops.now
+        return ops.now - ops.out_of_window_age if aged else ops.now
 
     def _is_checkpoint(self, req: Request, pos: int) -> bool:
         return pos > 0 and (pos % self.every == 0 or pos in self._marks(req))
@@ -316,7 +316,7 @@ class CopyForwardMambaPolicy(MambaPolicy):
     So a hit's read page stays held until that commit too, a checkpoint at a step's end
     gets its own page, and every periodic position is checkpointed.  vLLM's model runner
     writes the K/V of every computed token, so attention groups never hold cached pages past
-    this kind's hit (:mod:`jenga.core.manager.shared_recompute`)."""
+    this kind's hit (:mod:`jenga.core.manager.junction`)."""
 
     recompute_under_shared = False
 

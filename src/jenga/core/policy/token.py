@@ -114,7 +114,7 @@ class FullPolicy(Policy):
 
     def release_range(self, req: Request, gs: GroupState, stop: int, ops: PageOps) -> None:
         """Drop pages ``[released, stop)`` that left the range, aged to go first."""
-        ops.drop_run(self.gi, gs.pages, gs.released, stop, ops.now - ops.out_of_range_age, self.tpp)
+        ops.drop_run(self.gi, gs.pages, gs.released, stop, ops.now - ops.out_of_window_age, self.tpp)
 
     def free(self, req: Request, gs: GroupState, ops: PageOps) -> None:
         ops.drop_run(self.gi, gs.pages, gs.released, len(gs.pages), req.last_access, self.tpp)
@@ -231,7 +231,7 @@ class SlidingPolicy(FullPolicy):
         if ops.caching and lo:
             m, tpp = self.tpp // self.block, self.tpp
             ops.age_keys(self.gi, req.hashes[m - 1:lo * m:m], range(tpp, (lo + 1) * tpp, tpp),
-                         ops.now - ops.out_of_range_age)
+                         ops.now - ops.out_of_window_age)
 
     def release_range(self, req: Request, gs: GroupState, stop: int, ops: PageOps) -> None:
         """Like the base class, except the window before a branch point (``retained_spans``):

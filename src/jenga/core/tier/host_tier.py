@@ -34,8 +34,8 @@ import numpy as np
 
 from jenga.core.alloc.allocator import LargePageAllocator
 from jenga.core.alloc.page_states import CACHED, FREE, USED
+from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.evict.listener import EvictionListener
-from jenga.core.evict.lru import PrefixEvictor
 from jenga.core.flat_arrays import zeros
 from jenga.core.manager.ledger import Grant, PageLedger
 from jenga.core.prefix.index import PrefixIndex
@@ -95,12 +95,12 @@ class HostTier(EvictionListener):
 
     @property
     def total_bytes(self) -> int:
-        return self.alloc.num_large * self.alloc.large_bytes
+        return self.alloc.num_large * self.alloc.large_page_bytes
 
     @property
     def used_bytes(self) -> int:
         """Bytes of host pages holding content (cached or pinned)."""
-        return sum((self.alloc.used_small[g] + len(self.evictor.keys[g])) * b for g, b in enumerate(self.page_bytes))
+        return self.alloc.used_bytes() + sum(len(self.evictor.keys[g]) * b for g, b in enumerate(self.page_bytes))
 
     def tables(self) -> list[dict[bytes, int]]:
         """Per group: the host index (read only)."""
@@ -179,7 +179,7 @@ class HostTier(EvictionListener):
         if self.policy == "per-kind":
             ids = np.asarray(fresh, dtype=np.int64)
             ts = dev.evictor.release_times(group, ids, np.asarray([key_t[p] for p in fresh], dtype=np.int64))
-            age = dev.out_of_range_age
+            age = dev.out_of_window_age
             aged_below = now - age // 2 if age > 0 else -UNLIMITED
             mask = self.policies[group].demotable(np.asarray(ts, dtype=np.int64), aged_below)
             fresh = [p for p, m in zip(fresh, mask.tolist(), strict=True) if m]
@@ -221,7 +221,7 @@ class HostTier(EvictionListener):
                 need[g] += 1
             quota = quota_of(need)
             if quota is None:  # refused before any page moved: the host pages keep their keys
-                dev.undo_holds(log)
+                dev.unhold(log)
                 self._waiting.add(tag)
                 return 0
         for g, h in wanted:
@@ -243,7 +243,7 @@ class HostTier(EvictionListener):
                 self._promoted_by.setdefault(tag, []).append((g, page))
         finally:
             dev.grant(None)
-        dev.undo_holds(log)
+        dev.unhold(log)
         by_group: dict[int, tuple[list[int], list[int]]] = {}
         for g, page, prefix in promoted:  # cached under their keys, one run per group
             ids, lens = by_group.setdefault(g, ([], []))
@@ -325,8 +325,8 @@ class HostTier(EvictionListener):
         for (g, h) in self.pending.demote:
             assert index.is_registered(g, h), f"demote target {g}:{h} not indexed on the host"
             pins[(g, h)] = pins.get((g, h), 0) + 1
-        for g, st in enumerate(alloc.state):
-            ref = ledger.ref[g]
+        for g in range(len(alloc.k)):
+            st, ref = alloc.page_states(g), ledger.ref[g]
             for page, s in enumerate(st):
                 assert ref[page] == pins.get((g, page), 0), f"host page {g}:{page}: {ref[page]} pins"
                 if s == FREE:

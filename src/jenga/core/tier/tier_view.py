@@ -5,7 +5,9 @@ with ``hold`` / ``hold_run`` (:class:`jenga.core.policy.base.PageOps`).  Through
 index of each group is the device's and the host's together (a key in either tier counts), host
 pages appear as negative ids (``~page``) and holds are only recorded, so the manager learns which
 host pages the longest hit over both tiers needs (joint consistency: every group's pages lie in
-some tier) without changing anything.  Everything else is the device ledger's.
+some tier) without changing anything on the host.  It offers only what a lookup's policies call
+(``index_table``, ``find``, ``hold``, ``hold_run``, and for a sliding hit ``age_keys`` with the
+clock it reads), not the device ledger's other operations.
 """
 
 from __future__ import annotations
@@ -43,8 +45,15 @@ class TierView:
         self.host = [_HostIds(t) for t in host_tables]
         self.held: list[tuple[int, int]] = []  # (group, page): device pages >= 0, host pages as ~page
 
-    def __getattr__(self, name: str):
-        return getattr(self.device, name)
+    # what a policy's ``hit`` reads of the device ledger besides the index (a sliding hit ages
+    # the device's earlier windows, ``SlidingPolicy.hit``)
+    caching = property(lambda self: self.device.caching)
+    now = property(lambda self: self.device.now)
+    out_of_window_age = property(lambda self: self.device.out_of_window_age)
+
+    def age_keys(self, group: int, keys: list[bytes], ends, stamp: int) -> None:
+        """The device ledger's ``age_keys`` (host pages keep their keys)."""
+        self.device.age_keys(group, keys, ends, stamp)
 
     def index_table(self, group: int) -> ChainMap:
         return ChainMap(self.device.index_table(group), self.host[group])

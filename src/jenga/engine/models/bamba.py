@@ -18,8 +18,10 @@ from jenga.engine.models.common import (
     PartialRotary,
     RMSNorm,
     cfg,
+    head_dim_of,
     rope_parameters,
 )
+from jenga.engine.models.decoder import DecoderModel
 from jenga.engine.models.hybrid import HybridCausalLM
 from jenga.engine.models.mamba2 import Mamba2Mixer
 
@@ -35,7 +37,7 @@ def granite_mamba2(config, layer_idx: int) -> Mamba2Mixer:
 
 class BambaAttention(PagedAttentionBase):
     def __init__(self, config, layer_idx: int, rotary: PartialRotary):
-        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        head_dim = head_dim_of(config)
         super().__init__(layer_idx, config.hidden_size, config.num_attention_heads,
                          cfg(config, "num_key_value_heads", config.num_attention_heads), head_dim,
                          bias=cfg(config, "attention_bias", False))
@@ -65,27 +67,10 @@ class BambaDecoderLayer(nn.Module):
         return x + self.feed_forward(self.pre_ff_layernorm(x))
 
 
-class BambaModel(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
-        self.rotary_emb = PartialRotary(rope_parameters(config), head_dim)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(BambaDecoderLayer(config, i, self.rotary_emb)
-                                    for i in range(config.num_hidden_layers))
-        self.final_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
-        x = self.embed_tokens(input_ids)
-        cos_sin = self.rotary_emb.cos_sin(positions)
-        for layer in self.layers:
-            x = layer(x, cos_sin, ctx)
-        return self.final_layernorm(x)
-
-
 class BambaForCausalLM(HybridCausalLM):
     def __init__(self, config):
-        super().__init__(config)
-        self.model = BambaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.tie_weights_if_needed()
+        head_dim = head_dim_of(config)
+        rotary = PartialRotary(rope_parameters(config), head_dim)
+        super().__init__(config, DecoderModel(
+            config, lambda i: BambaDecoderLayer(config, i, rotary),
+            RMSNorm(config.hidden_size, config.rms_norm_eps), rotary=rotary, norm_name="final_layernorm"))

@@ -31,6 +31,11 @@ def cfg(config, name: str, default=None):
     return default if value is None else value
 
 
+def head_dim_of(config) -> int:
+    """Attention head width: ``config.head_dim``, else hidden size over heads."""
+    return cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
+
+
 def activation(name: str):
     """HF activation names used by the supported families."""
     table = {
@@ -219,21 +224,24 @@ class PagedAttentionBase(nn.Module):
 # ------------------------------------------------------------------------------------ base model
 
 class PagedCausalLM(nn.Module):
-    """Base of all families: ``self.model`` (``embed_tokens``, ``layers``, ``norm``) + ``self.lm_head``.
+    """Base of all families: ``self.model`` (a :class:`~jenga.engine.models.decoder.DecoderModel`
+    or a module with its ``embedding`` and ``forward``) + ``self.lm_head``.
 
-    Subclasses implement ``self.model.forward(input_ids, positions, ctx) -> hidden [T, hidden]``
-    and set ``final_logit_softcapping`` when the family caps logits.
+    ``model`` given: the head is built here (``hidden -> vocab``, no bias) and tied to the
+    embedding when the config says so (``tie_default`` where the config does not say).  A family
+    sets ``final_logit_softcapping`` when it caps logits.
     """
 
     final_logit_softcapping: float | None = None
 
-    def __init__(self, config):
+    def __init__(self, config, model: nn.Module | None = None, *, tie_default: bool = False):
         super().__init__()
         self.config = config
-
-    def tie_weights_if_needed(self) -> None:
-        if cfg(self.config, "tie_word_embeddings", False):
-            self.lm_head.weight = self.model.embed_tokens.weight
+        if model is not None:
+            self.model = model
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            if cfg(config, "tie_word_embeddings", tie_default):
+                self.lm_head.weight = model.embedding.weight
 
     def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext,
                 logits_indices: Tensor | None = None) -> Tensor:

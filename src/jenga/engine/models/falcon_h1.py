@@ -13,7 +13,16 @@ import torch
 from torch import Tensor, nn
 
 from jenga.engine.attention import ForwardContext
-from jenga.engine.models.common import PagedAttentionBase, RMSNorm, Rotary, activation, cfg, rope_parameters
+from jenga.engine.models.common import (
+    PagedAttentionBase,
+    RMSNorm,
+    Rotary,
+    activation,
+    cfg,
+    head_dim_of,
+    rope_parameters,
+)
+from jenga.engine.models.decoder import DecoderModel
 from jenga.engine.models.hybrid import HybridCausalLM
 from jenga.engine.models.mamba2 import Mamba2Mixer
 
@@ -32,7 +41,7 @@ def mup_vector(config) -> Tensor:
 
 class FalconH1Attention(PagedAttentionBase):
     def __init__(self, config, layer_idx: int, rotary: Rotary):
-        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        head_dim = head_dim_of(config)
         super().__init__(layer_idx, config.hidden_size, config.num_attention_heads,
                          cfg(config, "num_key_value_heads", config.num_attention_heads), head_dim,
                          bias=cfg(config, "attention_bias", False))
@@ -89,32 +98,15 @@ class FalconH1DecoderLayer(nn.Module):
         return x + self.feed_forward(self.pre_ff_layernorm(x))
 
 
-class FalconH1Model(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
-        self.rotary_emb = Rotary(rope_parameters(config), head_dim)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(FalconH1DecoderLayer(config, i, self.rotary_emb)
-                                    for i in range(config.num_hidden_layers))
-        self.final_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.embedding_multiplier = config.embedding_multiplier
-
-    def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
-        x = self.embed_tokens(input_ids) * self.embedding_multiplier
-        cos_sin = self.rotary_emb.cos_sin(positions)
-        for layer in self.layers:
-            x = layer(x, cos_sin, ctx)
-        return self.final_layernorm(x)
-
-
 class FalconH1ForCausalLM(HybridCausalLM):
     def __init__(self, config):
-        super().__init__(config)
-        self.model = FalconH1Model(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        head_dim = head_dim_of(config)
+        rotary = Rotary(rope_parameters(config), head_dim)
+        super().__init__(config, DecoderModel(
+            config, lambda i: FalconH1DecoderLayer(config, i, rotary),
+            RMSNorm(config.hidden_size, config.rms_norm_eps), rotary=rotary, norm_name="final_layernorm",
+            embed_multiplier=config.embedding_multiplier))
         self.lm_head_multiplier = config.lm_head_multiplier
-        self.tie_weights_if_needed()
 
     def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext,
                 logits_indices: Tensor | None = None) -> Tensor:

@@ -24,8 +24,10 @@ from jenga.engine.models.common import (
     RMSNorm,
     Rotary,
     cfg,
+    head_dim_of,
     rope_parameters,
 )
+from jenga.engine.models.decoder import DecoderModel
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
@@ -39,7 +41,7 @@ def layer_types(config) -> list[str]:
 
 class GemmaAttention(PagedAttentionBase):
     def __init__(self, config, layer_idx: int, layer_type: str, rotary: Rotary, gemma3: bool):
-        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        head_dim = head_dim_of(config)
         super().__init__(
             layer_idx, config.hidden_size, config.num_attention_heads, config.num_key_value_heads, head_dim,
             bias=cfg(config, "attention_bias", False),
@@ -72,40 +74,35 @@ class GemmaDecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(h, eps, offset=True)
         self.post_feedforward_layernorm = RMSNorm(h, eps, offset=True)
 
-    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
-        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos_sin, ctx))
+    def forward(self, x: Tensor, cos_sin: dict, ctx: ForwardContext) -> Tensor:
+        """``cos_sin``: one table per layer type (:meth:`GemmaModel.layer_args`)."""
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), cos_sin[self.layer_type], ctx))
         return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
 
 
-class GemmaModel(nn.Module):
+class GemmaModel(DecoderModel):
+    """The skeleton with Gemma's quirks: embeddings scaled by ``sqrt(hidden)`` in the weights'
+    dtype, and one RoPE table per layer type (Gemma-3's local / global thetas)."""
+
     def __init__(self, config, gemma3: bool):
-        super().__init__()
-        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        head_dim = head_dim_of(config)
         types = layer_types(config)
         if gemma3:  # one RoPE per layer type (local / global theta, global may be scaled)
-            self.rotary = nn.ModuleDict({t: Rotary(rope_parameters(config, t), head_dim) for t in sorted(set(types))})
+            rotary = nn.ModuleDict({t: Rotary(rope_parameters(config, t), head_dim) for t in sorted(set(types))})
         else:
             rot = Rotary(rope_parameters(config), head_dim)
-            self.rotary = nn.ModuleDict({t: rot for t in sorted(set(types))})
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+            rotary = nn.ModuleDict({t: rot for t in sorted(set(types))})
+        super().__init__(config, lambda i: GemmaDecoderLayer(config, i, types[i], rotary[types[i]], gemma3),
+                         RMSNorm(config.hidden_size, cfg(config, "rms_norm_eps", 1e-6), offset=True))
+        self.rotary = rotary
         self.embed_scale = config.hidden_size ** 0.5
-        self.layers = nn.ModuleList(
-            GemmaDecoderLayer(config, i, t, self.rotary[t], gemma3) for i, t in enumerate(types))
-        self.norm = RMSNorm(config.hidden_size, cfg(config, "rms_norm_eps", 1e-6), offset=True)
 
-    def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext,
-                embeds: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        """``embeds = (rows, values)``: rows of the step whose (scaled) token embedding is
-        replaced by ``values`` (image features of a VLM)."""
+    def embed(self, input_ids: Tensor) -> Tensor:
         w = self.embed_tokens.weight
-        x = self.embed_tokens(input_ids) * torch.tensor(self.embed_scale, dtype=w.dtype, device=w.device)
-        if embeds is not None:
-            rows, values = embeds
-            x = x.index_copy(0, rows, values.to(x.dtype))
-        cos_sin = {t: rot.cos_sin(positions) for t, rot in self.rotary.items()}
-        for layer in self.layers:
-            x = layer(x, cos_sin[layer.layer_type], ctx)
-        return self.norm(x)
+        return self.embed_tokens(input_ids) * torch.tensor(self.embed_scale, dtype=w.dtype, device=w.device)
+
+    def layer_args(self, positions: Tensor, ctx: ForwardContext) -> tuple:
+        return {t: rot.cos_sin(positions) for t, rot in self.rotary.items()}, ctx
 
 
 class Gemma2ForCausalLM(PagedCausalLM):
@@ -114,12 +111,8 @@ class Gemma2ForCausalLM(PagedCausalLM):
     gemma3 = False
 
     def __init__(self, config):
-        super().__init__(config)
-        self.model = GemmaModel(config, gemma3=self.gemma3)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        super().__init__(config, GemmaModel(config, gemma3=self.gemma3), tie_default=True)
         self.final_logit_softcapping = cfg(config, "final_logit_softcapping")
-        if cfg(config, "tie_word_embeddings", True):
-            self.lm_head.weight = self.model.embed_tokens.weight
 
 
 class Gemma3ForCausalLM(Gemma2ForCausalLM):

@@ -17,14 +17,23 @@ from torch import Tensor, nn
 
 from jenga.engine.attention import ForwardContext
 from jenga.engine.models.bamba import granite_mamba2
-from jenga.engine.models.common import PagedAttentionBase, RMSNorm, Rotary, activation, cfg, rope_parameters
+from jenga.engine.models.common import (
+    PagedAttentionBase,
+    RMSNorm,
+    Rotary,
+    activation,
+    cfg,
+    head_dim_of,
+    rope_parameters,
+)
+from jenga.engine.models.decoder import DecoderModel
 from jenga.engine.models.hybrid import HybridCausalLM
 from jenga.engine.models.moe import Experts
 
 
 class GraniteAttention(PagedAttentionBase):
     def __init__(self, config, layer_idx: int, rotary: Rotary | None):
-        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        head_dim = head_dim_of(config)
         super().__init__(layer_idx, config.hidden_size, config.num_attention_heads,
                          cfg(config, "num_key_value_heads", config.num_attention_heads), head_dim,
                          bias=cfg(config, "attention_bias", False), scale=config.attention_multiplier)
@@ -103,33 +112,16 @@ class GraniteMoeHybridDecoderLayer(nn.Module):
         return x + ff * self.residual_multiplier
 
 
-class GraniteMoeHybridModel(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
-        rope = cfg(config, "position_embedding_type") == "rope"
-        self.rotary_emb = Rotary(rope_parameters(config), head_dim) if rope else None
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(GraniteMoeHybridDecoderLayer(config, i, self.rotary_emb)
-                                    for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.embedding_multiplier = config.embedding_multiplier
-
-    def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
-        x = self.embed_tokens(input_ids) * self.embedding_multiplier
-        cos_sin = self.rotary_emb.cos_sin(positions) if self.rotary_emb is not None else None
-        for layer in self.layers:
-            x = layer(x, cos_sin, ctx)
-        return self.norm(x)
-
-
 class GraniteMoeHybridForCausalLM(HybridCausalLM):
     def __init__(self, config):
-        super().__init__(config)
-        self.model = GraniteMoeHybridModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        head_dim = head_dim_of(config)
+        rope = cfg(config, "position_embedding_type") == "rope"
+        rotary = Rotary(rope_parameters(config), head_dim) if rope else None
+        super().__init__(config, DecoderModel(
+            config, lambda i: GraniteMoeHybridDecoderLayer(config, i, rotary),
+            RMSNorm(config.hidden_size, config.rms_norm_eps), rotary=rotary,
+            embed_multiplier=config.embedding_multiplier))
         self.logits_scaling = config.logits_scaling
-        self.tie_weights_if_needed()
 
     def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext,
                 logits_indices: Tensor | None = None) -> Tensor:

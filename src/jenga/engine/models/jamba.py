@@ -12,7 +12,8 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from jenga.engine.attention import ForwardContext
-from jenga.engine.models.common import GatedMLP, PagedAttentionBase, RMSNorm, cfg
+from jenga.engine.models.common import GatedMLP, PagedAttentionBase, RMSNorm, cfg, head_dim_of
+from jenga.engine.models.decoder import DecoderModel
 from jenga.engine.models.hybrid import HybridCausalLM
 from jenga.engine.models.mamba import MambaMixer
 from jenga.engine.models.moe import Experts, softmax_top_k
@@ -32,7 +33,7 @@ class JambaSparseMoeBlock(nn.Module):
 
 class JambaAttention(PagedAttentionBase):
     def __init__(self, config, layer_idx: int):
-        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        head_dim = head_dim_of(config)
         super().__init__(layer_idx, config.hidden_size, config.num_attention_heads,
                          cfg(config, "num_key_value_heads", config.num_attention_heads), head_dim)
 
@@ -56,29 +57,14 @@ class JambaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps)
         self.pre_ff_layernorm = RMSNorm(config.hidden_size, eps)
 
-    def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
+    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:  # no RoPE: cos_sin is None
         mixer = self.self_attn if hasattr(self, "self_attn") else self.mamba
         x = x + mixer(self.input_layernorm(x), ctx)
         return x + self.feed_forward(self.pre_ff_layernorm(x))
 
 
-class JambaModel(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(JambaDecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.final_layernorm = RMSNorm(config.hidden_size, cfg(config, "rms_norm_eps", 1e-6))
-
-    def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
-        x = self.embed_tokens(input_ids)
-        for layer in self.layers:
-            x = layer(x, ctx)
-        return self.final_layernorm(x)
-
-
 class JambaForCausalLM(HybridCausalLM):
     def __init__(self, config):
-        super().__init__(config)
-        self.model = JambaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.tie_weights_if_needed()
+        super().__init__(config, DecoderModel(
+            config, lambda i: JambaDecoderLayer(config, i),
+            RMSNorm(config.hidden_size, cfg(config, "rms_norm_eps", 1e-6)), norm_name="final_layernorm"))

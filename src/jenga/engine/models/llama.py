@@ -22,8 +22,10 @@ from jenga.engine.models.common import (
     RMSNorm,
     Rotary,
     cfg,
+    head_dim_of,
     rope_parameters,
 )
+from jenga.engine.models.decoder import DecoderModel
 
 
 def layer_windows(config) -> list[int | None]:
@@ -37,7 +39,7 @@ def layer_windows(config) -> list[int | None]:
 
 class LlamaAttention(PagedAttentionBase):
     def __init__(self, config, layer_idx: int, window: int | None, rotary: Rotary):
-        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        head_dim = head_dim_of(config)
         super().__init__(layer_idx, config.hidden_size, config.num_attention_heads,
                          cfg(config, "num_key_value_heads", config.num_attention_heads), head_dim,
                          bias=cfg(config, "attention_bias", False), window=window)
@@ -64,29 +66,12 @@ class LlamaDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class LlamaModel(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
-        self.rotary_emb = Rotary(rope_parameters(config), head_dim)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, w, self.rotary_emb) for i, w in enumerate(layer_windows(config)))
-        self.norm = RMSNorm(config.hidden_size, cfg(config, "rms_norm_eps", 1e-6))
-
-    def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
-        x = self.embed_tokens(input_ids)
-        cos_sin = self.rotary_emb.cos_sin(positions)
-        for layer in self.layers:
-            x = layer(x, cos_sin, ctx)
-        return self.norm(x)
-
-
 class LlamaForCausalLM(PagedCausalLM):
     """Llama-2/3/3.1 (llama3 rope), Mistral (every-layer sliding window), Ministral (``layer_types``)."""
 
     def __init__(self, config):
-        super().__init__(config)
-        self.model = LlamaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.tie_weights_if_needed()
+        head_dim = head_dim_of(config)
+        rotary, windows = Rotary(rope_parameters(config), head_dim), layer_windows(config)
+        super().__init__(config, DecoderModel(
+            config, lambda i: LlamaDecoderLayer(config, i, windows[i], rotary),
+            RMSNorm(config.hidden_size, cfg(config, "rms_norm_eps", 1e-6)), rotary=rotary))

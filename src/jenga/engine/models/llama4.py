@@ -23,9 +23,11 @@ from jenga.engine.models.common import (
     Rotary,
     activation,
     cfg,
+    head_dim_of,
     l2_norm,
     rope_parameters,
 )
+from jenga.engine.models.decoder import DecoderModel
 
 
 def rope_layers(config) -> list[bool]:
@@ -57,7 +59,7 @@ class Llama4Attention(PagedAttentionBase):
     def __init__(self, config, layer_idx: int, use_rope: bool, chunked: bool, rotary: Rotary):
         chunk = cfg(config, "attention_chunk_size") if chunked else None
         super().__init__(layer_idx, config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
-                         cfg(config, "head_dim", config.hidden_size // config.num_attention_heads),
+                         head_dim_of(config),
                          bias=cfg(config, "attention_bias", False), chunk=chunk)
         self.use_rope = use_rope
         self.qk_norm = bool(cfg(config, "use_qk_norm", False)) and use_rope
@@ -139,31 +141,20 @@ class Llama4DecoderLayer(nn.Module):
         return x + self.feed_forward(self.post_attention_layernorm(x))
 
 
-class Llama4TextModel(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
-        self.rotary_emb = Rotary(rope_parameters(config), head_dim, interleaved=True)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        moe, chunked = moe_layers(config), chunked_layers(config)
-        self.layers = nn.ModuleList(
-            Llama4DecoderLayer(config, i, r, chunked[i], i in moe, self.rotary_emb)
-            for i, r in enumerate(rope_layers(config)))
-        self.norm = RMSNorm(config.hidden_size, cfg(config, "rms_norm_eps", 1e-5))
+class Llama4TextModel(DecoderModel):
+    """The skeleton whose layers also get the positions (NoPE layers' attention temperature)."""
 
-    def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
-        x = self.embed_tokens(input_ids)
-        cos_sin = self.rotary_emb.cos_sin(positions)
-        for layer in self.layers:
-            x = layer(x, positions, cos_sin, ctx)
-        return self.norm(x)
+    def layer_args(self, positions: Tensor, ctx: ForwardContext) -> tuple:
+        return positions, *super().layer_args(positions, ctx)
 
 
 class Llama4ForCausalLM(PagedCausalLM):
     """Llama-4 text (Scout / Maverick language model): chunked RoPE layers + NoPE full layers."""
 
     def __init__(self, config):
-        super().__init__(config)
-        self.model = Llama4TextModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.tie_weights_if_needed()
+        head_dim = head_dim_of(config)
+        rotary = Rotary(rope_parameters(config), head_dim, interleaved=True)
+        moe, chunked, rope = moe_layers(config), chunked_layers(config), rope_layers(config)
+        super().__init__(config, Llama4TextModel(
+            config, lambda i: Llama4DecoderLayer(config, i, rope[i], chunked[i], i in moe, rotary),
+            RMSNorm(config.hidden_size, cfg(config, "rms_norm_eps", 1e-5)), rotary=rotary))

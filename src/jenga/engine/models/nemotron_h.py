@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from jenga.engine.attention import ForwardContext
-from jenga.engine.models.common import PagedAttentionBase, RMSNorm, cfg
+from jenga.engine.models.common import PagedAttentionBase, RMSNorm, cfg, head_dim_of
+from jenga.engine.models.decoder import DecoderModel
 from jenga.engine.models.hybrid import HybridCausalLM
 from jenga.engine.models.mamba2 import Mamba2Mixer
 from jenga.errors import UnsupportedFeatureError
@@ -105,7 +106,7 @@ class NemotronHMoE(nn.Module):
 
 class NemotronHAttention(PagedAttentionBase):
     def __init__(self, config, layer_idx: int):
-        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        head_dim = head_dim_of(config)
         super().__init__(layer_idx, config.hidden_size, config.num_attention_heads,
                          cfg(config, "num_key_value_heads", config.num_attention_heads), head_dim,
                          bias=cfg(config, "attention_bias", False))
@@ -140,31 +141,12 @@ class NemotronHBlock(nn.Module):
             raise UnsupportedFeatureError(f"Nemotron-H block type {kind!r} (layer {layer_idx}); supported: "
                                           "linear_attention, full_attention, mlp, moe")
 
-    def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
+    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:  # no RoPE: cos_sin is None
         return x + self.mixer(self.norm(x), ctx)
-
-
-class NemotronHModel(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(NemotronHBlock(config, i) for i in range(config.num_hidden_layers))
-        self.norm_f = RMSNorm(config.hidden_size, config.layer_norm_epsilon)
-
-    @property
-    def embed_tokens(self) -> nn.Embedding:  # the name PagedCausalLM ties lm_head to
-        return self.embeddings
-
-    def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
-        x = self.embeddings(input_ids)
-        for layer in self.layers:
-            x = layer(x, ctx)
-        return self.norm_f(x)
 
 
 class NemotronHForCausalLM(HybridCausalLM):
     def __init__(self, config):
-        super().__init__(config)
-        self.model = NemotronHModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.tie_weights_if_needed()
+        super().__init__(config, DecoderModel(
+            config, lambda i: NemotronHBlock(config, i), RMSNorm(config.hidden_size, config.layer_norm_epsilon),
+            embed_name="embeddings", norm_name="norm_f"))

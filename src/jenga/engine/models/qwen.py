@@ -24,8 +24,10 @@ from jenga.engine.models.common import (
     RMSNorm,
     Rotary,
     cfg,
+    head_dim_of,
     rope_parameters,
 )
+from jenga.engine.models.decoder import DecoderModel
 from jenga.engine.models.llama import layer_windows
 from jenga.engine.models.moe import Experts, TopKRouter
 
@@ -39,7 +41,7 @@ ATTENTION_SHAPES = {
 
 class QwenAttention(PagedAttentionBase):
     def __init__(self, config, layer_idx: int, window: int | None, rotary: Rotary):
-        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        head_dim = head_dim_of(config)
         qkv_bias, o_bias, qk_norm = ATTENTION_SHAPES[config.model_type](config)
         heads = config.num_attention_heads
         super().__init__(layer_idx, config.hidden_size, heads, cfg(config, "num_key_value_heads", heads), head_dim,
@@ -89,29 +91,12 @@ class QwenDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class QwenModel(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
-        self.rotary_emb = Rotary(rope_parameters(config), head_dim)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            QwenDecoderLayer(config, i, w, self.rotary_emb) for i, w in enumerate(layer_windows(config)))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
-        x = self.embed_tokens(input_ids)
-        cos_sin = self.rotary_emb.cos_sin(positions)
-        for layer in self.layers:
-            x = layer(x, cos_sin, ctx)
-        return self.norm(x)
-
-
 class QwenForCausalLM(PagedCausalLM):
     """Qwen2 / Qwen2.5 / Qwen3 dense and Qwen3-MoE (the config's ``model_type`` picks the attention)."""
 
     def __init__(self, config):
-        super().__init__(config)
-        self.model = QwenModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.tie_weights_if_needed()
+        head_dim = head_dim_of(config)
+        rotary, windows = Rotary(rope_parameters(config), head_dim), layer_windows(config)
+        super().__init__(config, DecoderModel(
+            config, lambda i: QwenDecoderLayer(config, i, windows[i], rotary),
+            RMSNorm(config.hidden_size, config.rms_norm_eps), rotary=rotary))

@@ -20,8 +20,10 @@ from jenga.engine.models.common import (
     PartialRotary,
     RMSNorm,
     cfg,
+    head_dim_of,
     rope_parameters,
 )
+from jenga.engine.models.decoder import DecoderModel
 from jenga.engine.models.gated_deltanet import GatedDeltaNet
 from jenga.engine.models.hybrid import HybridCausalLM
 from jenga.engine.models.moe import Experts, TopKRouter
@@ -29,7 +31,7 @@ from jenga.engine.models.moe import Experts, TopKRouter
 
 class Qwen3NextAttention(PagedAttentionBase):
     def __init__(self, config, layer_idx: int, rotary: PartialRotary):
-        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
+        head_dim = head_dim_of(config)
         heads, bias = config.num_attention_heads, cfg(config, "attention_bias", False)
         super().__init__(layer_idx, config.hidden_size, heads, config.num_key_value_heads, head_dim, bias=bias)
         self.q_proj = nn.Linear(config.hidden_size, 2 * heads * head_dim, bias=bias)  # query | gate per head
@@ -82,27 +84,10 @@ class Qwen3NextDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Qwen3NextModel(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        head_dim = cfg(config, "head_dim", config.hidden_size // config.num_attention_heads)
-        self.rotary_emb = PartialRotary(rope_parameters(config), head_dim)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Qwen3NextDecoderLayer(config, i, self.rotary_emb)
-                                    for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, offset=True)
-
-    def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext) -> Tensor:
-        x = self.embed_tokens(input_ids)
-        cos_sin = self.rotary_emb.cos_sin(positions)
-        for layer in self.layers:
-            x = layer(x, cos_sin, ctx)
-        return self.norm(x)
-
-
 class Qwen3NextForCausalLM(HybridCausalLM):
     def __init__(self, config):
-        super().__init__(config)
-        self.model = Qwen3NextModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.tie_weights_if_needed()
+        head_dim = head_dim_of(config)
+        rotary = PartialRotary(rope_parameters(config), head_dim)
+        super().__init__(config, DecoderModel(
+            config, lambda i: Qwen3NextDecoderLayer(config, i, rotary),
+            RMSNorm(config.hidden_size, config.rms_norm_eps, offset=True), rotary=rotary))

@@ -1,4 +1,4 @@
-"""Recompute under shared pages: a hit whose state lies below the cached attention prefix.
+"""The junction: a state hit below the cached attention prefix shares that prefix (recompute under shared pages).
 
 On a hybrid model a lookup's hit is the longest prefix *every* group can resume from; a state
 group resumes only at a checkpoint, so its hit ``h`` may lie below the *junction* ``j``, where
@@ -20,21 +20,30 @@ need the same engine contract; it keeps today's rule).  ``Junction`` is the mana
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from jenga.core.policy.base import Policy
+from jenga.core.policy.base import PageOps, Policy
 from jenga.core.request import Request
+
+
+def fixed_point(req: Request, cand: int, policies: list[Policy], ops: PageOps, bound: Policy | None = None) -> int:
+    """The longest prefix no longer than ``cand`` that every one of ``policies`` accepts, the pages
+    seen through ``ops``; ``bound``: a full-attention policy with all its pages below ``cand`` cached
+    (``PromptHasher.for_lookup``).  The lookup's hit and the junction are both this fixed point."""
+    while True:
+        start = cand
+        for pol in policies:
+            cand = cand // pol.tpp * pol.tpp if pol is bound else pol.longest_prefix(req, cand, ops)
+        if cand == start:
+            return cand
 
 
 class Junction:
     """``policies``: the full-attention policies, when a state or sliding group needs the junction
     (where the cached full-attention prefix ends) for its checkpoints or window retention, else
-    ``None``; ``ahead``: the groups holding ``[0, junction)`` past a state hit.  ``fixed_point``
-    is the manager's longest-common-prefix iteration; ``bound`` the prompt hasher's bound policy."""
+    ``None``; ``ahead``: the groups holding ``[0, junction)`` past a state hit.  ``ops``: the device's
+    pages (the ledger), where the junction is found; ``bound`` the prompt hasher's bound policy."""
 
-    def __init__(self, policies: list[Policy], block: int, caching: bool, bound: Policy | None,
-                 fixed_point: Callable[[Request, int, list[Policy]], int]):
-        self.block, self.bound, self.fixed_point = block, bound, fixed_point
+    def __init__(self, policies: list[Policy], block: int, caching: bool, bound: Policy | None, ops: PageOps):
+        self.block, self.bound, self.ops = block, bound, ops
         full = [p for p in policies if p.bounds_hit]
         partial = any(p.needs_junction for p in policies)
         self.policies = full if full and partial else None
@@ -55,7 +64,7 @@ class Junction:
                 tpp = policies[0].tpp
                 junction = top // tpp * tpp
             else:
-                junction = self.fixed_point(req, top, policies)
+                junction = fixed_point(req, top, policies, self.ops)
             req.junction = junction // self.block * self.block if junction > cand else 0
 
     def hit_of(self, pol: Policy, req: Request) -> int:

@@ -1,4 +1,6 @@
-"""The prefix-subset evictor: one global order by ``(last access, -prefix length)``.
+"""``PrefixEvictor``, the base of every evictor: the keys of CACHED pages and one global order by
+``(last access, -prefix length)`` (``eviction="lru"``, the paper's; :mod:`jenga.core.evict.reuse`
+orders by use count on top of it).
 
 *Balanced*: all groups of a request get the request's access time when it frees them.
 *Aligned*: a page's prefix length is the token position of its end, the same in every
@@ -78,22 +80,23 @@ class PrefixEvictor(EvictionSource):
         """The manager wires the parts: it sizes the index's page arrays (``track_pages``, and
         ``track_uses`` where ``counts_uses``) and hands the allocator this evictor."""
         self.alloc = allocator
+        self.pages = allocator.views  # read in place (``PageViews``)
         self.index = index
         a = allocator
         n = len(a.k)
         self.key_t = [zeros(a.num_large * k) for k in a.k]  # per page: key (t, n) while CACHED
         self.key_n = [zeros(a.num_large * k) for k in a.k]
         self.num_keys = [0] * n  # per group: CACHED pages
-        self.keys = [CachedKeys(a.state[g], self.key_t[g], self.key_n[g], self.num_keys, g) for g in range(n)]
+        self.keys = [CachedKeys(self.pages.state[g], self.key_t[g], self.key_n[g], self.num_keys, g) for g in range(n)]
         # a group of one small page per large page never evicts small pages: a cached page's
         # large page has no used page, so it is always in E (``evict_small`` finds nothing)
         self._small_order = [k > 1 for k in a.k]
         self._heaps = []
         for g in range(n):
-            valid = _CachedWithKey(a.state[g], self.key_t[g], self.key_n[g])
+            valid = _CachedWithKey(self.pages.state[g], self.key_t[g], self.key_n[g])
             self._heaps.append(RunHeap(valid.one, valid.many, reads="tni"))
         # per group: the order of fully evictable large pages, and evicting many at once
-        self.large = LargeEviction(allocator, index, self._drop_pages)
+        self.large = LargeEviction(allocator, index)
         self.num_evicted_pages = 0
         self.listener: EvictionListener | None = None  # told of each eviction first (a host tier)
 
@@ -131,12 +134,12 @@ class PrefixEvictor(EvictionSource):
             return
         fresh = self._fresh
         if fresh is not None and fresh.larges is not None:
-            larges = fresh.larges[view(self.alloc.in_e)[fresh.larges] == 1]
+            larges = fresh.larges[view(self.pages.in_e)[fresh.larges] == 1]
             if len(larges):
                 self._push_larges(group, larges)
         else:
             larges = sorted({page // k for page in (ids.tolist() if type(ids) is np.ndarray else ids)})
-            in_e = self.alloc.in_e
+            in_e = self.pages.in_e
             self._push_larges(group, [large for large in larges if in_e[large]])
         self._fresh = None
 
@@ -246,7 +249,7 @@ class PrefixEvictor(EvictionSource):
 
     def check(self) -> None:
         """Recount the keyed pages (for ``check_integrity``)."""
-        counted = [st.count(CACHED) for st in self.alloc.state]
+        counted = [st.count(CACHED) for st in self.pages.state]
         assert counted == self.num_keys, f"keyed pages {self.num_keys} != cached pages {counted}"
 
     def protected_supply(self) -> tuple[list[int], int] | None:
@@ -263,7 +266,7 @@ class PrefixEvictor(EvictionSource):
     def evict_small(self, group: int) -> int | None:
         if not self._small_order[group]:
             return None
-        heap, in_e, k = self._heaps[group], self.alloc.in_e, self.alloc.k[group]
+        heap, in_e, k = self._heaps[group], self.pages.in_e, self.alloc.k[group]
         skipped = []
         found = None
         while heap.top() is not None:
@@ -297,14 +300,42 @@ class PrefixEvictor(EvictionSource):
         self.alloc.evict_cached(group, page)
 
     def evict_large(self, group: int | None = None) -> int | None:
-        return self.large.evict_one(group)
+        picked = self.large.pick_one(group)
+        if picked is None:
+            return None
+        g, large = picked
+        self._evict_whole(g, [large])
+        return large
 
     def evict_large_many(self, m: int) -> list[int]:
-        """``evict_large()`` up to ``m`` times, in its order (``LargeEviction.evict_many``)."""
-        return self.large.evict_many(m)
+        """``evict_large()`` up to ``m`` times, in its order (``LargeEviction.pick_many``)."""
+        out: list[int] = []
+        for g, larges in self.large.pick_many(m, out):
+            self._evict_whole(g, larges)
+        return out
+
+    def _evict_whole(self, g: int, larges: list[int] | np.ndarray) -> None:
+        """Every cached page of each of the fully evictable ``larges`` of group ``g`` (popped from
+        its order; a list, or an int array) leaves, dropped in one call; they are free."""
+        k = self.alloc.k[g]
+        if type(larges) is np.ndarray:
+            if k == 1:
+                pages = larges
+            else:  # the cached pages of each large page, in order
+                block = (larges[:, None] * k + np.arange(k)).ravel()
+                pages = block[view(self.pages.state[g])[block] == CACHED]
+            self._drop_pages(g, pages.tolist())
+        else:
+            if k == 1:
+                pages = larges
+            else:
+                st = self.pages.state[g]
+                pages = [p for large in larges for p in range(large * k, (large + 1) * k) if st[p] == CACHED]
+            self._drop_pages(g, pages)
+        self.alloc.evict_whole_many(g, larges)
 
     def on_evictable(self, large: int) -> None:
-        self.on_evictable_many(self.alloc.group_of[large], (large,))
+        self.on_evictable_many(self.pages.group_of[large], (large,))
 
     def on_evictable_many(self, group: int, larges) -> None:
         """``on_evictable`` for each of ``larges`` (all of ``group``)."""
@@ -345,7 +376,7 @@ class PrefixEvictor(EvictionSource):
             push_back(self.large.heaps[group], fresh.t, fresh.negs, fresh.falling, back, ver[back])
             return
         if fresh is not None and fresh.group == group and fresh.larges is not None:
-            ts, ns = fresh.largest_keys(ids, self.alloc.n_cached, self._largest)
+            ts, ns = fresh.largest_keys(ids, self.pages.n_cached, self._largest)
         else:
             ts, ns = self._largest(group, ids)
         back = slice(None, None, -1)  # a run's large pages come first to last: the order wants last first
@@ -355,8 +386,8 @@ class PrefixEvictor(EvictionSource):
         """``(ts, ns, larges, vs)`` of those of ``larges`` still in E at version ``vs`` (the others
         are stale for good: versions only grow), with the largest key of their cached pages:
         the one they entered with, as a large page's keys change only through a new version."""
-        ver, in_e, k = self.large.ver, self.alloc.in_e, self.alloc.k[group]
-        kt, kn, st = self.key_t[group], self.key_n[group], self.alloc.state[group]
+        ver, in_e, k = self.large.ver, self.pages.in_e, self.alloc.k[group]
+        kt, kn, st = self.key_t[group], self.key_n[group], self.pages.state[group]
         ts, ns, ls, gs = [], [], [], []
         for large, v in zip(larges, vs, strict=True):
             if ver[large] != v or not in_e[large]:
@@ -374,7 +405,7 @@ class PrefixEvictor(EvictionSource):
         kt, kn = view(self.key_t[group]), view(self.key_n[group])
         if k == 1:
             return kt[ids], kn[ids]
-        st = view(self.alloc.state[group])
+        st = view(self.pages.state[group])
         if ids[-1] - ids[0] == len(ids) - 1 and (ids[1:] > ids[:-1]).all():  # consecutive: one slice
             span = slice(int(ids[0]) * k, (int(ids[-1]) + 1) * k)
             cached = st[span].reshape(-1, k) == CACHED

@@ -1,4 +1,4 @@
-"""Recompute under shared pages (``jenga.core.manager.shared_recompute``): a request whose state hit lies
+"""Recompute under shared pages (``jenga.core.manager.junction``): a request whose state hit lies
 below the cached attention prefix (the junction) holds the cached attention pages up to the
 junction and writes K/V only from there (``TokenTable.write_from``); exact page ids on a tiny
 hybrid (2-token pages, state checkpoints every 4 tokens), against vLLM's protocol

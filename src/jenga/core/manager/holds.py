@@ -1,8 +1,11 @@
 """Undoing holds: a rolled-back allocation's, or a lookup's hit let go before its allocate
-(``PageLedger.undo_holds``).  Right after ``hold`` this is exact; a lookup's pins are undone later,
-after other requests may have held and dropped the same pages, so a page whose last reference goes
-gets the key of its latest release (:mod:`jenga.core.manager.released_keys`), else the key it had
-when pinned."""
+(``PageLedger.unhold``), and the keys that undo gives back.
+
+Right after ``hold`` an undo is exact.  A lookup's holds are undone later, after other requests
+may have held and dropped the same pages, so a page whose last reference goes gets the key of
+its latest release by another holder (``ReleasedKeys``: per group, flat arrays instead of a dict
+of ``(group, page)`` tuples, so a free of a shared run records its keys in one numpy pass), else
+the key it had when held."""
 
 from __future__ import annotations
 
@@ -10,18 +13,77 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from jenga.core.evict.lru import PrefixEvictor
-from jenga.core.flat_arrays import view
-from jenga.core.manager.released_keys import ReleasedKeys
+from jenga.core.evict.evictor import PrefixEvictor
+from jenga.core.flat_arrays import view, zeros
+
+Key = tuple[int, int]  # (release time, -prefix length)
 
 
-def unhold(log: Iterable[tuple], refs: list, released: ReleasedKeys, evictor: PrefixEvictor, now: int) -> None:
+class ReleasedKeys:
+    """Per group and page: the key of the latest release by another holder, or none (module doc)."""
+
+    __slots__ = ("t", "n", "on", "count")
+
+    def __init__(self, sizes: list[int]):
+        self.t = [zeros(s) for s in sizes]
+        self.n = [zeros(s) for s in sizes]
+        self.on = [bytearray(s) for s in sizes]
+        self.count = 0  # pages with a recorded key
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+    def get(self, group: int, page: int) -> Key | None:
+        return (self.t[group][page], self.n[group][page]) if self.on[group][page] else None
+
+    def put(self, group: int, page: int, key: Key) -> None:
+        """Record ``key`` (replacing an older one)."""
+        on = self.on[group]
+        if not on[page]:
+            on[page] = 1
+            self.count += 1
+        self.t[group][page], self.n[group][page] = key
+
+    def put_default(self, group: int, page: int, key: Key) -> None:
+        """Record ``key`` unless one is recorded (a recorded key is newer)."""
+        if not self.on[group][page]:
+            self.put(group, page, key)
+
+    def pop(self, group: int, page: int) -> Key | None:
+        """The recorded key (forgotten now), or None."""
+        on = self.on[group]
+        if not on[page]:
+            return None
+        on[page] = 0
+        self.count -= 1
+        return self.t[group][page], self.n[group][page]
+
+    def forget_many(self, group: int, pages: np.ndarray) -> None:
+        """Forget the keys recorded for distinct ``pages``."""
+        if self.count:
+            on = view(self.on[group])
+            self.count -= int(np.count_nonzero(on[pages]))
+            on[pages] = 0
+
+    def update_many(self, group: int, pages: np.ndarray, held: np.ndarray, t: int, negs: np.ndarray) -> None:
+        """After distinct ``pages`` were dropped: ``put`` ``(t, negs[i])`` where ``held[i]`` (others
+        still hold the page), forget the key of the rest (their last reference went)."""
+        on = view(self.on[group])
+        keep = held.view(np.uint8)
+        self.count += int(np.count_nonzero(keep)) - int(np.count_nonzero(on[pages]))
+        on[pages] = keep
+        mine = pages[held]
+        view(self.t[group])[mine] = t
+        view(self.n[group])[mine] = negs[held]
+
+
+def unhold_log(log: Iterable[tuple], refs: list, released: ReleasedKeys, evictor: PrefixEvictor, now: int) -> None:
     """Undo ``hold`` calls (``key``: the evictor key the page had when it was held).
 
-    Right after ``hold`` (a rolled-back allocate) this is exact.  A lookup's pins are
+    Right after ``hold`` (a rolled-back allocate) this is exact.  A lookup's holds are
     undone later, after other requests may have held and dropped the same pages, so
     a page whose last reference goes gets the key of its latest release, else the key
-    it had when pinned; a page still referenced keeps that key for its last holder.
+    it had when held; a page still referenced keeps that key for its last holder.
     """
     batches: dict[tuple[int, int], tuple[list[int], list[int]]] = {}  # (group, t) -> pages, -prefix lengths
     now_key = (now, 0)
@@ -44,7 +106,7 @@ def unhold(log: Iterable[tuple], refs: list, released: ReleasedKeys, evictor: Pr
 
 def _unhold_run(ref, released: ReleasedKeys, group: int, pages: list[int], keys: list, batches: dict,
                 now_key: tuple[int, int]) -> None:
-    """The per-page rule of ``unhold`` for one ``hold_run`` entry, last page first."""
+    """The per-page rule of ``unhold_log`` for one ``hold_run`` entry, last page first."""
     if type(keys) is tuple:  # a long run's keys (``hold_run``)
         _unhold_long(ref, released, group, pages, keys, batches, now_key)
         return
