@@ -13,7 +13,7 @@ clients (asyncio + the official ``openai`` async client):
 * a burst of ``--burst`` requests at once, past ``--max-waiting``: the excess must get 429
   (burst requests are not retried; the others retry a 429 after its ``Retry-After``).
 
-At the end it checks: no crash, every completed request's text and token count equal an
+At the end it checks: no crash, no error or traceback in the server's log, every completed request's text and token count equal an
 offline ``LLM.generate`` of the same prompt and parameters, ``jenga_kv_used_bytes`` is 0
 once idle and the manager's ``check_integrity()`` holds (run on the engine thread); and it
 prints requests/s, p50/p99 time to first token (client side, streamed requests), the peak
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import random
 import statistics
 import sys
@@ -214,6 +215,30 @@ def check_outputs(jobs: list[Job], args) -> list[str]:
     return bad
 
 
+class ServerLog(logging.Handler):
+    """The server's log records at ERROR or with a traceback (uvicorn's "Exception in ASGI
+    application", asyncio's unhandled task or async-generator errors, jenga's own)."""
+
+    LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "asyncio", "starlette", "fastapi", "jenga")
+
+    def __init__(self):
+        super().__init__(level=logging.WARNING)
+        self.bad: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info or record.levelno >= logging.ERROR:
+            self.bad.append(self.format(record))
+
+    def __enter__(self) -> ServerLog:
+        for name in self.LOGGERS:
+            logging.getLogger(name).addHandler(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name in self.LOGGERS:
+            logging.getLogger(name).removeHandler(self)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -237,7 +262,8 @@ def main(argv=None) -> int:
     app = create_app(llm, model_name=MODEL, max_waiting=args.max_waiting)
     tally = Tally(jobs)
     failures = []
-    with BackgroundServer(app) as srv:
+    # the log handler goes on after uvicorn's Config (its logging config replaces the handlers of its loggers)
+    with BackgroundServer(app) as srv, ServerLog() as log:
         t0 = time.perf_counter()
         try:
             asyncio.run(asyncio.wait_for(drive(srv, jobs, args, rng, tally), args.time_limit))
@@ -261,6 +287,8 @@ def main(argv=None) -> int:
     if args.burst > args.max_waiting + args.max_num_seqs and not count["rejected"]:
         failures.append("a burst past --max-waiting got no 429")
     failures += check_outputs(jobs, args)[:5]
+    if log.bad:
+        failures.append(f"{len(log.bad)} error(s) or traceback(s) in the server log; the first:\n{log.bad[0]}")
     ttfts = sorted(j.ttft for j in jobs if j.ttft is not None and j.outcome == "done")
     q = statistics.quantiles(ttfts, n=100) if len(ttfts) >= 2 else [float("nan")] * 99
     rows = [("requests sent", args.requests + tally.vanished), ("completed (checked vs offline)", count["done"]),
@@ -272,6 +300,7 @@ def main(argv=None) -> int:
             ("completed requests/s", f"{count['done'] / wall:.1f}"),
             ("TTFT p50 / p99 (streamed, ms)", f"{1e3 * q[49]:.0f} / {1e3 * q[98]:.0f}"),
             ("peak running", peak), ("kv used bytes once idle", int(m["jenga_kv_used_bytes"])),
+            ("server log errors / tracebacks", len(log.bad)),
             ("wall (s)", f"{wall:.1f}")]
     width = max(len(r[0]) for r in rows)
     print(f"serve_load: {args.model}, {args.kv_memory} KV, --max-num-seqs {args.max_num_seqs}, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.util
 import os
 
 from jenga.core.manager.manager import KVCacheManager
@@ -21,6 +22,19 @@ from jenga.core.specs import (
 
 #: ``--dist loadgroup`` under pytest 9 (see the module)
 pytest_plugins = ("xdist_groups",)
+
+#: The vLLM tests are left out only when vLLM is not installed (no ``jenga[vllm]`` extra).  A vLLM
+#: that is installed but fails to import (a broken dependency) fails them: nothing skips them then.
+VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
+VLLM_MODULES = "test_vllm_*.py"
+if not VLLM_INSTALLED:
+    collect_ignore_glob = [VLLM_MODULES]
+
+
+def pytest_report_header(config):
+    if not VLLM_INSTALLED:
+        return f"vLLM is not installed: {VLLM_MODULES} not collected (install the jenga[vllm] extra)"
+    return None
 
 # vLLM's CUDA wheels (the Makefile's 0.33 / 0.34 venvs) find no platform without a GPU; their
 # scheduler side runs on vLLM's CPU platform (set before any test module imports vLLM)

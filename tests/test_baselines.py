@@ -33,9 +33,10 @@ def test_uniform_v1_grouping():
     assert [g.tokens_per_page for g in attn] == [528]
 
 
-def _drive(mgr, n_req: int, seed: int) -> None:
+def _drive(mgr, n_req: int, seed: int) -> int:
+    """``n_req`` random prompts, at most 4 live; returns how many were allocated."""
     rng = random.Random(seed)
-    live = []
+    live, admitted = [], 0
     for r in range(n_req):
         length = rng.randrange(200, 3000)
         mgr.add_request(r, [rng.randrange(50) for _ in range(length)])
@@ -43,6 +44,7 @@ def _drive(mgr, n_req: int, seed: int) -> None:
         if mgr.allocate(r, length - h) is None:
             mgr.free(r)
             continue
+        admitted += 1
         mgr.append_tokens(r, [1])
         live.append(r)
         if len(live) > 3:
@@ -51,12 +53,13 @@ def _drive(mgr, n_req: int, seed: int) -> None:
         caps = getattr(mgr, "caps", None)
         if caps:
             assert all(o <= c for o, c in zip(mgr.alloc.owned, caps, strict=True)), (mgr.alloc.owned, caps)
+    return admitted
 
 
 def test_static_partition_recycles_its_own_cached_pages_and_keeps_caps():
     model = ModelSpec.from_hf_config("ministral-8b")
     mgr = make_manager("static", model, 4 << 30)
-    _drive(mgr, 40, 0)
+    assert _drive(mgr, 40, 0) == 40  # every prompt was allocated
     st = mgr.stats()
     assert st.evicted_pages > 0  # caps were reached and cached pages recycled
 
@@ -66,7 +69,7 @@ def test_every_baseline_runs_every_family_with_integrity():
         model = ModelSpec.from_hf_config(name)
         for mgr_name in ("jenga", "paged", "static", "uniform"):
             mgr = make_manager(mgr_name, model, 3 << 30)
-            _drive(mgr, 12, 1)
+            assert _drive(mgr, 12, 1) == 12, (name, mgr_name)  # every prompt was allocated
             for r in list(mgr.requests):
                 mgr.free(r)
             mgr.check_integrity()

@@ -62,7 +62,7 @@ def test_uses_are_found_in_the_installed_source():
 
 
 def test_every_manager_use_exists_on_the_adapter_with_a_compatible_signature(adapter):
-    missing, incompatible = [], []
+    missing, incompatible, checked = [], [], set()
     for use in installed_uses():
         if use.chain in compat.NOT_PROVIDED:
             continue
@@ -79,8 +79,11 @@ def test_every_manager_use_exists_on_the_adapter_with_a_compatible_signature(ada
         except TypeError as e:
             incompatible.append(f"{use.chain}({use.num_args} positional, {', '.join(use.keywords)}) at "
                                 f"{use.where}: {e}")
+        checked.add(use.chain)
     assert not missing, f"vLLM {vllm.__version__} uses kv_cache_manager.{missing}, which the adapter lacks"
     assert not incompatible, incompatible
+    # the calls every version makes on the request path were among those checked
+    assert {"get_computed_blocks", "allocate_slots", "free", "cache_blocks", "get_blocks"} <= checked, checked
 
 
 def test_every_not_provided_use_is_absent_from_the_adapter(adapter):

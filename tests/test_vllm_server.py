@@ -13,13 +13,13 @@ import subprocess
 import sys
 import time
 
+import httpx
+import openai
 import pytest
 from vllm_support import BLOCK, JENGA, model_dir
 
 from jenga.vllm.metrics import DIR_ENV
 
-openai = pytest.importorskip("openai")
-httpx = pytest.importorskip("httpx")
 pytestmark = pytest.mark.xdist_group("vllm-server")
 
 PROMPT = " ".join(["the quick brown fox jumps over the lazy dog"] * 12)
@@ -91,6 +91,8 @@ def test_streaming_equals_plain_and_hits_the_prefix_cache(server):
 
 def test_cancelled_stream_is_aborted_and_every_page_reclaimed(server):
     base, client, _ = server
+    _idle(base)
+    generated = _metric(base, "vllm:generation_tokens_total")
     stream = client.completions.create(model="tiny", prompt=PROMPT + " again", max_tokens=300, temperature=0,
                                        stream=True, extra_body={"ignore_eos": True})
     got = 0
@@ -100,6 +102,8 @@ def test_cancelled_stream_is_aborted_and_every_page_reclaimed(server):
             break
     stream.close()  # the client disconnects mid-stream
     assert _idle(base) == 0.0
+    # aborted: it stopped short of its 300 tokens (ignore_eos: nothing else ends it early)
+    assert 3 <= _metric(base, "vllm:generation_tokens_total") - generated < 300
     ok = client.completions.create(model="tiny", prompt="after the cancel", max_tokens=4, temperature=0)
     assert ok.usage.completion_tokens == 4
     assert _idle(base) == 0.0

@@ -6,14 +6,11 @@ in the real worker buffer): ``tests/test_vllm_hybrid.py``."""
 from __future__ import annotations
 
 import pytest
+import torch
+from vllm.v1 import kv_cache_interface as kvi
 
-pytest.importorskip("vllm", reason="the vLLM tests need the jenga[vllm] extra (make test installs it)")
-
-import torch  # noqa: E402
-from vllm.v1 import kv_cache_interface as kvi  # noqa: E402
-
-from jenga.vllm.plan import page_layer_plan  # noqa: E402
-from jenga.vllm.state_copies import StateCopies  # noqa: E402
+from jenga.vllm.plan import page_layer_plan
+from jenga.vllm.state_copies import StateCopies
 
 
 def pairs(copies) -> list[tuple[int, int]]:

@@ -14,13 +14,11 @@ import os
 import random
 from pathlib import Path
 
-import pytest
-
-vllm = pytest.importorskip("vllm", reason="the vLLM tests need the jenga[vllm] extra (make test installs it)")
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 import torch  # noqa: E402
 import transformers as tf  # noqa: E402
+import vllm  # noqa: E402  (conftest.py leaves the vLLM modules out only when vLLM is not installed)
 from vllm import envs as vllm_envs  # noqa: E402
 
 from jenga.engine.tokenizer import tiny_tokenizer  # noqa: E402

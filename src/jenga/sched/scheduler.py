@@ -191,6 +191,28 @@ class Scheduler:
             seq.num_computed = self.mgr.lookup(seq.request_id)
             seq.prefix_hit_tokens += seq.num_computed
 
+    def _admit_alone(self, seq: Sequence, n: int, left: int) -> tuple[int, object]:
+        """The waiting head's first chunk of ``n`` tokens does not fit with nothing else running:
+        a shorter chunk (``_fit_alone``), else the same without its hit (``drop_hit``).
+        ``(n, None)`` when neither fits."""
+        n, tables = self._fit_alone(seq, n)
+        if tables is not None:
+            return n, tables
+        self.drop_hit(seq)
+        n = self.mgr.chunk_tokens(seq.request_id, min(seq.num_uncomputed, left))
+        tables = self.mgr.allocate(seq.request_id, n)
+        return (n, tables) if tables is not None else self._fit_alone(seq, n)
+
+    def drop_hit(self, seq: Sequence) -> None:
+        """Look the waiting head up again with no hit (``max_tokens=0``: its prompt is recomputed),
+        when it does not fit with nothing else running.  Its held hit may be what does not fit:
+        the hit's pages can lie in large pages that the request's other groups then cannot take
+        (a shared prefix on a hybrid model spread over every large page, or pages a host tier
+        promoted for it), while a cache holding nothing for anyone holds what
+        ``capacity.max_context_tokens`` promises (``RequestLimits``)."""
+        seq.prefix_hit_tokens -= seq.num_computed
+        seq.num_computed = self.mgr.lookup(seq.request_id, max_tokens=0)
+
     def leave(self, seq: Sequence) -> None:
         """The waiting head did not fit: take it out of the manager again (it stays waiting).
         A hook: a subclass may note the failed admission (then call this)."""
@@ -215,7 +237,7 @@ class Scheduler:
             n = self.mgr.chunk_tokens(seq.request_id, min(seq.num_uncomputed, left))
             tables = self.mgr.allocate(seq.request_id, n)
             if tables is None and not self.running:
-                n, tables = self._fit_alone(seq, n)
+                n, tables = self._admit_alone(seq, n, left)
             if tables is None:
                 self.leave(seq)
                 break

@@ -68,6 +68,10 @@ class V0Scheduler(Scheduler):
             self._enter(seq)
             n = seq.num_uncomputed
             tables = self.mgr.allocate(seq.request_id, n) if n <= left else None
+            if tables is None and n <= left and not self.running:  # alone: its held hit may not fit
+                self.drop_hit(seq)
+                n = seq.num_uncomputed
+                tables = self.mgr.allocate(seq.request_id, n) if n <= left else None
             if tables is None:
                 if n > left:  # over this step's budget: next prefill step
                     self.mgr.free(seq.request_id)

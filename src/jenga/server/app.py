@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.requests import ClientDisconnect
 
 from jenga.server.engine_loop import EngineLoop, EngineStopped, Handle, QueueFull
 from jenga.server.errors import APIError, error_body, install_handlers
@@ -27,6 +28,26 @@ from jenga.server.logprobs import chat_logprobs, completion_logprobs
 from jenga.server.metrics import ServerMetrics
 from jenga.server.responses import Shape, TextStream, sse, usage
 from jenga.server.schemas import ChatCompletionRequest, CompletionRequest
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events from the async generator ``Service.stream``, closed by the response
+    itself once starlette is done with it, in the request's own task: its ``finally`` (which
+    aborts the request of a client that went away) runs there and then, never later from the
+    garbage collector's finalizer in another task (which could race a generator still running:
+    "async generator already executing").  A client gone mid-stream is no server error."""
+
+    def __init__(self, events):
+        super().__init__(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.events = events
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except (ClientDisconnect, OSError):
+            pass  # the client went away: ``Service.stream``'s ``finally`` aborts its request
+        finally:
+            await self.events.aclose()
 
 
 async def _disconnected(request: Request) -> None:
@@ -225,8 +246,7 @@ def create_app(llm, *, model_name: str, api_key: str | list[str] | None = None, 
         max_tokens = svc.max_tokens(len(ids), asked, default)
         handle, shape = svc.submit(ids, body, max_tokens, chat, getattr(request.state, "tenant", None))
         if body.stream:
-            return StreamingResponse(svc.stream(handle, shape, body.include_usage), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return EventStream(svc.stream(handle, shape, body.include_usage))
         result = await svc.collect(request, handle, shape)
         return result if result else Response(status_code=499)
 

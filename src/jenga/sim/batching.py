@@ -48,8 +48,8 @@ class ManagerView:
     def add_request(self, rid, tokens) -> None:
         self.mgr.add_request(rid, tokens, images=self.images.get(rid, ()))
 
-    def lookup(self, rid) -> int:
-        return self.mgr.lookup(rid)
+    def lookup(self, rid, *, max_tokens: int | None = None) -> int:
+        return self.mgr.lookup(rid, max_tokens=max_tokens)
 
     def allocate(self, rid, n: int):
         if self.k and rid in self.decoding:
