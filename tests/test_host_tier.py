@@ -249,6 +249,27 @@ def test_promotion_follows_admission_and_spares_reused_pages():
     mgr.check_integrity()
 
 
+def test_request_freed_after_promoting_the_same_pages_twice():
+    """A request whose promoted pages left its hit (shrunk to 0), were evicted before the plan was
+    taken (their pairs left it) and promoted again by its next lookup into the same device pages,
+    then freed before its first allocate: each pending pair is evicted back once.  One full
+    group, one token a page, 4 device and 8 host pages."""
+    mgr = host_manager(model(group("full", full(), 1), max_len=64), 4, 8, tpp=1)
+    serve(mgr, "a", [1, 2, 3, 4], [0])
+    serve(mgr, "b", [11, 12, 13, 14], [0])  # a's pages 0..3 -> host 3..0
+    assert mgr.take_copy_plan().demote[0].tolist() == [[0, 3], [1, 2], [2, 1], [3, 0]]
+    mgr.add_request("c", [1, 2, 3, 4, 5])
+    assert mgr.lookup("c") == 4 and mgr.shrink_hit("c", 0) == 0  # host 3..0 -> device 0..3, not held
+    mgr.add_request("d", [21, 22, 23, 24])
+    assert mgr.lookup("d") == 0 and mgr.allocate("d", 4).groups[0].page_ids == [3, 2, 1, 0]
+    mgr.free("d")  # c's promotions were evicted before their copies ran: no pair left
+    assert mgr.lookup("c") == 4  # promoted again, into the same device pages
+    mgr.check_integrity()
+    mgr.free("c")  # never ran: its four pending promotions are evicted back, once each
+    mgr.check_integrity()
+    assert mgr.take_copy_plan().promote == {} and mgr.stats().used_bytes == 0
+
+
 def test_salts_never_cross_tiers():
     mgr = host_manager(model(group("full", full(), 1), max_len=64), 3, 8)
     prompt = [1, 2, 3, 4, 5]

@@ -86,6 +86,7 @@ class HostTier(EvictionListener):
         self.hit_tokens = 0  # hit tokens served from host pages (counted at a request's first allocate)
         self._gains: dict[object, int] = {}  # per looked-up request: tokens its promotions added to the hit
         self._promoted_by: dict[object, list[tuple[int, int]]] = {}  # (group, device page) per request, until a plan
+        self._promoter: dict[tuple[int, int], object] = {}  # per pending promotion's (group, device page): its request
         self._waiting: set[object] = set()  # requests whose last lookup's promotion was refused
 
     # ------------------------------------------------------------------ sizes
@@ -133,18 +134,26 @@ class HostTier(EvictionListener):
         """The request was freed.  When it ``never_ran`` (freed before its first allocate: an
         admission that did not fit), the pages its lookup promoted that nobody holds and whose copy
         has not been handed out yet are evicted again: their pair leaves the plan (no copy for a
-        hit nobody used; the host still has them) and the device gets its pages back."""
+        hit nobody used; the host still has them) and the device gets its pages back.  A page the
+        device evicted since (its pair left the plan) and took again, even for another request's
+        promotion, is no longer this request's: each pending pair is evicted once, by its own request."""
         self._gains.pop(request_id, None)
         self._waiting.discard(request_id)
         pages = self._promoted_by.pop(request_id, None)
-        if not pages or not never_ran:
+        if not pages:
+            return
+        owner = self._promoter
+        mine = [gp for gp in dict.fromkeys(pages) if owner.get(gp) == request_id]
+        for gp in mine:
+            del owner[gp]
+        if not never_ran:
             return
         dev = self.device
         dev.settle()
-        promote, ref = self.pending.promote, dev.ref
+        ref = dev.ref
         unused: dict[int, list[int]] = {}
-        for g, page in pages:
-            if (g, page) in promote and ref[g][page] == 0:
+        for g, page in mine:
+            if ref[g][page] == 0:
                 unused.setdefault(g, []).append(page)
         for g, group_pages in unused.items():  # ``evicting`` drops their pairs and unpins their sources
             dev.evictor.evict_pages(g, group_pages)
@@ -167,6 +176,7 @@ class HostTier(EvictionListener):
         for page in pages:
             h = promote.pop((group, page), None)
             if h is not None:  # its copy never ran: the host still has the content
+                self._promoter.pop((group, page), None)
                 unpin.append(h)
                 continue
             if dev_keys[page] in host_table:
@@ -245,6 +255,7 @@ class HostTier(EvictionListener):
                 self.pending.promote[(g, page)] = h
                 promoted.append((g, page, self.prefix[g][h]))
                 self._promoted_by.setdefault(tag, []).append((g, page))
+                self._promoter[(g, page)] = tag
         finally:
             dev.grant(None)
         dev.unhold(log)
@@ -274,6 +285,7 @@ class HostTier(EvictionListener):
         self._unpin_all()
         plan = self.pending.take()
         self._promoted_by.clear()
+        self._promoter.clear()
         self.demotions += sum(len(a) for a in plan.demote.values())
         self.promotions += sum(len(a) for a in plan.promote.values())
         pb = self.page_bytes
@@ -307,6 +319,7 @@ class HostTier(EvictionListener):
         self._unpin_all()
         self.pending.take()
         self._promoted_by.clear()
+        self._promoter.clear()
         ev = self.evictor
         while ev.evict_large() is not None:
             pass
