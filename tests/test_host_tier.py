@@ -270,6 +270,31 @@ def test_request_freed_after_promoting_the_same_pages_twice():
     assert mgr.take_copy_plan().promote == {} and mgr.stats().used_bytes == 0
 
 
+def test_a_promotion_that_stops_short_keeps_the_device_hit():
+    """The longest hit over both tiers (6 tokens: full pages 3..5 and the window's sliding page 5
+    on the host) does not hold the sliding page the device's own 3-token hit reads (page 2, out of
+    the longer hit's window).  The promotion runs out of device pages before the sliding group's
+    page; it must not have evicted that page for the full group's pages meanwhile: the lookup finds
+    at least what ``cached_tokens`` (device only) answered.  Full attention and a 2-token window,
+    one token a page, 12 device and 8 host pages."""
+    mgr = host_manager(model(group("full", full(), 1), group("swa", sliding(2), 1, 1), max_len=64), 12, 8, tpp=1)
+    serve(mgr, "a", [1, 2, 3, 4, 5, 6], [0])
+    mgr.add_request("b", [11, 12, 13])
+    assert mgr.lookup("b") == 0 and [t.page_ids for t in mgr.allocate("b", 3).groups] == [[10, 9, 8], [7, 6, 5]]
+    assert serve(mgr, "p", [1, 2, 3], [0]) == 0  # a's deeper pages go to the host
+    mgr.take_copy_plan()
+    mgr.add_request("c", [1, 2, 3, 4, 5, 6, 7])
+    assert mgr.cached_tokens("c") == 3  # p's pages
+    assert mgr.lookup("c") == 3
+    # two of the full group's three host pages came to device pages 0 and 1 before the device ran
+    # out; the sliding page of p's hit (device page 2) stayed
+    assert mgr.take_copy_plan().promote[0].tolist() == [[1, 0], [2, 1]]
+    mgr.check_integrity()
+    # c's next token reads its 3-token hit (the promoted full pages are taken back: c recomputes them)
+    assert [t.page_ids for t in mgr.allocate("c", 1).groups] == [[11, 4, 3, 0], [None, None, 2, 1]]
+    mgr.check_integrity()
+
+
 def test_salts_never_cross_tiers():
     mgr = host_manager(model(group("full", full(), 1), max_len=64), 3, 8)
     prompt = [1, 2, 3, 4, 5]

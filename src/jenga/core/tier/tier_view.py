@@ -78,3 +78,14 @@ class TierView:
             if p >= 0:
                 device.setdefault(g, []).append(p)
         return host, device
+
+
+class DeviceHitView(TierView):
+    """The device tier alone, read only: a hit's holds are recorded and nothing is aged (the pages
+    of the device's own hit, which a promotion must keep, ``jenga.core.tier.promotion``)."""
+
+    def __init__(self, device: PageLedger):
+        super().__init__(device, [{} for _ in device.ref])
+
+    def age_keys(self, group: int, keys: list[bytes], ends, stamp: int) -> None:
+        pass
