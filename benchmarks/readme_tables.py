@@ -303,9 +303,9 @@ BLOCKS: dict[str, Block] = {
     "calibration": Block("python -m jenga.sim.fit", _calibration),
     "vllmfeat": Block(".venv/bin/python benchmarks/vllm_spec_acceptance.py --markdown", _vllm_spec_acceptance),
     "bench": _bench(hits=True),
-    # the tiny Jamba: ~10-20 s per manager (53 s for the three), checked under -m slow only
+    # the tiny Jamba: ~10-20 s per manager (53 s for the three); make test samples jenga's column (~13 s of CPU)
     "bench-jamba": _bench("--model", "tiny-jamba-1to7", "--shared-prefix", "128", "--state-checkpoint-interval", "64",
-                          managers="jenga,paged,uniform", hits=True, sample=False),
+                          managers="jenga,paged,uniform", hits=True),
     "vs-vllm-main": _script("vs_vllm_manager", "--rows", "main", "--markdown", "--outcome",
                             sample=("--rows", "gemma-3-12b:articles16", "--markdown", "--outcome")),
     "vs-vllm-extra": _script("vs_vllm_manager", "--rows", "extra", "--markdown", "--outcome",
@@ -314,8 +314,10 @@ BLOCKS: dict[str, Block] = {
                                          "--outcome", sample=("--rows", "jamba-1.5-mini:long", "--no-prefix-caching",
                                                               "--markdown", "--outcome")),
     "vllm-side-by-side": _script("vllm_side_by_side", "--markdown", "--outcome"),
-    # engine runs of tiny models, 6-13 s of CPU each: -m slow only
-    "mllama-cross-pages": _script("mllama_cross_pages", "--markdown", "--outcome"),
+    # engine runs of tiny models, 6-13 s of CPU each: -m slow only, but for mllama's jenga row (~7 s of CPU);
+    # the other two scripts run both of their configurations on every call (no row filter to sample by)
+    "mllama-cross-pages": _script("mllama_cross_pages", "--markdown", "--outcome",
+                                  sample=("--managers", "jenga", "--markdown", "--outcome")),
     "vlm-embedding-cache": _script("vlm_embedding_cache", "--markdown", "--outcome"),
     "spec-pool-copy": _script("spec_decode_pool", "--kv-memory", "6MiB", "--markdown", "--outcome"),
     "spec-pool-llama": _script("spec_decode_pool", "--kv-memory", "6MiB", "--draft", "tiny-llama", "--markdown",

@@ -67,12 +67,15 @@ class Cell:
         return self.finished / span if span > 0 else math.inf
 
 
-def record(quick: bool = False, progress=None) -> list[Cell]:
-    """Simulate every modelled cell once (the uncalibrated table; terms do not depend on it)."""
+def record(quick: bool = False, progress=None, labels=None) -> list[Cell]:
+    """Simulate every modelled cell once (the uncalibrated table; terms do not depend on it);
+    ``labels``: only the cases of these labels (all by default)."""
     from jenga.sim.figure14 import CASES, run_case
 
     cells = []
     for case in CASES:
+        if labels is not None and case.label not in labels:
+            continue
         for gpu, vals in MEASURED.get(case.label, {}).items():
             cols = {c: v for c, v in zip(COLUMNS, vals, strict=True)
                     if v is not None and c != "max" and (case.label, c) not in ALIASES}
