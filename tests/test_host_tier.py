@@ -270,6 +270,26 @@ def test_request_freed_after_promoting_the_same_pages_twice():
     assert mgr.take_copy_plan().promote == {} and mgr.stats().used_bytes == 0
 
 
+def test_request_freed_after_its_pages_were_promoted_for_another():
+    """As above, but the next promotion into the same device pages is another request's (``e``,
+    its hit shrunk to 0 so nothing holds them): freeing ``c`` before its first allocate leaves
+    ``e``'s pending promotions alone."""
+    mgr = host_manager(model(group("full", full(), 1), max_len=64), 4, 8, tpp=1)
+    serve(mgr, "a", [1, 2, 3, 4], [0])
+    serve(mgr, "b", [11, 12, 13, 14], [0])
+    mgr.take_copy_plan()
+    mgr.add_request("c", [1, 2, 3, 4, 5])
+    assert mgr.lookup("c") == 4 and mgr.shrink_hit("c", 0) == 0
+    mgr.add_request("d", [21, 22, 23, 24])
+    assert mgr.lookup("d") == 0 and mgr.allocate("d", 4).groups[0].page_ids == [3, 2, 1, 0]
+    mgr.free("d")
+    mgr.add_request("e", [1, 2, 3, 4, 6])
+    assert mgr.lookup("e") == 4 and mgr.shrink_hit("e", 0) == 0
+    mgr.free("c")
+    mgr.check_integrity()
+    assert mgr.take_copy_plan().promote[0].tolist() == [[0, 3], [1, 2], [2, 1], [3, 0]]
+
+
 def test_a_promotion_that_stops_short_keeps_the_device_hit():
     """The longest hit over both tiers (6 tokens: full pages 3..5 and the window's sliding page 5
     on the host) does not hold the sliding page the device's own 3-token hit reads (page 2, out of
