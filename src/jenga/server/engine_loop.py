@@ -174,15 +174,22 @@ class EngineLoop:
             except queue.Empty:
                 return
 
+    def _taken(self, h) -> None:
+        """``h``'s add left the command queue (called under the lock)."""
+        self._pending_adds -= 1
+
+    def _add_request(self, h):
+        """Hand ``h`` to the engine; its sequence (a ``JengaError`` when the engine refuses it)."""
+        return self.llm.add_request(h.prompt_token_ids, h.params, request_id=h.request_id, cache_salt=h.cache_salt)
+
     def _do(self, cmd: tuple) -> None:
         kind = cmd[0]
         if kind == "add":
             h = cmd[1]
             with self._lock:
-                self._pending_adds -= 1
+                self._taken(h)
             try:
-                h.seq = self.llm.add_request(h.prompt_token_ids, h.params, request_id=h.request_id,
-                                             cache_salt=h.cache_salt)
+                h.seq = self._add_request(h)
             except JengaError as e:
                 self._release_waiting(h)
                 self._send(h, Event([], True, "abort", error=str(e), status=400))

@@ -17,9 +17,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from jenga.errors import JengaError
 from jenga.server.app import Service
-from jenga.server.engine_loop import EngineLoop, Event
+from jenga.server.engine_loop import EngineLoop
 from jenga.server.errors import APIError, install_handlers
 from jenga.server.guard import Guard
 from jenga.server.metrics import ServerMetrics
@@ -41,21 +40,13 @@ class MultiEngineLoop(EngineLoop):
         with self._lock:
             self._pending_by_model[model] = self._pending_by_model.get(model, 0) + 1
 
-    def _do(self, cmd: tuple) -> None:
-        if cmd[0] != "add":
-            return super()._do(cmd)
-        h = cmd[1]
-        with self._lock:
-            self._pending_adds -= 1
-            self._pending_by_model[h.model] -= 1
-        try:
-            h.seq = self.llm.add_request(h.model, h.prompt_token_ids, h.params, request_id=h.request_id,
-                                         cache_salt=h.cache_salt)
-        except JengaError as e:
-            self._release_waiting(h)
-            self._send(h, Event([], True, "abort", error=str(e), status=400))
-            return
-        self._handles[h.request_id] = h
+    def _taken(self, h) -> None:
+        super()._taken(h)
+        self._pending_by_model[h.model] -= 1
+
+    def _add_request(self, h):
+        return self.llm.add_request(h.model, h.prompt_token_ids, h.params, request_id=h.request_id,
+                                    cache_salt=h.cache_salt)
 
     def _observe(self) -> None:
         lanes = list(self.llm.lanes.values())
