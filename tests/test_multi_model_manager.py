@@ -212,3 +212,21 @@ def test_admission_looks_ahead_at_the_prompts_in_flight():
     mgr.free("a")
     assert mgr.allocate("b", 4) is not None  # alone now: admitted
     mgr.check_integrity()
+
+
+def test_a_waiting_hit_never_breaks_another_models_floor():
+    """A lookup holds its hit until the request's first allocate; hits on one model's cached pages
+    (fully evictable large pages) must not lift that model past what the other models' floors leave
+    (found by the operation fuzz: held [12, 0] large pages with floors [2, 6] in 12)."""
+    mgr = pool(num_large=12, floors={"a": 2 * LCM, "b": 6 * LCM})
+    for i in range(4):  # model a's prompts, served and freed: their pages stay cached
+        serve(mgr, f"c{i}", "a", [100 * i + t for t in range(40)], n_out=1)
+    hits = []
+    for i in range(4):  # their repeats wait with their hits held
+        mgr.add_request(f"w{i}", [100 * i + t for t in range(40)] + [7], model="a")
+        hits.append(mgr.lookup(f"w{i}"))
+        mgr.check_integrity()
+    assert sum(hits) > 0
+    held = mgr.admission.held_large()
+    assert held[0] + mgr.floor_pages[1] <= mgr.pool.num_large_pages, held
+    serve(mgr, "b0", "b", list(range(500, 524)), n_out=1)  # model b still runs

@@ -182,10 +182,25 @@ class MultiModelManager(KVCacheManager):
 
     def lookup(self, request_id: object, *, max_tokens: int | None = None) -> int:
         """``KVCacheManager.lookup``; the prompt tokens looked up and found count for the request's model."""
-        hit = super().lookup(request_id, max_tokens=max_tokens)
+        hit = self._hit_within_floors(request_id, super().lookup(request_id, max_tokens=max_tokens))
         scope = self.scopes.of[request_id]
         self.scopes.query_tokens[scope] += len(self.requests[request_id].tokens)
         self.scopes.hit_tokens[scope] += hit
+        return hit
+
+    def _hit_within_floors(self, request_id: object, hit: int) -> int:
+        """``hit`` shortened until the floors hold.  A hit holds its pages until the request's first
+        allocate, and pages in fully evictable large pages then count for its model (``H_m``): a
+        long hit could lift ``sum_m max(H_m, F_m)`` past the pool, so another model could no longer
+        reach its floor while this request waits.  A shorter hit holds fewer pages; none holds none.
+        (``cached_tokens``, read only, does not shorten: it may answer more than ``lookup`` finds.)"""
+        adm = self.admission
+        while hit:
+            adm.ledger.settle()
+            held = adm.held_large()
+            if sum(max(h, f) for h, f in zip(held, self.floor_pages, strict=True)) <= self.pool.num_large_pages:
+                break
+            hit = super().lookup(request_id, max_tokens=hit - 1)
         return hit
 
     def model_of(self, request_id: object) -> str:
