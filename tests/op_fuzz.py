@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import random
 import sys
 import time
@@ -321,6 +322,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--hours", type=float, default=None, help="stop after this long")
     ap.add_argument("--no-state-drafts", action="store_true", help="no kept drafts on state layer mixes")
+    ap.add_argument("--json", action="store_true", help="print one JSON object: ops, violations, what happened")
     args = ap.parse_args(argv)
     t0 = time.time()
     deadline = None if args.hours is None else t0 + args.hours * 3600
@@ -328,8 +330,11 @@ def main(argv=None) -> int:
     def report(done, violations, seen):
         print(f"{time.time() - t0:8.0f}s {done:>11,} ops, {len(violations)} violations; {dict(seen)}", flush=True)
 
-    done, violations, seen = fuzz(int(args.ops), args.seed, deadline=deadline, report=report,
+    done, violations, seen = fuzz(int(args.ops), args.seed, deadline=deadline, report=None if args.json else report,
                                   state_drafts=not args.no_state_drafts)
+    if args.json:
+        print(json.dumps({"ops": done, "violations": violations, "seen": dict(seen)}))
+        return 1 if violations else 0
     report(done, violations, seen)
     for v in violations[:20]:
         print(v)
