@@ -89,8 +89,9 @@ def run(commands: list[tuple[str, list[str]]], parallel: int, log=None) -> list[
             running.remove(item)
             out = proc.stdout.read()
             line = next((ln for ln in reversed(out.splitlines()) if ln.startswith("{")), None)
-            if line is None:
-                raise RuntimeError(f"{label}: {' '.join(commands[i][1])} printed no result (exit {proc.returncode})")
+            if line is None:  # a crash outside any run: one violation, no operations counted
+                line = json.dumps({"ops": 0, "seen": {}, "violations": [
+                    f"{label}: {' '.join(commands[i][1])} printed no result (exit {proc.returncode})"]})
             results[i] = (label, json.loads(line))
             if log:
                 log(f"{label}: {results[i][1]['ops']:,} ops, {len(results[i][1]['violations'])} violations")
@@ -109,14 +110,14 @@ def tables(results: list[tuple[str, dict]]) -> tuple[list[tuple], list[tuple]]:
         if label == "managers":
             seen.update(r["seen"])
             for v in r["violations"]:
-                m = CONF.match(v)
-                bad[(m["name"], m["host"] == "True", int(m["k"]))] += 1
+                m = CONF.match(v)  # None: the process crashed (counted in the total only)
+                bad[(m["name"], m["host"] == "True", int(m["k"])) if m else ("?", False, 0)] += 1
         else:
             s, b = vllm.setdefault(label, (Counter(), Counter()))
             s.update(r["seen"])
             for v in r["violations"]:
                 m = CONF.match(v)
-                b[(m["spec"], m["host"] == "True", int(m["k"]))] += 1
+                b[(m["spec"], m["host"] == "True", int(m["k"])) if m else ("?", False, 0)] += 1
     rows = []
     for name in op_fuzz.MANAGERS:
         n = sum(1 for c in confs if c[0] == name and not c[2])

@@ -302,8 +302,8 @@ def fuzz(total_ops: int, seed: int = 0, runs_of: int = 2000, deadline: float | N
         f = Fuzz(name, spec, run_seed, host=host, k=k, keep_drafts=state_drafts or spec not in STATE_SPECS)
         try:
             f.run(n)
-        except AssertionError as e:
-            violations.append(f"{name} {spec} host={host} k={k} seed={run_seed}: {e}\n{traceback.format_exc(limit=3)}")
+        except Exception as e:  # noqa: BLE001 (an exception out of the manager is a violation too)
+            violations.append(f"{name} {spec} host={host} k={k} seed={run_seed}: {type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
         seen.update(f.seen)
         seen[f"runs:{name}"] += 1
         seen[f"ops:{name}"] += f.done

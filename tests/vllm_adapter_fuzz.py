@@ -217,6 +217,7 @@ class AdapterFuzz:
         a.new_step_starts()
         budget = rng.choice([MAX_LEN, MAX_LEN, 48, 24, 8])
         scheduled: dict[str, int] = {}
+        drafts: dict[str, list[int]] = {}  # request -> its drafts scheduled this step
         preempted = False
         for req in list(self.running):
             if req not in self.running or budget <= 0:
@@ -231,6 +232,7 @@ class AdapterFuzz:
                     break
                 victim = self.running[-1]
                 scheduled.pop(victim.request_id, None)
+                drafts.pop(victim.request_id, None)
                 self.preempt(victim)
                 preempted = True
                 if victim is req:
@@ -240,6 +242,9 @@ class AdapterFuzz:
             self._extend(req, blocks)
             scheduled[req.request_id] = n
             budget -= n
+            # the drafts scheduled with it (a budget may cut them); the rest are dropped
+            drafts[req.request_id] = req.spec_token_ids[:max(0, n + req.num_computed_tokens - req.num_tokens)]
+            req.spec_token_ids = []
         while self.waiting and budget > 0 and not preempted and len(self.running) < 8:
             req = self.waiting[0]
             peek = a.get_num_cached_tokens(req) if rng.random() < 0.5 else None
@@ -279,14 +284,13 @@ class AdapterFuzz:
             req = self.req(rid)
             if req.num_computed_tokens < req.num_tokens:
                 continue  # a prefill chunk: nothing sampled
-            drafts = req.spec_token_ids
-            accepted = rng.randrange(0, len(drafts) + 1) if drafts else 0
-            req.num_computed_tokens -= len(drafts) - accepted
-            self.seen["drafts rejected"] += len(drafts) - accepted
+            sent = drafts.get(rid, [])
+            accepted = rng.randrange(0, len(sent) + 1) if sent else 0
+            req.num_computed_tokens -= len(sent) - accepted
+            self.seen["drafts rejected"] += len(sent) - accepted
             self.seen["drafts accepted"] += accepted
-            req.spec_token_ids = []
             room = self.lens[rid] - req.num_tokens
-            req.append_output_token_ids((drafts[:accepted] + [rng.randrange(500, 505)])[:max(1, room)])
+            req.append_output_token_ids((sent[:accepted] + [rng.randrange(500, 505)])[:max(1, room)])
             if req.num_tokens >= self.lens[rid]:
                 self.finish(req)
             elif self.k:
@@ -413,8 +417,8 @@ def fuzz(total_ops: int, seed: int = 0, runs_of: int = 500, deadline: float | No
         f = AdapterFuzz(layout, run_seed, host=host, k=k)
         try:
             f.run(n)
-        except AssertionError as e:
-            violations.append(f"vllm {layout} host={host} k={k} seed={run_seed}: {e}\n"
+        except Exception as e:  # noqa: BLE001 (an exception out of the adapter is a violation too)
+            violations.append(f"vllm {layout} host={host} k={k} seed={run_seed}: {type(e).__name__}: {e}\n"
                               f"{traceback.format_exc(limit=4)}")
         seen.update(f.seen)
         seen[f"runs:vllm {layout}"] += 1
