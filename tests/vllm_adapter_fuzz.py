@@ -22,7 +22,7 @@ event between steps:
 
 Checked after every operation: the manager's ``check_integrity()``; each running request's block
 table as the worker holds it (the ids of its first ``get_blocks`` plus every ``allocate_slots``
-answer, append-only) still matches ``get_block_ids`` (a column may only turn into the null block:
+answer, append-only) has a slot for every token scheduled and its lookahead, and still matches ``get_block_ids`` (a column may only turn into the null block:
 a page out of the window let go); every block id a running request holds is a live page (its
 group's reference count > 0); no block id sits in two columns, nor in two requests unless both
 hold the same tokens (and salt) through that block (a shared prefix); no two live pages share a
@@ -279,7 +279,7 @@ class AdapterFuzz:
         for rid, n in scheduled.items():  # _update_after_schedule
             self.req(rid).num_computed_tokens += n
         self.seen["scheduled tokens"] += sum(scheduled.values())
-        self.check_running()
+        self.check_running(scheduled)
         for rid in scheduled:  # update_from_output
             req = self.req(rid)
             if req.num_computed_tokens < req.num_tokens:
@@ -304,7 +304,7 @@ class AdapterFuzz:
             row.extend(ids)
 
     # ------------------------------------------------------------------ checks
-    def check_running(self):
+    def check_running(self, scheduled=()):
         """The worker's tables against the adapter, liveness, sharing, bytes (module doc)."""
         a, mgr = self.a, self.mgr
         ref = mgr.ref
@@ -322,6 +322,11 @@ class AdapterFuzz:
                         live.add((g, cur[-1]))
                     continue
                 assert len(w) == len(cur), f"{rid} group {g}: the worker has {len(w)} blocks, the adapter {len(cur)}"
+                tpp = mgr.model.groups[g].tokens_per_page
+                # this step's tokens and, when it ran, its lookahead (the next drafts' slots)
+                want = min(MAX_LEN, req.num_computed_tokens + (self.k if rid in scheduled else 0))
+                assert len(w) * tpp >= want, (
+                    f"{rid} group {g}: {want} tokens scheduled with the lookahead, slots for {len(w) * tpp}")
                 for i, (wb, cb) in enumerate(zip(w, cur, strict=True)):
                     if cb == NULL_BLOCK:
                         continue
