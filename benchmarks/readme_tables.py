@@ -247,6 +247,33 @@ def _script_table(name: str, argv) -> Callable[[], str]:
     return render
 
 
+def _op_fuzz_long(ops: int, sample_ops: int) -> Block:
+    """``op_fuzz_long.py``'s two tables (parts, then what happened); sampled by the manager fuzz alone
+    on a few operations: its rows' part and configurations columns (what the fuzz covers), the
+    figures only the full run gives (hours: the long run is not repeated by ``-m slow`` either)."""
+    argv = ("--ops", str(ops), "--markdown")
+    narrow = ("--ops", str(sample_ops), "--parts", "managers", "--markdown")
+
+    def tables(args) -> list[str]:
+        import contextlib
+        import importlib
+        import io
+
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            importlib.import_module("op_fuzz_long").main(list(args))
+        lines = [ln for ln in buf.getvalue().splitlines() if ln.startswith("|") or not ln.strip()]
+        return "\n".join(lines).strip("\n").splitlines()
+
+    def leading() -> str:
+        first = tables(narrow)
+        first = first[:first.index("")] if "" in first else first
+        return "\n".join("|".join(ln.split("|")[:3]) + "|" for ln in first)
+
+    return Block(_script_cmd("op_fuzz_long", argv), lambda: "\n".join(tables(argv)),
+                 Sample(_script_cmd("op_fuzz_long", narrow), leading, prefix=True))
+
+
 def _host_tier(traces: str, hosts: str, sample: tuple[str, str, str, str]) -> Block:
     """``host_tier.py``'s rows; sampled by one (model, trace, host, policy) row (each row runs alone)."""
     model, trace, host, policy = sample
@@ -323,6 +350,8 @@ BLOCKS: dict[str, Block] = {
     "spec-pool-llama": _script("spec_decode_pool", "--kv-memory", "6MiB", "--draft", "tiny-llama", "--markdown",
                                "--outcome"),
     "host-tier": _host_tier("articles64,chats64", "0,2,4,8", sample=("jamba-1.5-mini", "chats64", "2", "per-kind")),
+    # every manager, the host tier, lookahead and the vLLM adapter's call sequence (an hour on two busy cores)
+    "op-fuzz-long": _op_fuzz_long(200_000, 2_000),
 }
 #: Blocks make test re-renders whole (seconds each); the rest under ``-m slow``, their samples in make test.
 FAST = ("reproduce-closed-form", "plan-ministral", "plan-multi")
