@@ -93,5 +93,5 @@ class FloorAdmission(Admission):
                  zip(quota, need, sup.free_small, sup.cached_small, alloc.k, strict=True)]
         return least if least != quota and self.fits_floors(scope, sum(least)) else None
 
-    def hit_cannot_fit(self, req: Request, end: int, allocated: int) -> bool:
-        return super().hit_cannot_fit(req, end, self.scopes.allocated[self.scopes.of[req.request_id]])
+    def hit_cannot_fit(self, req: Request, end: int, allocated: int, step: int | None = None) -> bool:
+        return super().hit_cannot_fit(req, end, self.scopes.allocated[self.scopes.of[req.request_id]], step)
