@@ -114,3 +114,24 @@ def test_precheck_counts_the_cached_pages_of_a_long_hit_run_exactly():
     assert mgr.admission.hit_cannot_fit(req, hit + 2 * free + 2, mgr.num_allocated)
     assert req.deferred_cached_bytes == unheld * alloc.page_bytes[group_]
     mgr.check_integrity()
+
+
+def test_a_probe_leaves_another_requests_deferred_hit_deferred():
+    """``cached_tokens`` (a scheduler ordering its waiting queue) reads the index only: the hit a
+    lookup just deferred stays deferred (not held, then let go of by that request's next lookup),
+    and the probe answers what a lookup then finds."""
+    spec = model(group("full", full(), 1), group("swa", sliding(8), 1, first_layer=1))
+    mgr = make_manager(spec, 60, tokens_per_page=2)
+    prefix = list(range(3, 23))
+    mgr.add_request("a", prefix + [30, 31])
+    mgr.allocate("a", 22)
+    mgr.append_tokens("a", [40])
+    mgr.free("a")
+    mgr.add_request("b", prefix + [32, 33])
+    mgr.add_request("c", prefix + [34, 35, 36])
+    assert mgr.lookup("b") > 0
+    assert mgr.ledger.deferred is mgr.requests["b"]
+    probed = mgr.cached_tokens("c")
+    assert mgr.ledger.deferred is mgr.requests["b"], "the probe held another request's deferred hit"
+    mgr.free("b")
+    assert mgr.lookup("c") == probed > 0
