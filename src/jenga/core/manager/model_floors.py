@@ -113,5 +113,5 @@ class FloorAdmission(Admission):
         fits = least != quota and self.fits_floors(scope, sum(least)) and (not first or self.within_share(scope, sum(least)))
         return least if fits else None
 
-    def hit_cannot_fit(self, req: Request, end: int, allocated: int) -> bool:
-        return super().hit_cannot_fit(req, end, self.scopes.allocated[self.scopes.of[req.request_id]])
+    def hit_cannot_fit(self, req: Request, end: int, allocated: int, step: int | None = None) -> bool:
+        return super().hit_cannot_fit(req, end, self.scopes.allocated[self.scopes.of[req.request_id]], step)
