@@ -171,10 +171,10 @@ class Admission:
         """Large pages each group may take (steps 2-3), or ``None`` if ``need`` can't fit."""
         k = self.alloc.k
         sup = sup or self.alloc.supply()
-        most = [cdiv(x, kg) for x, kg in zip(need, k, strict=True)]
+        most = [-(-x // kg) for x, kg in zip(need, k, strict=True)]  # ceil divisions, inline on the allocate path
         if sup.whole_large >= sum(most):
             return most
-        least = [cdiv(max(0, x - f - c), kg)
+        least = [-(-max(0, x - f - c) // kg)
                  for x, f, c, kg in zip(need, sup.free_small, sup.cached_small, k, strict=True)]
         if sup.whole_large >= sum(least):
             return least
