@@ -91,7 +91,6 @@ class Admission:
         pages (on a sliding model, each article whose window it takes is a lost hit)."""
         if not any(need):
             return need
-        self.ledger.settle()  # a deferred hit's pages are no supply
         sup = self.alloc.supply()
         quota = self.quota_for(need, sup)
         if quota is None or req.tables is not None:
@@ -123,7 +122,6 @@ class Admission:
         prot = self.protected(allocated) if any(need) else None
         if prot is None:
             return list(need)
-        self.ledger.settle()
         sup = self.alloc.supply()
         outside, e_prot = prot
         sup = Supply(sup.free_small, tuple(c - o for c, o in zip(sup.cached_small, outside, strict=True)),

@@ -83,7 +83,6 @@ class FloorAdmission(Admission):
             return quota  # a running request growing inside its own large pages
         if req.tables is None and not self.prompt_fits(req, scope):
             return None
-        self.ledger.settle()  # an admission's hit may hold pages of fully evictable large pages: they count
         if self.fits_floors(scope, sum(quota)):
             return quota
         # fewer large pages: the group's free slots and its own cached pages first (steps 4-5)

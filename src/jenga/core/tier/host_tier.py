@@ -149,7 +149,6 @@ class HostTier(EvictionListener):
         if not never_ran:
             return
         dev = self.device
-        dev.settle()
         ref = dev.ref
         unused: dict[int, list[int]] = {}
         for g, page in mine:
@@ -219,7 +218,6 @@ class HostTier(EvictionListener):
         dev, ledger = self.device, self.ledger
         now = dev.now
         wanted = list(dict.fromkeys(wanted))
-        dev.settle()
         log = dev.start_log()
         try:
             for g, pages in held.items():
