@@ -25,7 +25,7 @@ def test_paper_toy_sizes():
     self_g, cross_g = spec.groups
     assert self_g.layer_page_bytes == cross_g.layer_page_bytes == TOY_TOKEN_BYTES
     assert (self_g.page_bytes, cross_g.page_bytes) == (384, 256)
-    assert spec.lcm_page_bytes == 768
+    assert spec.large_page_bytes == 768
     mgr = make_manager(spec, 4)
     assert mgr.alloc.k == [2, 3]
     assert mgr.large_page_bytes == 768

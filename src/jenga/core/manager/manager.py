@@ -90,7 +90,7 @@ class KVCacheManager:
         self.block = tokens_per_page
         self.caching = enable_prefix_caching
         self.device = device
-        self.large_page_bytes = model.lcm_page_bytes
+        self.large_page_bytes = model.large_page_bytes
         self.memory_bytes = memory_bytes
         p = build_parts(model, self.source_model, memory_bytes, host_memory_bytes, block=self.block, caching=self.caching,
                         eviction=eviction, out_of_window_age=out_of_window_age, window_slack=window_slack,
