@@ -63,7 +63,7 @@ class Admission:
         at most a quarter of a large page (a fresh one would stay mostly empty; the paper's
         co-freeing gain needs a request that fills its large pages)."""
         return [state or req.prompt_len <= (k // 4) * pol.tpp
-                for state, k, pol in zip(self.state_group, self.alloc.k, self.policies, strict=True)]
+                for state, k, pol in zip(self.state_group, self.alloc.small_per_large, self.policies, strict=True)]
 
     def protected(self, allocated: int) -> tuple[list[int], int] | None:
         """What a first allocation (an admission) may not evict now: (per group, protected pages
@@ -167,7 +167,7 @@ class Admission:
 
     def quota_for(self, need: list[int], sup: Supply | None = None) -> list[int] | None:
         """Large pages each group may take (steps 2-3), or ``None`` if ``need`` can't fit."""
-        k = self.alloc.k
+        k = self.alloc.small_per_large
         sup = sup or self.alloc.supply()
         most = [-(-x // kg) for x, kg in zip(need, k, strict=True)]  # ceil divisions, inline on the allocate path
         if sup.whole_large >= sum(most):

@@ -84,7 +84,7 @@ def reset_prefix_cache(alloc: LargePageAllocator, index: PrefixIndex, evictor: P
     try:
         while evictor.evict_large() is not None:
             pass
-        for g in range(len(alloc.k)):
+        for g in range(len(alloc.small_per_large)):
             while evictor.evict_small(g) is not None:
                 pass
     finally:

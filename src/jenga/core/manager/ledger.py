@@ -61,8 +61,8 @@ class PageLedger(PageOps):
         self.caching = caching
         self.out_of_window_age = out_of_window_age
         self.now = 0  # the manager's clock: one tick per allocate
-        self.ref = [zeros(alloc.num_large * k) for k in alloc.k]  # per group and page: references
-        self.released = ReleasedKeys([alloc.num_large * k for k in alloc.k])  # keys for undone holds
+        self.ref = [zeros(alloc.num_large * k) for k in alloc.small_per_large]  # per group and page: references
+        self.released = ReleasedKeys([alloc.num_large * k for k in alloc.small_per_large])  # keys for undone holds
         self.deferred: Request | None = None  # the request whose recorded hit is not held yet
         self._deferring: list | None = None  # while ``lookup`` runs the policies' ``hit``: the holds
         self._log: list | None = None  # holds to undo if the allocation is rolled back

@@ -131,7 +131,7 @@ class KVCacheManager:
     def pool(self) -> PoolShape:
         """The page pool, read-only: large pages, their bytes, each group's carving and caps."""
         a = self._alloc
-        return PoolShape(a.num_large, a.large_page_bytes, tuple(a.k), tuple(a.page_bytes),
+        return PoolShape(a.num_large, a.large_page_bytes, tuple(a.small_per_large), tuple(a.page_bytes),
                          None if a.caps is None else tuple(a.caps))
 
     now = property(lambda self: self.ledger.now, doc="The clock: one tick per ``allocate``.")

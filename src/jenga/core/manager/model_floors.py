@@ -59,7 +59,7 @@ class FloorAdmission(Admission):
         model has no allocated request: its floor alone then guarantees the prompt fits."""
         if not self.scopes.allocated[scope]:
             return True
-        k, alloc = self.alloc.k, self.alloc
+        k, alloc = self.alloc.small_per_large, self.alloc
         small = [0] * len(k)
         for pol, gs in zip(self.policies, req.groups, strict=True):
             if pol.scope == scope and pol.group.spec.per_token:
@@ -89,7 +89,7 @@ class FloorAdmission(Admission):
         alloc = self.alloc
         sup = alloc.supply()
         least = [min(q, cdiv(max(0, x - f - c), k)) for q, x, f, c, k in
-                 zip(quota, need, sup.free_small, sup.cached_small, alloc.k, strict=True)]
+                 zip(quota, need, sup.free_small, sup.cached_small, alloc.small_per_large, strict=True)]
         return least if least != quota and self.fits_floors(scope, sum(least)) else None
 
     def hit_cannot_fit(self, req: Request, end: int, allocated: int) -> bool:

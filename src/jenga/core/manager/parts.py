@@ -73,7 +73,7 @@ def build_parts(model: ModelSpec, source_model: ModelSpec, memory_bytes: int, ho
     num_host_large = 0 if host_memory_bytes is None else host_page_count(host_memory_bytes, model.large_page_bytes)
     alloc = LargePageAllocator([g.page_bytes for g in model.groups], num_large, caps=rules.caps(model, num_large))
     index = PrefixIndex(len(model.groups))
-    sizes = [num_large * k for k in alloc.k]
+    sizes = [num_large * k for k in alloc.small_per_large]
     index.track_pages(sizes)  # registered flags for bulk frees
     if EVICTORS[eviction].counts_uses:
         index.track_uses(sizes)
