@@ -135,3 +135,50 @@ def test_a_probe_leaves_another_requests_deferred_hit_deferred():
     assert mgr.ledger.deferred is mgr.requests["b"], "the probe held another request's deferred hit"
     mgr.free("b")
     assert mgr.lookup("c") == probed > 0
+
+
+def test_each_call_that_reads_or_moves_pages_holds_a_deferred_hit_at_its_entry():
+    """A lookup's hit stays deferred until the next call that reads or moves pages, which holds it
+    first (``KVCacheManager._settle``); the deferred request's own ``free`` and ``lookup`` let it
+    go without holding it.  ``cached_tokens`` reads the index only and leaves it deferred (the
+    probe test above)."""
+    spec = model(group("full", full(), 1))
+    prompt = list(range(1, 33))
+    calls = {
+        "append_tokens": lambda m: m.append_tokens("run", [5]),
+        "allocate": lambda m: m.allocate("run", 1),
+        "free": lambda m: m.free("run"),
+        "can_allocate": lambda m: m.can_allocate("run", 1),
+        "lookup": lambda m: (m.add_request("other", prompt[:9]), m.lookup("other")),
+        "stats": lambda m: m.stats(),
+        "used_bytes": lambda m: m.used_bytes,
+    }
+    for name, call in calls.items():
+        mgr = make_manager(spec, 60, tokens_per_page=2)
+        mgr.add_request("first", prompt)
+        mgr.allocate("first", len(prompt))
+        mgr.append_tokens("first", [3])
+        mgr.free("first")  # its pages stay cached
+        mgr.add_request("run", [40, 41, 42, 43])
+        mgr.allocate("run", 4)
+        mgr.append_tokens("run", [44])
+        mgr.add_request("hit", prompt[:20] + [45])
+        assert mgr.lookup("hit") == 20
+        req = mgr.requests["hit"]
+        assert mgr.ledger.deferred is req and not req.hit_holds
+        call(mgr)
+        assert mgr.ledger.deferred is not req and req.hit_holds, f"{name} left the hit deferred"
+        mgr.check_integrity()
+    for own in ("free", "lookup"):  # the deferred request's own calls let its hit go unheld
+        mgr = make_manager(spec, 60, tokens_per_page=2)
+        mgr.add_request("first", prompt)
+        mgr.allocate("first", len(prompt))
+        mgr.append_tokens("first", [3])
+        mgr.free("first")
+        mgr.add_request("hit", prompt[:20] + [45])
+        mgr.lookup("hit")
+        req = mgr.requests["hit"]
+        mgr.free("hit") if own == "free" else mgr.lookup("hit", max_tokens=10)
+        assert not req.hit_holds or own == "lookup", own
+        assert mgr.ledger.deferred is (None if own == "free" else req), own
+        mgr.check_integrity()

@@ -30,12 +30,12 @@ H = named(model(group("full", full(), 1), group("state", mamba(16, state_elems=6
                 max_len=64), "h")
 
 
-LCM = with_base_page(composite_spec((A, B)), 4).lcm_page_bytes
+LCM = with_base_page(composite_spec((A, B)), 4).large_page_bytes
 SMALL_FLOORS = {"a": 1, "b": 2 * LCM}  # one large page for a, two for b (one per group)
 
 
 def pool(models=(A, B), num_large: int = 12, **kw) -> MultiModelManager:
-    lcm = with_base_page(composite_spec(models), 4).lcm_page_bytes
+    lcm = with_base_page(composite_spec(models), 4).large_page_bytes
     mgr = MultiModelManager(models, (num_large + 1) * lcm, tokens_per_page=4, fit_pages=False, **kw)
     assert mgr.pool.num_large_pages == num_large
     return mgr

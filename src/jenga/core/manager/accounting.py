@@ -40,7 +40,6 @@ class ByteAccounting:
 
     def used_bytes(self) -> int:
         """Bytes of pages live requests hold (their hits included): ``KVCacheManager.used_bytes``."""
-        self.ledger.settle()  # a lookup's deferred hit is held first
         return self.ledger.alloc.used_bytes()
 
     def request(self, req: Request) -> tuple[int, int, int, int]:
@@ -61,7 +60,6 @@ class ByteAccounting:
         reference of a shared page; bytes of held prefix pages whose content another held
         page has: duplicate copies).  O(pool pages + held pages)."""
         ledger = self.ledger
-        ledger.settle()
         shared = 0
         for g, ref in enumerate(ledger.ref):
             extra = sum(ref) - ledger.alloc.used_pages(g)

@@ -63,7 +63,7 @@ class Admission:
         at most a quarter of a large page (a fresh one would stay mostly empty; the paper's
         co-freeing gain needs a request that fills its large pages)."""
         return [state or req.prompt_len <= (k // 4) * pol.tpp
-                for state, k, pol in zip(self.state_group, self.alloc.k, self.policies, strict=True)]
+                for state, k, pol in zip(self.state_group, self.alloc.small_per_large, self.policies, strict=True)]
 
     def protected(self, allocated: int) -> tuple[list[int], int] | None:
         """What a first allocation (an admission) may not evict now: (per group, protected pages
@@ -91,7 +91,6 @@ class Admission:
         pages (on a sliding model, each article whose window it takes is a lost hit)."""
         if not any(need):
             return need
-        self.ledger.settle()  # a deferred hit's pages are no supply
         sup = self.alloc.supply()
         quota = self.quota_for(need, sup)
         if quota is None or req.tables is not None:
@@ -123,7 +122,6 @@ class Admission:
         prot = self.protected(allocated) if any(need) else None
         if prot is None:
             return list(need)
-        self.ledger.settle()
         sup = self.alloc.supply()
         outside, e_prot = prot
         sup = Supply(sup.free_small, tuple(c - o for c, o in zip(sup.cached_small, outside, strict=True)),
@@ -169,12 +167,12 @@ class Admission:
 
     def quota_for(self, need: list[int], sup: Supply | None = None) -> list[int] | None:
         """Large pages each group may take (steps 2-3), or ``None`` if ``need`` can't fit."""
-        k = self.alloc.k
+        k = self.alloc.small_per_large
         sup = sup or self.alloc.supply()
-        most = [cdiv(x, kg) for x, kg in zip(need, k, strict=True)]
+        most = [-(-x // kg) for x, kg in zip(need, k, strict=True)]  # ceil divisions, inline on the allocate path
         if sup.whole_large >= sum(most):
             return most
-        least = [cdiv(max(0, x - f - c), kg)
+        least = [-(-max(0, x - f - c) // kg)
                  for x, f, c, kg in zip(need, sup.free_small, sup.cached_small, k, strict=True)]
         if sup.whole_large >= sum(least):
             return least

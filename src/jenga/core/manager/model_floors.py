@@ -77,7 +77,7 @@ class FloorAdmission(Admission):
         model has no allocated request: its floor alone then guarantees the prompt fits."""
         if not self.scopes.allocated[scope]:
             return True
-        k, alloc = self.alloc.k, self.alloc
+        k, alloc = self.alloc.small_per_large, self.alloc
         small = [0] * len(k)
         for pol, gs in zip(self.policies, req.groups, strict=True):
             if pol.scope == scope and pol.group.spec.per_token:
@@ -101,7 +101,6 @@ class FloorAdmission(Admission):
             return quota  # a running request growing inside its own large pages
         if req.tables is None and not self.prompt_fits(req, scope):
             return None
-        self.ledger.settle()  # an admission's hit may hold pages of fully evictable large pages: they count
         first = req.tables is None
         if self.fits_floors(scope, sum(quota)) and (not first or self.within_share(scope, sum(quota))):
             return quota
@@ -109,7 +108,7 @@ class FloorAdmission(Admission):
         alloc = self.alloc
         sup = alloc.supply()
         least = [min(q, cdiv(max(0, x - f - c), k)) for q, x, f, c, k in
-                 zip(quota, need, sup.free_small, sup.cached_small, alloc.k, strict=True)]
+                 zip(quota, need, sup.free_small, sup.cached_small, alloc.small_per_large, strict=True)]
         fits = least != quota and self.fits_floors(scope, sum(least)) and (not first or self.within_share(scope, sum(least)))
         return least if fits else None
 

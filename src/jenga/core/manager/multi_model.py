@@ -225,6 +225,7 @@ class MultiModelManager(KVCacheManager):
     # -------------------------------------------------------------- reporting
     def model_used_bytes(self, name: str) -> int:
         """Bytes of the pages live requests of ``name`` hold (its groups' USED pages)."""
+        self._settle()
         alloc = self._alloc
         return sum(alloc.used_small[g] * alloc.page_bytes[g] for g in self.scopes.groups[self.scopes.index(name)])
 
@@ -234,6 +235,7 @@ class MultiModelManager(KVCacheManager):
     def model_needed_bytes(self, name: str) -> tuple[int, int]:
         """(held, needed) bytes of ``name``'s live requests (their waste is held - needed)."""
         scope = self.scopes.index(name)
+        self._settle()
         held = needed = 0
         for rid, req in self.requests.items():
             if self.scopes.of.get(rid) == scope:
