@@ -42,6 +42,12 @@ def add_sim_parsers(sub) -> None:
     p.add_argument("--host-kv-memory", default=None, metavar="SIZE",
                    help="a host-memory KV tier (jenga's manager): bytes such as 64GiB, or Nx the device pool "
                         "(4x); its copies cost the GPU's host link bandwidth per step")
+    p.add_argument("--uniform-retention", default=None, metavar="N|dense",
+                   help="the uniform manager's prefix_cache_retention_interval (vLLM 0.34): 0 (its default: "
+                        "semantic checkpoints only), N tokens (also every N; a multiple of the block), or dense")
+    p.add_argument("--uniform-match-unit", type=int, default=None, metavar="N",
+                   help="the uniform manager's prefix_match_unit (whole blocks only); uniform-0.32 keeps vLLM "
+                        "0.32's rules")
     p.add_argument("--record-every", type=int, default=1, help="record memory stats every N steps")
     p.add_argument("--calibration", choices=("fitted", "roofline"), default="fitted", metavar="TABLE",
                    help="cost model efficiencies: fitted (jenga.sim.calibration, the engine of --scheduler: "
@@ -74,6 +80,27 @@ def _workload(args, max_len: int):
         if getattr(args, flag) is not None:
             kw[key] = getattr(args, flag)
     return get_workload(args.workload, **kw)
+
+
+def _uniform_settings(args):
+    """The ``uniform`` manager's settings from ``--uniform-retention`` / ``--uniform-match-unit``
+    (``None``: its defaults, vLLM 0.34's)."""
+    from jenga.baselines.uniform_settings import UniformSettings
+    from jenga.errors import InvalidArgumentError
+
+    if args.uniform_retention is None and args.uniform_match_unit is None:
+        return None
+    retention = 0
+    if args.uniform_retention is not None:
+        if args.uniform_retention == "dense":
+            retention = None
+        else:
+            try:
+                retention = int(args.uniform_retention)
+            except ValueError:
+                raise InvalidArgumentError(f"--uniform-retention: {args.uniform_retention!r} is neither a "
+                                           "token count nor 'dense'") from None
+    return UniformSettings(retention=retention, match_unit=args.uniform_match_unit)
 
 
 def run_simulate(args) -> int:
@@ -114,9 +141,15 @@ def run_simulate(args) -> int:
         except InvalidArgumentError as e:
             print(f"jenga simulate: --host-kv-memory: {e}", file=sys.stderr)
             return 2
+    try:
+        uniform = _uniform_settings(args)
+    except InvalidArgumentError as e:
+        print(f"jenga simulate: {e}", file=sys.stderr)
+        return 2
     cfg = SimConfig(max_num_batched_tokens=budget, max_num_seqs=args.max_num_seqs, seed=args.seed,
                     scheduler=args.scheduler, host_memory_bytes=host,
-                    enable_prefix_caching=not args.no_prefix_caching, record_every=max(1, args.record_every))
+                    enable_prefix_caching=not args.no_prefix_caching, record_every=max(1, args.record_every),
+                    manager_kwargs_for={} if uniform is None else {"uniform": {"settings": uniform}})
     sim = Simulator(setup, cfg)
     unavailable: dict[str, str] = {}
     results = {}
