@@ -108,7 +108,7 @@ def run_simulate(args) -> int:
         from jenga.sim.multi_model import run_multi_simulate
 
         return run_multi_simulate(args)
-    from jenga.errors import InvalidArgumentError
+    from jenga.errors import InvalidArgumentError, UnsupportedFeatureError
     from jenga.sim.report import print_simulate, simulate_payload
     from jenga.sim.setup import build_setup
     from jenga.sim.simulator import SimConfig, Simulator
@@ -158,7 +158,7 @@ def run_simulate(args) -> int:
     for name in managers:
         try:
             sim.make_manager(name)
-        except (ImportError, NameError, AttributeError, InvalidArgumentError) as e:
+        except (ImportError, NameError, AttributeError, InvalidArgumentError, UnsupportedFeatureError) as e:
             unavailable[name] = f"{type(e).__name__}: {e}"
             print(f"jenga simulate: manager {name!r} is not available yet ({e}); skipping it", file=sys.stderr)
             continue
