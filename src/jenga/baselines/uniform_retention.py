@@ -168,7 +168,7 @@ class RetainingMambaPolicy(UniformMambaPolicy):
         if start >= prefill_end:
             return stop
         if stop < prefill_end:
-            stop = stop // every * every
+            stop = max(start, stop // every * every)  # vLLM: no step at all (0 tokens) when that ends before start
         junction = req.junction
         stops = ((start // every + 1) * every if start % every else 0, (known - 1) // every * every,
                  start + (junction - start) // every * every if start < junction < stop else 0)
