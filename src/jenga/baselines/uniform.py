@@ -43,6 +43,7 @@ from jenga.baselines.uniform_policies import (
     UniformSlidingPolicy,
 )
 from jenga.baselines.uniform_retention import (
+    FreeQueue,
     FreeQueueFullPolicy,
     RetainingMambaPolicy,
     RetainingSlidingPolicy,
@@ -187,7 +188,7 @@ class UniformRules(TrueNeedsRules):
     def prepare_model(self, model: ModelSpec, tokens_per_page: int, max_ratio: float | None) -> ModelSpec:
         self.remember_true_model(model, tokens_per_page)
         um = uniform_model(model, tokens_per_page, self.settings.kernel_block)
-        self.num_groups = len(um.groups)
+        self.free_queue = FreeQueue(len(um.groups))
         check_settings(self.settings, um)
         self.align = math.lcm(*(g.tokens_per_page for g in um.groups if g.spec.per_token)) \
             if any(g.spec.per_token for g in um.groups) else tokens_per_page
@@ -254,8 +255,8 @@ UNIFORM_032_POLICIES = {
 UNIFORM_POLICIES = {
     **UNIFORM_032_POLICIES,
     SlidingWindowSpec: lambda gi, group, block, rules: RetainingSlidingPolicy(gi, group, block, rules.settings,
-                                                                              rules.num_groups),
+                                                                              rules.free_queue),
     MambaSpec: lambda gi, group, block, rules: rules.waits_on(RetainingMambaPolicy(gi, group, block, rules.align,
-                                                                               rules.settings, rules.num_groups)),
-    FullAttentionSpec: lambda gi, group, block, rules: FreeQueueFullPolicy(gi, group, block, rules.num_groups),
+                                                                               rules.settings, rules.free_queue)),
+    FullAttentionSpec: lambda gi, group, block, rules: FreeQueueFullPolicy(gi, group, block, rules.free_queue),
 }

@@ -14,34 +14,55 @@ from jenga.core.request import GroupState, Request
 from jenga.core.specs import LayerGroup
 
 
-class FreeQueueTimes:
-    """PageOps view for group ``gi`` of ``groups`` whose released pages take the time
-    ``t * groups + gi``: vLLM's free queue order (a request frees its groups one after the
-    other, group 0 first, each tail first) instead of jenga's aligned order (on equal times
-    the same tokens leave every group)."""
+class FreeQueue:
+    """vLLM's free queue order as evictor times: a page released during an allocate (out of
+    window, a state block left behind) joins the queue then; a request's free joins it when it
+    happens (after the step's allocates: a finished request, or a preempted one), its groups one
+    after the other, group 0 first, each tail first.  jenga's own order differs: a free takes the
+    request's last access, and on equal times the same tokens leave every group."""
 
-    def __init__(self, ops: PageOps, groups: int, gi: int):
-        self._ops, self._groups, self._gi = ops, groups, gi
+    STEP = 1 << 20  # frees one clock tick may hold
+
+    def __init__(self, groups: int):
+        self.groups, self.now, self.seq = groups, -1, 0
+
+    def at(self, now: int, gi: int) -> int:
+        """The time of a release by group ``gi`` during the allocate at ``now``."""
+        return now * self.STEP * self.groups + gi
+
+    def freed(self, now: int, gi: int) -> int:
+        """The time of group ``gi``'s free of a request, after everything released before it."""
+        if now != self.now:
+            self.now, self.seq = now, 0
+        self.seq += 1
+        return (now * self.STEP + self.seq) * self.groups + gi
+
+
+class FreeQueueTimes:
+    """PageOps view whose released pages all take ``time`` (a ``FreeQueue`` time)."""
+
+    def __init__(self, ops: PageOps, time: int):
+        self._ops, self._time = ops, time
 
     def __getattr__(self, name):
         return getattr(self._ops, name)
 
     def drop(self, group: int, page: int, last_access: int, prefix_len: int) -> None:
-        self._ops.drop(group, page, last_access * self._groups + self._gi, prefix_len)
+        self._ops.drop(group, page, self._time, prefix_len)
 
     def drop_run(self, group: int, pages: list, start: int, stop: int, last_access: int, tpp: int) -> None:
-        self._ops.drop_run(group, pages, start, stop, last_access * self._groups + self._gi, tpp)
+        self._ops.drop_run(group, pages, start, stop, self._time, tpp)
 
 
 class FreeQueueFullPolicy(FullPolicy):
     """Full attention whose freed pages follow vLLM's free queue order (``FreeQueueTimes``)."""
 
-    def __init__(self, gi: int, group: LayerGroup, block: int, groups: int):
+    def __init__(self, gi: int, group: LayerGroup, block: int, queue: FreeQueue):
         super().__init__(gi, group, block)
-        self.groups = groups
+        self.queue = queue
 
     def free(self, req: Request, gs: GroupState, ops: PageOps) -> None:
-        super().free(req, gs, FreeQueueTimes(ops, self.groups, self.gi))
+        super().free(req, gs, FreeQueueTimes(ops, self.queue.freed(ops.now, self.gi)))
 
     def longest_prefix(self, req: Request, cand: int, ops: PageOps) -> int:
         """Every page from 0: the hit ends at the first miss (``FullPolicy``'s own fast path)."""
@@ -59,22 +80,22 @@ class RetainingSlidingPolicy(releasing_at_next_allocate(SlidingPolicy)):
     block), or, with a retention interval ``N > 0``, in the tail before a multiple of ``N``;
     ``retention=None`` keeps every page."""
 
-    def __init__(self, gi: int, group: LayerGroup, block: int, settings: UniformSettings, groups: int):
+    def __init__(self, gi: int, group: LayerGroup, block: int, settings: UniformSettings, queue: FreeQueue):
         super().__init__(gi, group, block)
-        self.retention, self.groups = settings.retention, groups
+        self.retention, self.queue = settings.retention, queue
         self.need = cdiv(group.spec.window - 1, self.tpp)
 
     # vLLM's block pool: a page leaving the window joins the free queue's end like any freed
     # page (no aging), a hit ages nothing, a free retimes nothing (jenga's own sliding policy
     # does), in the free queue's order (``FreeQueueTimes``)
     def release_range(self, req: Request, gs: GroupState, stop: int, ops: PageOps) -> None:
-        ops.drop_run(self.gi, gs.pages, gs.released, stop, ops.now * self.groups + self.gi, self.tpp)
+        ops.drop_run(self.gi, gs.pages, gs.released, stop, self.queue.at(ops.now, self.gi), self.tpp)
 
     def hit(self, req: Request, gs: GroupState, p: int, ops: PageOps) -> None:
         FullPolicy.hit(self, req, gs, p, ops)
 
     def free(self, req: Request, gs: GroupState, ops: PageOps) -> None:
-        FullPolicy.free(self, req, gs, FreeQueueTimes(ops, self.groups, self.gi))
+        FullPolicy.free(self, req, gs, FreeQueueTimes(ops, self.queue.freed(ops.now, self.gi)))
 
     def retains(self, req: Request, i: int) -> bool:
         tpp, need, every = self.tpp, self.need, self.retention
@@ -102,9 +123,10 @@ class RetainingMambaPolicy(UniformMambaPolicy):
     boundary (``prompt_len - 1`` or the junction, floored to the block), or a multiple of the
     retention interval ``N > 0``; ``retention=None`` keeps every one."""
 
-    def __init__(self, gi: int, group: LayerGroup, block: int, align: int, settings: UniformSettings, groups: int):
+    def __init__(self, gi: int, group: LayerGroup, block: int, align: int, settings: UniformSettings,
+                 queue: FreeQueue):
         super().__init__(gi, group, block, align)
-        self.retention, self.groups = settings.retention, groups
+        self.retention, self.queue = settings.retention, queue
         self._pending: dict[object, bytes] = {}  # request -> the state key its running step writes
         self._pending_keys: Counter = Counter()
 
@@ -152,11 +174,11 @@ class RetainingMambaPolicy(UniformMambaPolicy):
 
     def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
         self._untrack_step(req)
-        super().commit(req, gs, FreeQueueTimes(ops, self.groups, self.gi))
+        super().commit(req, gs, FreeQueueTimes(ops, self.queue.at(ops.now, self.gi)))
 
     def free(self, req: Request, gs: GroupState, ops: PageOps) -> None:
         self._untrack_step(req)
-        super().free(req, gs, FreeQueueTimes(ops, self.groups, self.gi))
+        super().free(req, gs, FreeQueueTimes(ops, self.queue.freed(ops.now, self.gi)))
 
     def _stamp(self, req: Request, pos: int, ops: PageOps) -> int:
         return ops.now  # vLLM ages no state block
