@@ -115,7 +115,7 @@ def check_host_layout(mgr, host) -> None:
     """The workers' host buffer (``jenga_host``, computed by the plugin) addresses the pages of the
     manager's host tier exactly: same page and large-page bytes, same number of large pages."""
     pool = mgr.pool
-    if (tuple(pool.page_bytes), pool.large_page_bytes, mgr.host_num_large) != (host.page_bytes, host.large_bytes,
+    if (tuple(pool.page_bytes), pool.large_page_bytes, mgr.host_num_large) != (host.page_bytes, host.large_page_bytes,
                                                                                host.num_large):
         raise UnsupportedInVllm(f"jenga.vllm: the host layout {host} differs from the manager's pages "
                                 f"{pool.page_bytes} / {pool.large_page_bytes} B x {mgr.host_num_large}")
