@@ -46,6 +46,12 @@ def add_sim_parsers(sub) -> None:
     p.add_argument("--host-kv-memory", default=None, metavar="SIZE",
                    help="a host-memory KV tier (jenga's manager): bytes such as 64GiB, or Nx the device pool "
                         "(4x); its copies cost the GPU's host link bandwidth per step")
+    p.add_argument("--uniform-retention", default=None, metavar="N|dense",
+                   help="the uniform manager's prefix_cache_retention_interval (vLLM 0.34): 0 (its default: "
+                        "semantic checkpoints only), N tokens (also every N; a multiple of the block), or dense")
+    p.add_argument("--uniform-match-unit", type=int, default=None, metavar="N",
+                   help="the uniform manager's prefix_match_unit (whole blocks only); uniform-0.32 keeps vLLM "
+                        "0.32's rules")
     p.add_argument("--record-every", type=int, default=1, help="record memory stats every N steps")
     p.add_argument("--calibration", choices=("fitted", "roofline"), default="fitted", metavar="TABLE",
                    help="cost model efficiencies: fitted (jenga.sim.calibration, the engine of --scheduler: "
@@ -80,12 +86,33 @@ def _workload(args, max_len: int):
     return get_workload(args.workload, **kw)
 
 
+def _uniform_settings(args):
+    """The ``uniform`` manager's settings from ``--uniform-retention`` / ``--uniform-match-unit``
+    (``None``: its defaults, vLLM 0.34's)."""
+    from jenga.baselines.uniform_settings import UniformSettings
+    from jenga.errors import InvalidArgumentError
+
+    if args.uniform_retention is None and args.uniform_match_unit is None:
+        return None
+    retention = 0
+    if args.uniform_retention is not None:
+        if args.uniform_retention == "dense":
+            retention = None
+        else:
+            try:
+                retention = int(args.uniform_retention)
+            except ValueError:
+                raise InvalidArgumentError(f"--uniform-retention: {args.uniform_retention!r} is neither a "
+                                           "token count nor 'dense'") from None
+    return UniformSettings(retention=retention, match_unit=args.uniform_match_unit)
+
+
 def run_simulate(args) -> int:
     if "," in args.model:  # several models: one shared pool against a static split
         from jenga.sim.multi_model import run_multi_simulate
 
         return run_multi_simulate(args)
-    from jenga.errors import InvalidArgumentError
+    from jenga.errors import InvalidArgumentError, UnsupportedFeatureError
     from jenga.sim.report import print_simulate, simulate_payload
     from jenga.sim.setup import build_setup
     from jenga.sim.simulator import SimConfig, Simulator
@@ -119,9 +146,15 @@ def run_simulate(args) -> int:
         except InvalidArgumentError as e:
             print(f"jenga simulate: --host-kv-memory: {e}", file=sys.stderr)
             return 2
+    try:
+        uniform = _uniform_settings(args)
+    except InvalidArgumentError as e:
+        print(f"jenga simulate: {e}", file=sys.stderr)
+        return 2
     cfg = SimConfig(max_num_batched_tokens=budget, max_num_seqs=args.max_num_seqs, seed=args.seed,
                     scheduler=args.scheduler, host_memory_bytes=host,
-                    enable_prefix_caching=not args.no_prefix_caching, record_every=max(1, args.record_every))
+                    enable_prefix_caching=not args.no_prefix_caching, record_every=max(1, args.record_every),
+                    manager_kwargs_for={} if uniform is None else {"uniform": {"settings": uniform}})
     sim = Simulator(setup, cfg)
     unavailable: dict[str, str] = {}
     results = {}
@@ -130,7 +163,7 @@ def run_simulate(args) -> int:
     for name in managers:
         try:
             sim.make_manager(name)
-        except (ImportError, NameError, AttributeError, InvalidArgumentError) as e:
+        except (ImportError, NameError, AttributeError, InvalidArgumentError, UnsupportedFeatureError) as e:
             unavailable[name] = f"{type(e).__name__}: {e}"
             print(f"jenga simulate: manager {name!r} is not available yet ({e}); skipping it", file=sys.stderr)
             continue

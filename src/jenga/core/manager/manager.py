@@ -58,7 +58,8 @@ class KVCacheManager:
     while others run) or ``"ordered"`` (for a scheduler that admits cached prefixes first, see
     :mod:`jenga.core.manager.ordered_admission`).  ``device`` is only used by :attr:`layout`.  What a
     variant changes (model transform, policies, admission, eviction default, caps, a step before
-    allocating) is its ``rules_class`` (:mod:`jenga.core.manager.rules`; the baselines bring theirs).
+    allocating) is its ``rules_class`` (:mod:`jenga.core.manager.rules`; the baselines bring theirs),
+    or a ``rules`` instance handed in (a variant whose rules take settings, e.g. ``uniform``'s).
     """
 
     name = "jenga"
@@ -68,14 +69,14 @@ class KVCacheManager:
                  enable_prefix_caching: bool = True, device: str = "cpu", max_lcm_ratio: float = 8.0,
                  fit_pages: bool = True, window_slack: int | None = None, out_of_window_age: int = OUT_OF_WINDOW_AGE,
                  eviction: str | None = None, host_memory_bytes: int | str | None = None,
-                 host_policy: str = "per-kind", admission: str | None = None):
+                 host_policy: str = "per-kind", admission: str | None = None, rules: ManagerRules | None = None):
         tokens_per_page = checked_int(tokens_per_page, "tokens_per_page")
         memory_bytes = parse_bytes(memory_bytes)  # an int, or "64GiB" like the CLI
         if host_memory_bytes is not None:
             host_memory_bytes = parse_bytes(host_memory_bytes)
         if window_slack is not None:
             window_slack = checked_int(window_slack, "window_slack", minimum=0)
-        self.rules = rules = self.rules_class()
+        self.rules = rules = self.rules_class() if rules is None else rules  # a variant's rules, injected
         eviction = eviction or rules.default_eviction
         check_choices(eviction, host_policy)
         if admission is not None and admission not in ADMISSION_RULES:
