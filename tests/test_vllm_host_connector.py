@@ -229,3 +229,64 @@ def test_connector_hands_each_plan_out_once_and_runs_it_before_the_step(path):
     worker.copies.execute = ran.append
     worker.handle_preemptions(meta)
     assert ran == [meta.plan]
+
+
+# ---------------------------------------------------------------------------------------------- KV events
+@pytest.fixture(scope="module", params=list(LAYERS))
+def published(request, path):
+    """jenga's scheduler with the host tier and vLLM's KV events on (``kv_events_config``, the null
+    publisher): every batch it publishes, as a subscriber decodes it (msgpack, ``KVEventBatch``)."""
+    import msgspec
+    from vllm.config import KVEventsConfig
+    from vllm.distributed.kv_events import KVEventBatch
+
+    ps, other = workloads()["pressure"], workloads(seed=1)["pressure"]
+    cfg = async_config(path, max_model_len=320, scheduler_cls=JENGA, kv_offloading_size=HOST_GIB,
+                       kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"))
+    kv = attach_host_layout(cfg, [rewrite_config(kv_config(cfg, LAYERS[request.param], 20),
+                                                 cfg.model_config.max_model_len)])[0]
+    sched, hash_block = make_scheduler(JengaAsyncScheduler, cfg, kv)
+    batches, enc, dec = [], msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(type=KVEventBatch)
+    sched.kv_event_publisher.publish = lambda batch: batches.append(dec.decode(enc.encode(batch)))
+    run(sched, hash_block, kv, ps + other + ps, arrivals=[0] * len(ps) + [300] * len(other) + [600] * len(ps),
+        runner=HostRunner(kv))
+    return dict(sched=sched, kv=kv, events=[e for b in batches for e in b.events])
+
+
+def test_kv_events_name_group_kind_and_tier_and_replay_both_tiers(published):
+    """A router replaying the events (per tier and group: stored adds a key, removed drops it) ends
+    with exactly what each tier holds; host stores are the demotions, host removals its evictions;
+    every stored event names its group's kind as vLLM's own manager does."""
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored
+    from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
+
+    sched, events = published["sched"], published["events"]
+    mgr = sched.jenga
+    specs = [g.kv_cache_spec for g in published["kv"].kv_cache_groups]
+    held: dict[tuple[str, int], set] = {}
+    counts = {(t, m): 0 for t in (BlockStored, BlockRemoved) for m in ("GPU", "CPU")}
+    for e in events:
+        assert isinstance(e, (BlockStored, BlockRemoved)), e
+        counts[(type(e), e.medium)] += 1
+        keys = held.setdefault((e.medium, e.group_idx), set())
+        (h,) = e.block_hashes
+        if isinstance(e, BlockStored):
+            assert (e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window) == (
+                get_kv_cache_spec_kind(specs[e.group_idx]).value,
+                get_kv_cache_spec_sliding_window(specs[e.group_idx]))
+            if e.medium == "CPU":  # a demotion: the device still holds the key it announced with its tokens
+                assert h in held.get(("GPU", e.group_idx), ()) and e.token_ids == [], e
+            assert h not in keys, f"{e.medium} group {e.group_idx}: stored twice"
+            keys.add(h)
+        else:
+            assert h in keys, f"{e.medium} group {e.group_idx}: removed a key never stored"
+            keys.discard(h)
+    st = mgr.stats()
+    print(f"\nevents { {f'{t.__name__} {m}': n for (t, m), n in counts.items()} }, demotions {st.demotions}")
+    assert min(counts.values()) > 0, counts  # stored and removed on both tiers
+    assert counts[(BlockStored, "CPU")] == st.demotions > 0
+    assert {(e.kv_cache_spec_kind) for e in events if isinstance(e, BlockStored)} == {
+        get_kv_cache_spec_kind(s).value for s in specs}
+    for g in range(len(specs)):  # the keys are vLLM's block hashes (jenga's index is keyed by them)
+        assert held.get(("GPU", g), set()) == set(mgr.index.table[g]), f"device group {g}"
+        assert held.get(("CPU", g), set()) == set(mgr.host.index.table[g]), f"host group {g}"
