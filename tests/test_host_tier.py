@@ -216,7 +216,7 @@ def test_kv_events_name_the_tier_of_each_page():
     first again: each demotion is a host ``BlockStored`` ("CPU", the key only) before the device's
     ``BlockRemoved``, the host's own evictions are "CPU" removals (oldest prefix, deepest first), the
     device's stores carry their tokens and kind; a reset is one ``AllBlocksCleared`` for both tiers."""
-    from jenga.core.prefix.events import AllBlocksCleared, BlockRemoved, BlockStored
+    from jenga.core.prefix.events import AllBlocksCleared, BlockStored
 
     mgr = host_manager(model(group("full", full(), 1), max_len=64), 3, 2)
     mgr.enable_kv_events()
