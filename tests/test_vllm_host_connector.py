@@ -18,7 +18,7 @@ import pytest
 import torch
 from vllm.config import KVTransferConfig
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm_async_driver import FakeRunner, async_config, kv_config, make_scheduler, run
+from vllm_async_driver import FakeRunner, async_config, kv_config, make_scheduler, requests, run
 from vllm_support import JENGA, model_dir, workloads
 
 from jenga.core.tier.copy_plan import CopyPlan
@@ -290,3 +290,49 @@ def test_kv_events_name_group_kind_and_tier_and_replay_both_tiers(published):
     for g in range(len(specs)):  # the keys are vLLM's block hashes (jenga's index is keyed by them)
         assert held.get(("GPU", g), set()) == set(mgr.index.table[g]), f"device group {g}"
         assert held.get(("CPU", g), set()) == set(mgr.host.index.table[g]), f"host group {g}"
+
+
+# ---------------------------------------------------------------------------------------------- salts and LoRA
+def _tenants(kind: str) -> tuple[dict, dict]:
+    from vllm.lora.request import LoRARequest
+
+    if kind == "salt":
+        return dict(cache_salt="tenant-a"), dict(cache_salt="tenant-b")
+    return (dict(lora_request=LoRARequest("a", 1, "/adapters/a")),  # the scheduler reads its name only
+            dict(lora_request=LoRARequest("b", 2, "/adapters/b")))
+
+
+@pytest.mark.parametrize("kind", ["salt", "lora"])
+def test_salts_and_lora_keep_host_pages_apart(path, kind):
+    """One prompt under tenant (or adapter) A, other documents until A's pages left the device for the
+    host, the prompt under B: no hit at all (the host holds A's pages under A's keys); then under A
+    again: a hit, every token of it promoted from the host; greedy tokens equal stock's throughout."""
+    a, b = _tenants(kind)
+    prompt, flush = workloads()["pressure"][:1], workloads(seed=1)["pressure"]
+    phases = [("a", prompt, a), ("flush", flush, {}), ("b", prompt, b), ("a again", prompt, a)]
+    got = {}
+    for engine_name, cls, kw in (("stock", AsyncScheduler, {}),
+                                 ("jenga", JengaAsyncScheduler, dict(scheduler_cls=JENGA, kv_offloading_size=HOST_GIB))):
+        cfg = async_config(path, max_model_len=320, **kw)
+        kv = kv_config(cfg, LAYERS["sliding"], 20)
+        if cls is JengaAsyncScheduler:
+            kv = attach_host_layout(cfg, [rewrite_config(kv, cfg.model_config.max_model_len)])[0]
+        sched, hash_block = make_scheduler(cls, cfg, kv)
+        runner = HostRunner(kv) if cls is JengaAsyncScheduler else FakeRunner(kv)
+        for name, ps, extra in phases:
+            mgr = getattr(sched, "jenga", None)
+            before = mgr.stats() if mgr else None
+            tokens, *_ = run(sched, hash_block, kv, ps, runner=runner, name=f"{name}-", extra=extra)
+            after = mgr.stats() if mgr else None
+            got[(engine_name, name)] = tokens, before, after
+            if mgr and name == "flush":  # A's pages are on the host only now
+                keys = set(requests(sched, hash_block, prompt, extra=a)[0].block_hashes)
+                assert not keys & {k for t in mgr.index.table for k in t}
+                assert keys & {k for t in mgr.host.index.table for k in t}
+    for name, *_ in phases:
+        assert got[("jenga", name)][0] == got[("stock", name)][0], name
+    hits = {name: (after.prefix_hit_tokens - before.prefix_hit_tokens, after.host_hit_tokens - before.host_hit_tokens)
+            for (engine_name, name), (_, before, after) in got.items() if engine_name == "jenga"}
+    print(f"\n{kind}: (prefix hit, host hit) tokens per phase {hits}")
+    assert hits["b"] == (0, 0)
+    assert hits["a again"][0] == hits["a again"][1] > 0
