@@ -145,7 +145,8 @@ class Counters:
 
 def run(llm, rounds) -> dict:
     """Feed the rounds (a round starts once the previous one is done); count per round.  With
-    jenga's host tier also ``host_hit``: the hit tokens its promotions served over prompt tokens."""
+    jenga's host tier also ``host_hit``: the hit tokens its promotions served over prompt tokens;
+    ``tokens``: each request's greedy tokens by request id."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -153,7 +154,7 @@ def run(llm, rounds) -> dict:
     c = Counters(eng.engine_core.engine_core.scheduler)
     sp = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     cached = prompt = gen = n_req = 0
-    per_round = []
+    per_round, tokens = [], {}
     gen_rounds = rounds if hasattr(rounds, "send") else _static(rounds)
     outs = None
     t0 = time.perf_counter()
@@ -173,6 +174,7 @@ def run(llm, rounds) -> dict:
                     prompt += len(out.prompt_token_ids)
                     gen += len(out.outputs[0].token_ids)
                     got[int(out.request_id.split("-")[1])] = list(out.outputs[0].token_ids)
+                    tokens[out.request_id] = got[int(out.request_id.split("-")[1])]
         n_req += len(prompts)
         per_round.append(f"{hits}/{len(prompts)}")
         outs = [got[i] for i in range(len(prompts))]
@@ -182,7 +184,7 @@ def run(llm, rounds) -> dict:
     host = mgr.stats().host_hit_tokens if mgr is not None and mgr.host is not None else None
     return dict(hit=cached / prompt, computed=computed, prompt=prompt, preempt=c.preempt, peak=c.peak,
                 tps=gen / dt, sched_us=1e6 * c.sched_s / max(1, c.steps), rounds=" ".join(per_round),
-                host_hit=None if host is None else host / prompt)
+                host_hit=None if host is None else host / prompt, tokens=tokens)
 
 
 #: stock vLLM's settings tried on every row (its best one is reported, named): retention of
