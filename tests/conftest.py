@@ -85,7 +85,7 @@ def make_manager(spec: ModelSpec, num_large: int, *, tokens_per_page: int = 1, c
     """A manager with exactly ``num_large`` large pages (the budget keeps one slack page);
     no window slack, no extra age for out-of-window pages and LRU eviction by default, so
     pages follow the paper's text exactly."""
-    budget = (num_large + 1) * with_base_page(spec, tokens_per_page).lcm_page_bytes
+    budget = (num_large + 1) * with_base_page(spec, tokens_per_page).large_page_bytes
     mgr = KVCacheManager(spec, budget, tokens_per_page=tokens_per_page, enable_prefix_caching=caching,
                          fit_pages=False, window_slack=window_slack, out_of_window_age=out_of_window_age,
                          eviction=eviction)

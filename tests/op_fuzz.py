@@ -21,7 +21,9 @@ operation count and the violations; ``tests/test_op_fuzz.py`` runs a seeded slic
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
+import json
 import random
 import sys
 import time
@@ -35,11 +37,15 @@ from conftest import chunked, cross, full, group, mamba, model, sliding, vision 
 
 from jenga.baselines import make_manager  # noqa: E402
 from jenga.capacity import max_context_tokens  # noqa: E402
+from jenga.core.manager.multi_model import MultiModelManager  # noqa: E402
+from jenga.core.specs import ModelSpec  # noqa: E402
 
 TPP = 2
 MAX_LEN = 48
 BASES = [list(range(1, 25)), list(range(1, 9)) + list(range(40, 56)), list(range(60, 84))]
-MANAGERS = ("jenga", "paged", "static", "uniform")
+MANAGERS = ("jenga", "paged", "static", "uniform", "multi")
+#: the multi-model pool serves two models: the configuration's layer mix and this one
+MULTI_OTHER = {"full+swa": "full+mamba"}
 
 
 @functools.lru_cache(maxsize=1)
@@ -58,14 +64,37 @@ def specs() -> dict:
 LARGE_PAGE: dict = {}
 
 
+def named(spec, name: str):
+    """``spec`` as model ``name`` (its cache specs naming the model too), for the multi-model pool."""
+    groups = tuple(dataclasses.replace(g, spec=dataclasses.replace(g.spec, model=name)) for g in spec.groups)
+    return ModelSpec(name, groups, spec.max_model_len, spec.num_layers)
+
+
+def multi_models(spec_name: str) -> tuple:
+    """The two models of the multi-model pool of configuration ``spec_name``."""
+    other = MULTI_OTHER.get(spec_name, "full+swa")
+    return named(specs()[spec_name], "a"), named(specs()[other], "b")
+
+
+def make(name: str, spec_name: str, memory: int, **kw):
+    """A manager of kind ``name`` (``MANAGERS``) for the layer mix ``spec_name``."""
+    if name == "multi":
+        kw.pop("eviction", None)
+        return MultiModelManager(multi_models(spec_name), memory, **kw)
+    return make_manager(name, specs()[spec_name], memory, **kw)
+
+
 @functools.lru_cache(maxsize=None)
 def min_large(name: str, spec_name: str, caching: bool) -> int:
-    """The fewest large pages whose pool holds one ``MAX_LEN``-token request alone."""
-    spec = specs()[spec_name]
+    """The fewest large pages whose pool holds one ``MAX_LEN``-token request alone (for the
+    multi-model pool: both models' floors)."""
     kw = dict(tokens_per_page=TPP, enable_prefix_caching=caching, fit_pages=False, window_slack=0)
-    lp = LARGE_PAGE.setdefault((name, spec_name), make_manager(name, spec, 1 << 24, **kw).large_page_bytes)
+    big = make(name, spec_name, 1 << 24, **kw)
+    lp = LARGE_PAGE.setdefault((name, spec_name), big.large_page_bytes)
+    if name == "multi":
+        return sum(big.floor_pages)
     for n in range(1, 400):
-        cap = max_context_tokens(make_manager(name, spec, (n + 1) * lp, **kw))
+        cap = max_context_tokens(make(name, spec_name, (n + 1) * lp, **kw))
         if cap is None or cap >= MAX_LEN:
             return n
     raise AssertionError(f"{name}: no pool holds a {MAX_LEN}-token request")
@@ -77,11 +106,11 @@ def build(name: str, spec_name: str, rng: random.Random, host: bool):
     kw = dict(tokens_per_page=TPP, enable_prefix_caching=caching, fit_pages=False, window_slack=0,
               eviction=rng.choice(["lru", "reuse"]) if name == "jenga" else None)
     n = min_large(name, spec_name, caching)
-    lp, spec = LARGE_PAGE[(name, spec_name)], specs()[spec_name]
+    lp = LARGE_PAGE[(name, spec_name)]
     n += rng.randrange(0, 5)
     if host:
         kw["host_memory_bytes"] = rng.randrange(1, 6) * lp
-    return make_manager(name, spec, (n + 1) * lp, **kw)
+    return make(name, spec_name, (n + 1) * lp, **kw)
 
 
 class Fuzz:
@@ -89,7 +118,7 @@ class Fuzz:
 
     def __init__(self, name: str, spec_name: str, seed: int, *, host: bool, k: int, keep_drafts: bool = True):
         self.keep_drafts = keep_drafts
-        self.state = spec_name in STATE_SPECS
+        self.state = spec_name in STATE_SPECS or (name == "multi" and MULTI_OTHER.get(spec_name) in STATE_SPECS)
         self.rng = rng = random.Random(seed)
         self.mgr = build(name, spec_name, rng, host)
         self.host, self.k = host, k
@@ -97,6 +126,8 @@ class Fuzz:
         self.next_id = 0
         self.seen: Counter = Counter()
         self.done = 0  # operations run
+        self.models = self.mgr.model_names if name == "multi" else None
+        self._host_seen: dict[str, int] = {}
 
     # ------------------------------------------------------------------ operations
     def add(self):
@@ -106,7 +137,10 @@ class Fuzz:
         rid = self.next_id
         self.next_id += 1
         salt = rng.choice([None, None, None, "tenant"])
-        mgr.add_request(rid, prompt, cache_salt=salt)
+        if self.models:
+            mgr.add_request(rid, prompt, cache_salt=salt, model=rng.choice(self.models))
+        else:
+            mgr.add_request(rid, prompt, cache_salt=salt)
         self.live[rid] = {"tokens": len(prompt), "computed": 0, "allocated": False}
         if rng.random() < 0.8:
             self.lookup(rid)
@@ -116,7 +150,10 @@ class Fuzz:
         cap = self.rng.choice([None, None, self.rng.randrange(0, MAX_LEN)])
         peek = mgr.cached_tokens(rid, max_tokens=cap)
         hit = mgr.lookup(rid, max_tokens=cap)
-        if mgr.host is None:
+        if self.models:  # the floors may shorten a hit (MultiModelManager._hit_within_floors)
+            assert hit <= peek, f"cached_tokens {peek} but lookup {hit} with several models"
+            self.seen["hit shortened by floors"] += hit < peek
+        elif mgr.host is None:
             assert hit == peek, f"cached_tokens {peek} but lookup {hit}"
         else:
             assert hit >= peek, f"cached_tokens {peek} but lookup {hit} with a host tier"
@@ -173,7 +210,16 @@ class Fuzz:
                 assert self._counts() == before, "an allocate returning None changed the pool"
                 self.seen["kept drafts refused (state)"] += 1
         if self.host:
-            self.seen["copies"] += not mgr.take_copy_plan().empty
+            self.copies(mgr.take_copy_plan())
+
+    def copies(self, plan):
+        """Count the host tier's work: plans with copies, pages demoted / promoted, host pages evicted."""
+        self.seen["copies"] += not plan.empty
+        host = self.mgr.host
+        for what, now in (("demoted", host.demotions), ("promoted", host.promotions),
+                          ("host evicted", host.evictor.num_evicted_pages)):
+            self.seen[f"host {what}"] += now - self._host_seen.get(what, 0)
+            self._host_seen[what] = now
 
     def free(self, rid):
         self.mgr.free(rid)
@@ -208,12 +254,13 @@ class Fuzz:
                 for rid in list(self.live):
                     self.free(rid)
             if self.host and rng.random() < 0.3:
-                mgr.take_copy_plan()
+                self.copies(mgr.take_copy_plan())
             mgr.check_integrity()
             self.done += 1
         for rid in list(self.live):
             self.free(rid)
-        mgr.take_copy_plan()
+        if self.host:
+            self.copies(mgr.take_copy_plan())
         mgr.check_integrity()
         assert mgr.used_bytes == 0, f"{mgr.used_bytes} bytes held after every request was freed"
         self.seen["ops"] += ops
@@ -221,8 +268,9 @@ class Fuzz:
 
 
 def configurations():
-    """(manager, spec name, host tier, lookahead k): every manager on every spec, the host tier
-    (jenga's), speculative lookahead (k = 3)."""
+    """(manager, spec name, host tier, lookahead k): every manager on every spec (the multi-model
+    pool: that spec and a second model, ``MULTI_OTHER``), the host tier (jenga's; the multi-model
+    pool refuses one), speculative lookahead (k = 3)."""
     out = []
     for spec in specs():
         for name in MANAGERS:
@@ -254,10 +302,13 @@ def fuzz(total_ops: int, seed: int = 0, runs_of: int = 2000, deadline: float | N
         f = Fuzz(name, spec, run_seed, host=host, k=k, keep_drafts=state_drafts or spec not in STATE_SPECS)
         try:
             f.run(n)
-        except AssertionError as e:
-            violations.append(f"{name} {spec} host={host} k={k} seed={run_seed}: {e}\n{traceback.format_exc(limit=3)}")
+        except Exception as e:  # noqa: BLE001 (an exception out of the manager is a violation too)
+            violations.append(f"{name} {spec} host={host} k={k} seed={run_seed}: {type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
         seen.update(f.seen)
         seen[f"runs:{name}"] += 1
+        seen[f"ops:{name}"] += f.done
+        seen["ops:host tier"] += f.done if host else 0
+        seen["ops:lookahead"] += f.done if k else 0
         done += f.done
         i += 1
         if report is not None and i % 50 == 0:
@@ -271,6 +322,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--hours", type=float, default=None, help="stop after this long")
     ap.add_argument("--no-state-drafts", action="store_true", help="no kept drafts on state layer mixes")
+    ap.add_argument("--json", action="store_true", help="print one JSON object: ops, violations, what happened")
     args = ap.parse_args(argv)
     t0 = time.time()
     deadline = None if args.hours is None else t0 + args.hours * 3600
@@ -278,8 +330,11 @@ def main(argv=None) -> int:
     def report(done, violations, seen):
         print(f"{time.time() - t0:8.0f}s {done:>11,} ops, {len(violations)} violations; {dict(seen)}", flush=True)
 
-    done, violations, seen = fuzz(int(args.ops), args.seed, deadline=deadline, report=report,
+    done, violations, seen = fuzz(int(args.ops), args.seed, deadline=deadline, report=None if args.json else report,
                                   state_drafts=not args.no_state_drafts)
+    if args.json:
+        print(json.dumps({"ops": done, "violations": violations, "seen": dict(seen)}))
+        return 1 if violations else 0
     report(done, violations, seen)
     for v in violations[:20]:
         print(v)

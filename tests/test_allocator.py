@@ -25,9 +25,9 @@ def test_paper_toy_sizes():
     self_g, cross_g = spec.groups
     assert self_g.layer_page_bytes == cross_g.layer_page_bytes == TOY_TOKEN_BYTES
     assert (self_g.page_bytes, cross_g.page_bytes) == (384, 256)
-    assert spec.lcm_page_bytes == 768
+    assert spec.large_page_bytes == 768
     mgr = make_manager(spec, 4)
-    assert mgr.alloc.k == [2, 3]
+    assert mgr.alloc.small_per_large == [2, 3]
     assert mgr.large_page_bytes == 768
     assert mgr.stats().total_bytes == 4 * 768
 
@@ -40,7 +40,7 @@ def test_budget_keeps_one_slack_large_page():
 # ----------------------------------------------------- the bare allocator
 def test_allocator_placement_and_pool_return():
     a = LargePageAllocator([384, 256], 3)
-    assert a.large_page_bytes == 768 and a.k == [2, 3]
+    assert a.large_page_bytes == 768 and a.small_per_large == [2, 3]
     # group 1 (k=3) for tag "x": slots of large 0 in order, then a new large page
     assert [a.allocate(1, "x", True) for _ in range(4)] == [0, 1, 2, 3]
     assert a.group_of == [1, 1, -1] and a.num_free_large == 1

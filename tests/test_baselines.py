@@ -2,6 +2,8 @@
 
 import random
 
+import pytest
+
 from jenga.baselines import make_manager
 from jenga.baselines.paged import paged_model
 from jenga.baselines.uniform import uniform_model
@@ -74,3 +76,48 @@ def test_every_baseline_runs_every_family_with_integrity():
                 mgr.free(r)
             mgr.check_integrity()
             assert mgr.stats().used_bytes == 0
+
+
+def test_uniform_hybrid_block_is_vllms_formula():
+    """vLLM's ``_align_hybrid_block_size``: the smallest multiple of max(kernel block, block) whose
+    one-layer attention page holds a state (Jamba-1.5-Mini: 80 tokens on FlashAttention's 16)."""
+    from jenga.baselines.uniform import hybrid_block
+    jamba = ModelSpec.from_hf_config("jamba-1.5-mini", vision=False)
+    assert hybrid_block(jamba, 16) == 80
+    assert hybrid_block(jamba, 16, kernel_block=32) == 96
+    assert hybrid_block(ModelSpec.from_hf_config("llama-3.1-8b"), 16) == 16
+    assert uniform_model(jamba, 16).groups[0].tokens_per_page == 80
+
+
+def test_uniform_junction_checkpoints():
+    """0.34's rules keep the sliding window before a shared-prefix junction (the third request
+    with the prefix hits it); 0.32's keep only the window before each prompt's end; dense keeps all."""
+    import numpy as np
+
+    from jenga.baselines import make_manager
+    from jenga.baselines.uniform_settings import UniformSettings
+    gemma = ModelSpec.from_hf_config("gemma-3-12b", vision=False)
+    rng = np.random.default_rng(0)
+    prefix = rng.integers(1, 30000, 1500).tolist()
+    prompts = [prefix + rng.integers(1, 30000, 300).tolist() for _ in range(3)]
+    for name, settings, want in (("uniform", None, [0, 0, 1488]), ("uniform-0.32", None, [0, 0, 0]),
+                                 ("uniform", UniformSettings(retention=None), [0, 1488, 1488])):
+        mgr = make_manager(name, gemma, 3 << 30, settings=settings)
+        hits = []
+        for i, p in enumerate(prompts):
+            mgr.add_request(i, p)
+            hits.append(mgr.lookup(i))
+            assert mgr.allocate(i, len(p) - hits[-1]) is not None
+            mgr.append_tokens(i, [5])
+            mgr.free(i)
+        assert hits == want, (name, settings)
+
+
+def test_uniform_settings_refused():
+    from jenga.baselines import make_manager
+    from jenga.baselines.uniform_settings import UniformSettings
+    from jenga.errors import InvalidArgumentError
+    with pytest.raises(InvalidArgumentError, match="retention"):
+        UniformSettings(retention=-1)
+    with pytest.raises(InvalidArgumentError, match="UniformSettings"):
+        make_manager("uniform", ModelSpec.from_hf_config("llama-3.1-8b"), 1 << 30, settings={"retention": 0})

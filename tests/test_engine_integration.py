@@ -31,7 +31,7 @@ class Served:
     def __init__(self, model):
         spec = model_spec(model)
         self.model = model
-        self.mgr = KVCacheManager(spec, memory_bytes=64 * spec.lcm_page_bytes, tokens_per_page=16, fit_pages=False)
+        self.mgr = KVCacheManager(spec, memory_bytes=64 * spec.large_page_bytes, tokens_per_page=16, fit_pages=False)
         self.groups = self.mgr.model.groups
         self.views = [None] * len(model.model.layers)
         for gi, g in enumerate(self.groups):

@@ -30,7 +30,7 @@ def paper_example():
     """
     spec = model(group("full", full(), 1), group("swa", sliding(2), 1, first_layer=1))
     mgr = make_manager(spec, 16)
-    assert mgr.alloc.k == [1, 1]
+    assert mgr.alloc.small_per_large == [1, 1]
     mgr.add_request(1, [A, B, C, D])
     assert mgr.lookup(1) == 0
     run(mgr, 1, 4, [E])  # step 1 (time 1): prefill, sample E

@@ -73,7 +73,7 @@ def touch_then_add(self, group, ids, negs, last_access):
 @pytest.mark.parametrize("sliding_layers", [1, 2])
 def test_retime_in_place_equals_hold_and_drop(monkeypatch, eviction, sliding_layers):
     fresh = make_manager(swa_model(sliding_layers), 200, window_slack=4, out_of_window_age=1000, eviction=eviction)
-    assert fresh.alloc.k == [1, 2 // sliding_layers]
+    assert fresh.alloc.small_per_large == [1, 2 // sliding_layers]
     twin = copy.deepcopy(fresh)
     calls = []
     orig = PrefixEvictor.retime_run
@@ -249,10 +249,10 @@ def test_reuse_short_add_run_equals_the_general_path(monkeypatch, sliding_layers
     def counting(self, group, ids, negs, t):
         before = sum(self._num_prot)
         orig(self, group, ids, negs, t)
-        protected.append((self.alloc.k[group], type(ids) is list and sum(self._num_prot) > before))
+        protected.append((self.alloc.small_per_large[group], type(ids) is list and sum(self._num_prot) > before))
 
     monkeypatch.setattr(ReuseEvictor, "add_run", counting)
     want = trace(fresh)
-    assert {k for k, p in protected if p} == set(fresh.alloc.k)  # class-3 pages on every group's path
+    assert {k for k, p in protected if p} == set(fresh.alloc.small_per_large)  # class-3 pages on every group's path
     monkeypatch.setattr(ReuseEvictor, "add_run", PrefixEvictor.add_run)
     assert trace(twin) == want

@@ -36,7 +36,7 @@ def four_kinds():
 
 def pages_in(spec, gi: int, large: int, rng) -> np.ndarray:
     """Three distinct small pages of group ``gi`` inside large page ``large``."""
-    k = spec.lcm_page_bytes // spec.groups[gi].page_bytes
+    k = spec.large_page_bytes // spec.groups[gi].page_bytes
     return large * k + rng.choice(k, size=min(3, k), replace=False)
 
 

@@ -28,7 +28,7 @@ from jenga.errors import InsufficientMemoryError, InvalidArgumentError, JengaErr
 
 
 def host_manager(spec, num_large: int, num_host_large: int, *, tpp: int = TPP, **kw) -> KVCacheManager:
-    lp = with_base_page(spec, tpp).lcm_page_bytes
+    lp = with_base_page(spec, tpp).large_page_bytes
     kw.setdefault("eviction", "lru")
     mgr = KVCacheManager(spec, (num_large + 1) * lp, tokens_per_page=tpp, fit_pages=False, window_slack=0,
                          host_memory_bytes=num_host_large * lp, **kw)
@@ -48,7 +48,7 @@ class HostMachine(ManagerMachine):
         self.spec = SPECS[self.spec_name]
         num_large = min_large(self.spec_name) + extra
         self.num_large, self.caching = num_large, caching
-        lp = with_base_page(self.spec, TPP).lcm_page_bytes
+        lp = with_base_page(self.spec, TPP).large_page_bytes
         self.mgr = KVCacheManager(self.spec, (num_large + 1) * lp, tokens_per_page=TPP, enable_prefix_caching=caching,
                                   fit_pages=False, window_slack=0, eviction=self.eviction,
                                   out_of_window_age=OUT_OF_WINDOW_AGE if aged else 0,

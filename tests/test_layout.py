@@ -48,7 +48,7 @@ def dense(q, k, v, pos, scale, window=None, chunk=None):
 
 def test_views_write_read_dense_equal_and_disjoint():
     torch.manual_seed(0)
-    mgr = KVCacheManager(MODEL, 64 * MODEL.lcm_page_bytes, tokens_per_page=B, fit_pages=False)
+    mgr = KVCacheManager(MODEL, 64 * MODEL.large_page_bytes, tokens_per_page=B, fit_pages=False)
     lay = mgr.layout
     lay.buffer.copy_(torch.randint(0, 255, lay.buffer.shape, dtype=torch.uint8))  # garbage everywhere
     lengths = {"a": 23, "b": 17, "c": 30}
@@ -118,7 +118,7 @@ def test_views_write_read_dense_equal_and_disjoint():
 
 
 def test_state_views_address_the_state_page():
-    mgr = KVCacheManager(MODEL, 64 * MODEL.lcm_page_bytes, tokens_per_page=B, fit_pages=False)
+    mgr = KVCacheManager(MODEL, 64 * MODEL.large_page_bytes, tokens_per_page=B, fit_pages=False)
     lay = mgr.layout
     mgr.add_request("a", list(range(10)))
     t = mgr.allocate("a", 10)

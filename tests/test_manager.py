@@ -47,7 +47,7 @@ def test_full_attention_pages_grow_and_stay():
     assert isinstance(t.groups[0], TokenTable) and t.groups[0].tokens_per_page == 2
     assert (t.num_computed, t.num_new, t.num_lookahead) == (0, 5, 0)
     # 2 tokens per page: a pages are 512 B (k = 3), b pages 768 B (k = 2)
-    assert mgr.alloc.k == [3, 2]
+    assert mgr.alloc.small_per_large == [3, 2]
     assert t.groups[0].page_ids == [0, 1, 2] and t.groups[1].page_ids == [2, 3, 4]
     mgr.append_tokens("r", [5])
     assert (t.num_computed, t.num_new) == (5, 0)
@@ -593,7 +593,7 @@ def test_window_slack_keeps_a_second_question_hitting():
         mgr.free("q1")
         # memory pressure takes exactly the pages that left the window early (aged, first out)
         aged = [p for p, (t, _) in mgr.evictor.keys[1].items() if t < 0]
-        assert mgr.alloc.k[1] == 1  # one sliding page per large page
+        assert mgr.alloc.small_per_large[1] == 1  # one sliding page per large page
         for _ in aged:
             assert mgr.evictor.evict_large() in aged
         mgr.check_integrity()

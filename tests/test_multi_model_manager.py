@@ -30,12 +30,12 @@ H = named(model(group("full", full(), 1), group("state", mamba(16, state_elems=6
                 max_len=64), "h")
 
 
-LCM = with_base_page(composite_spec((A, B)), 4).lcm_page_bytes
+LCM = with_base_page(composite_spec((A, B)), 4).large_page_bytes
 SMALL_FLOORS = {"a": 1, "b": 2 * LCM}  # one large page for a, two for b (one per group)
 
 
 def pool(models=(A, B), num_large: int = 12, **kw) -> MultiModelManager:
-    lcm = with_base_page(composite_spec(models), 4).lcm_page_bytes
+    lcm = with_base_page(composite_spec(models), 4).large_page_bytes
     mgr = MultiModelManager(models, (num_large + 1) * lcm, tokens_per_page=4, fit_pages=False, **kw)
     assert mgr.pool.num_large_pages == num_large
     return mgr
@@ -97,6 +97,41 @@ def test_memory_follows_the_load_without_floors_in_the_way():
         n += 1
     assert mgr.admission.held_large()[0] == 10  # all but b's two-page floor
     mgr.check_integrity()
+
+
+def _flood(mgr, model_name: str, tag: int = 0) -> int:
+    """Admit 12-token requests of ``model_name`` until one is refused; how many were admitted."""
+    n = 0
+    while True:
+        rid = (model_name, tag, n)
+        mgr.add_request(rid, [3 + (n + i + 50 * tag) % 400 for i in range(12)], model=model_name)
+        if mgr.allocate(rid, 12 - mgr.lookup(rid)) is None:
+            mgr.free(rid)
+            return n
+        n += 1
+
+
+def test_under_contention_an_admission_stays_within_the_even_share():
+    """While b has requests waiting, a's admissions stop at half the pool (what a static even
+    split would give it); once b's queue is empty, a takes the rest; a's running requests still
+    grow past the share."""
+    mgr = pool(num_large=12, floors=SMALL_FLOORS)
+    mgr.note_waiting("b", 3)
+    _flood(mgr, "a")
+    assert mgr.admission.held_large()[0] == 6  # 12 // 2
+    for rid in [r for r in mgr.requests if r[0] == "a"][:2]:  # a running request grows past it
+        for _ in range(8):
+            mgr.append_tokens(rid, [5])
+            assert mgr.allocate(rid, 1) is not None
+    assert mgr.admission.held_large()[0] > 6
+    mgr.note_waiting("b", 0)
+    _flood(mgr, "a", tag=1)
+    assert mgr.admission.held_large()[0] == 10  # all but b's two-page floor
+    mgr.check_integrity()
+    with pytest.raises(InvalidArgumentError, match="unknown model 'c'"):
+        mgr.note_waiting("c", 1)
+    with pytest.raises(InvalidArgumentError):
+        mgr.note_waiting("a", -1)
 
 
 def test_floor_holds_under_a_flood_at_one_model():
@@ -212,3 +247,21 @@ def test_admission_looks_ahead_at_the_prompts_in_flight():
     mgr.free("a")
     assert mgr.allocate("b", 4) is not None  # alone now: admitted
     mgr.check_integrity()
+
+
+def test_a_waiting_hit_never_breaks_another_models_floor():
+    """A lookup holds its hit until the request's first allocate; hits on one model's cached pages
+    (fully evictable large pages) must not lift that model past what the other models' floors leave
+    (found by the operation fuzz: held [12, 0] large pages with floors [2, 6] in 12)."""
+    mgr = pool(num_large=12, floors={"a": 2 * LCM, "b": 6 * LCM})
+    for i in range(4):  # model a's prompts, served and freed: their pages stay cached
+        serve(mgr, f"c{i}", "a", [100 * i + t for t in range(40)], n_out=1)
+    hits = []
+    for i in range(4):  # their repeats wait with their hits held
+        mgr.add_request(f"w{i}", [100 * i + t for t in range(40)] + [7], model="a")
+        hits.append(mgr.lookup(f"w{i}"))
+        mgr.check_integrity()
+    assert sum(hits) > 0
+    held = mgr.admission.held_large()
+    assert held[0] + mgr.floor_pages[1] <= mgr.pool.num_large_pages, held
+    serve(mgr, "b0", "b", list(range(500, 524)), n_out=1)  # model b still runs

@@ -16,7 +16,7 @@ def protected_setup(rule: str) -> KVCacheManager:
     """``test_reuse_evictor.protected_setup`` with ``admission=rule``: 8 pages; prefix [1, 2]
     served twice (pages 0, 1 protected; pages 2, 3 one-off), request r running on pages 4..7."""
     spec = model(group("full", full(), 1))
-    mgr = KVCacheManager(spec, 9 * with_base_page(spec, 1).lcm_page_bytes, tokens_per_page=1, fit_pages=False,
+    mgr = KVCacheManager(spec, 9 * with_base_page(spec, 1).large_page_bytes, tokens_per_page=1, fit_pages=False,
                          window_slack=0, out_of_window_age=0, eviction="reuse", admission=rule)
     serve(mgr, "x", [1, 2, 3], [0])
     serve(mgr, "x2", [1, 2, 4], [0])

@@ -25,7 +25,7 @@ def test_nemotron_pad_collapses_large_page_to_one_mamba_page():
     assert p.raw_ratio == 8.0
     mamba, full = p.model.group("mamba"), p.model.group("full")
     assert mamba.pad_bytes == 98_304 and mamba.layer_page_bytes == 2_158_592 + 4096
-    assert mamba.page_bytes == 198 * 2**18 == p.lcm_page_bytes == 51_904_512  # 49.5 MiB
+    assert mamba.page_bytes == 198 * 2**18 == p.large_page_bytes == 51_904_512  # 49.5 MiB
     assert full.pad_bytes == 0 and full.page_bytes == 256 * KiB and full.tokens_per_page == 16
     assert p.ratio == 1.0
     assert p.pages_per_large_page == {"mamba": 1, "full": 198}
@@ -36,45 +36,45 @@ def test_nemotron_pad_collapses_large_page_to_one_mamba_page():
 
 def test_nemotron_without_padding_keeps_raw_or_fails():
     raw = plan("nemotron-h-8b", max_pad_frac=0)
-    assert (raw.lcm_page_bytes, raw.ratio, raw.pad_frac) == (414_449_664, 8.0, 0.0)
+    assert (raw.large_page_bytes, raw.ratio, raw.pad_frac) == (414_449_664, 8.0, 0.0)
     with pytest.raises(PageSizeError, match="max_ratio=4x"):
         plan("nemotron-h-8b", max_pad_frac=0, max_ratio=4)
 
 
 def test_jamba_fits_raw():
     p = plan("jamba-1.5-mini")
-    assert (p.lcm_page_bytes, p.ratio, p.pad_bytes_per_large_page) == (133 * 2**18, 4.0, 0)
+    assert (p.large_page_bytes, p.ratio, p.pad_bytes_per_large_page) == (133 * 2**18, 4.0, 0)
     assert p.pages_per_large_page == {"mamba": 4, "full": 133}
     split = fit_page_sizes(model_spec_from_hf_config("jamba-1.5-mini", split_mamba_state=True))
-    assert split.lcm_page_bytes == 21 * MiB and split.ratio == 3.0  # the paper's 84 / 16 / 3
+    assert split.large_page_bytes == 21 * MiB and split.ratio == 3.0  # the paper's 84 / 16 / 3
     assert split.pages_per_large_page == {"mamba.conv": 16, "mamba.ssm": 3, "full": 84}
 
 
 def test_qwen3_next():
     p = plan("qwen3-next-80b")
-    assert (p.lcm_page_bytes, p.ratio, p.pad_frac) == (603 * 2**17, 2.0, 0.0)  # 75.375 MiB
+    assert (p.large_page_bytes, p.ratio, p.pad_frac) == (603 * 2**17, 2.0, 0.0)  # 75.375 MiB
     fp32 = fit_page_sizes(model_spec_from_hf_config("qwen3-next-80b", mamba_ssm_dtype="fp32"))
     assert fp32.raw_lcm_page_bytes == 1179 * 2**17  # 147.4 MiB
     assert fp32.model.group("mamba").pad_bytes == 36 * 16_384
-    assert fp32.lcm_page_bytes == 198 * 393_216 and fp32.ratio == 1.0  # 74.25 MiB, pad 0.76%
+    assert fp32.large_page_bytes == 198 * 393_216 and fp32.ratio == 1.0  # 74.25 MiB, pad 0.76%
     assert fp32.pad_frac == pytest.approx(589_824 / (198 * 393_216))
 
 
 def test_falcon_h1_needs_the_pad():
     p = plan("falcon-h1-7b")
     assert p.raw_ratio == 16.0 and p.raw_lcm_page_bytes == 17127 * 2**16
-    assert p.lcm_page_bytes == 98 * 720_896 == p.model.group("mamba").page_bytes
+    assert p.large_page_bytes == 98 * 720_896 == p.model.group("mamba").page_bytes
     assert p.model.group("mamba").pad_bytes == 495_616 and p.ratio == 1.0
 
 
 def test_attention_only_models_unchanged():
     mini = plan("ministral-8b")
-    assert (mini.lcm_page_bytes, mini.ratio, mini.pad_frac) == (1728 * KiB, 1.0, 0.0)
+    assert (mini.large_page_bytes, mini.ratio, mini.pad_frac) == (1728 * KiB, 1.0, 0.0)
     assert mini.model == model_spec_from_hf_config("ministral-8b")
     mll = plan("llama-3.2-11b-vision")
-    assert (mll.lcm_page_bytes, mll.pages_per_large_page) == (2 * MiB, {"full": 1, "cross": 4})
+    assert (mll.large_page_bytes, mll.pages_per_large_page) == (2 * MiB, {"full": 1, "cross": 4})
     g3 = fit_page_sizes(model_spec_from_hf_config("gemma-3-27b", vision=False))
-    assert (g3.lcm_page_bytes, g3.ratio) == (65 * 2**19, 5.0)
+    assert (g3.large_page_bytes, g3.ratio) == (65 * 2**19, 5.0)
 
 
 def test_gemma3_27b_vision_page_breaks_the_bound():
@@ -85,7 +85,7 @@ def test_gemma3_27b_vision_page_breaks_the_bound():
     assert "'vision'" in msg and "max_pad_frac=0.25 would fit" in msg
     assert isinstance(e.value, ValueError)
     wide = plan("gemma-3-27b", max_pad_frac=0.25)
-    assert wide.lcm_page_bytes == 65 * 2**19 and wide.model.group("vision").page_bytes == 13 * 2**14
+    assert wide.large_page_bytes == 65 * 2**19 and wide.model.group("vision").page_bytes == 13 * 2**14
 
 
 def test_every_catalog_model_fits_or_explains():
@@ -95,7 +95,7 @@ def test_every_catalog_model_fits_or_explains():
         except PageSizeError:
             assert name == "gemma-3-27b"
             continue
-        assert p.ratio <= 8.0 and p.lcm_page_bytes <= p.raw_lcm_page_bytes
+        assert p.ratio <= 8.0 and p.large_page_bytes <= p.raw_lcm_page_bytes
 
 
 def test_scaling_tokens_per_page_when_padding_cannot_help():
@@ -105,10 +105,10 @@ def test_scaling_tokens_per_page_when_padding_cannot_help():
     m = ModelSpec("t", (full, state))
     assert fit_page_sizes(m, max_pad_frac=0).model == m  # fits as is: no scaling
     padded = fit_page_sizes(m)  # a 0.78% pad halves the large page instead
-    assert padded.model.group("mamba").pad_bytes == 32_768 and padded.lcm_page_bytes == 43 * 196_608
+    assert padded.model.group("mamba").pad_bytes == 32_768 and padded.large_page_bytes == 43 * 196_608
     p = fit_page_sizes(m, max_ratio=2, max_pad_frac=0)
     assert p.model.group("full").tokens_per_page == 512  # least scaling meeting the bound
-    assert p.lcm_page_bytes == 3 * 2**22 and p.ratio == 2.0
+    assert p.large_page_bytes == 3 * 2**22 and p.ratio == 2.0
     p1 = fit_page_sizes(m, max_ratio=1, max_pad_frac=0)
     assert p1.model.group("full").tokens_per_page == 1024 and p1.ratio == 1.0
     with pytest.raises(PageSizeError):
@@ -148,8 +148,8 @@ def test_plan_invariants(attn, states, base, frac, max_ratio):
     except PageSizeError as e:
         assert f"max_ratio={max_ratio:g}x" in str(e)
         return
-    S = p.lcm_page_bytes
-    assert S == p.model.lcm_page_bytes <= p.raw_lcm_page_bytes
+    S = p.large_page_bytes
+    assert S == p.model.large_page_bytes <= p.raw_lcm_page_bytes
     assert p.ratio == S / p.model.max_small_page_bytes <= max_ratio
     for old, new in zip(model.groups, p.model.groups, strict=True):
         assert (new.name, new.spec, new.layers) == (old.name, old.spec, old.layers)
@@ -176,7 +176,7 @@ def test_every_catalog_model_works_at_every_page_size(tokens_per_page):
     for name in CATALOG_NAMES:
         model = model_spec_from_hf_config(name, tokens_per_page=tokens_per_page)
         mgr = KVCacheManager(model, 8 << 30, tokens_per_page=tokens_per_page)
-        fitted, S = mgr.page_plan.model, mgr.page_plan.lcm_page_bytes
+        fitted, S = mgr.page_plan.model, mgr.page_plan.large_page_bytes
         assert S <= 8 * fitted.max_small_page_bytes, name
         for g in fitted.groups:
             assert S % g.page_bytes == 0 and g.tokens_per_page % tokens_per_page == 0, (name, g)
@@ -191,7 +191,7 @@ def test_jamba_at_64_tokens_widens_the_state_pad():
     p = fit_page_sizes(m, widen=True)
     mamba = p.model.group("mamba")
     assert mamba.useful_page_bytes == 133 * 2**16 and mamba.pad_bytes == 458_752  # 5.26%: 28 layers x 16 KiB
-    assert mamba.page_bytes == 140 * 2**16 and p.lcm_page_bytes == 4 * mamba.page_bytes == 35 * MiB
+    assert mamba.page_bytes == 140 * 2**16 and p.large_page_bytes == 4 * mamba.page_bytes == 35 * MiB
     assert p.ratio == 4.0 and p.model.group("full").tokens_per_page == 64
 
 
@@ -204,7 +204,7 @@ def test_non_power_of_two_token_pages_when_pads_are_forbidden():
         fit_page_sizes(m, max_ratio=2, max_pad_frac=0)
     p = fit_page_sizes(m, max_ratio=2, max_pad_frac=0, widen=True)
     assert p.model.group("full").tokens_per_page == 80  # 5 x 16: full pages of 15 * 2^16 = the large page
-    assert p.lcm_page_bytes == 15 * 2**16 and p.ratio == 1.0 and p.pad_bytes_per_large_page == 0
+    assert p.large_page_bytes == 15 * 2**16 and p.ratio == 1.0 and p.pad_bytes_per_large_page == 0
 
 
 def test_refusal_names_the_page_sizes_that_would_fit():

@@ -17,7 +17,7 @@ def test_pool_describes_the_allocator(name):
     mgr = make_manager(name, ModelSpec.from_hf_config(tiny_hf_config("tiny-jamba")), 1 << 20)
     pool, a = mgr.pool, mgr.alloc
     assert (pool.num_large_pages, pool.large_page_bytes) == (a.num_large, a.large_page_bytes)
-    assert list(pool.small_per_large) == a.k and list(pool.page_bytes) == a.page_bytes
+    assert list(pool.small_per_large) == a.small_per_large and list(pool.page_bytes) == a.page_bytes
     assert pool.large_page_caps == (None if a.caps is None else tuple(a.caps))
     assert (pool.large_page_caps is not None) == (name == "static")
     assert pool.total_bytes == mgr.total_bytes

@@ -248,7 +248,7 @@ def test_a_prefix_and_its_retained_window_are_evicted_together():
     never gone while the full-attention pages it makes usable stay."""
     mgr = make_manager(full_swa(4), 64, out_of_window_age=1000, window_slack=3)
     serve(mgr, "a", P + [100, 101, 102], [1, 2, 3, 4, 5])  # computed 17 when freed
-    assert all(mgr.alloc.k[g] == 1 for g in (0, 1))
+    assert all(mgr.alloc.small_per_large[g] == 1 for g in (0, 1))
     before = {(g, p): k for g in (0, 1) for p, k in cached_keys(mgr, g).items()}
     order = []
     while (large := mgr.evictor.evict_large()) is not None:

@@ -53,6 +53,8 @@ def test_fast_block_matches_the_code(name):
 
 
 SLOW = [n for n in rt.BLOCKS if n not in rt.FAST]
+#: blocks whose full render takes an hour or more (the long operation fuzz): only their samples are checked
+LONG = ("op-fuzz-long",)
 #: samples that run vLLM's manager: one worker imports vLLM once for them
 VLLM_SAMPLES = ("vs-vllm-main", "vs-vllm-extra", "vs-vllm-no-prefix-caching")
 #: samples that start vLLM engines (in-process engine cores): a worker of their own
@@ -60,7 +62,7 @@ ENGINE_SAMPLES = ("vllm-side-by-side-host",)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", SLOW)
+@pytest.mark.parametrize("name", [n for n in SLOW if n not in LONG])
 def test_slow_block_matches_the_code(name):
     _check(name)
 
@@ -121,7 +123,7 @@ def test_a_sample_is_lines_of_its_blocks_full_render():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in SLOW if rt.BLOCKS[n].sample is not None])
+@pytest.mark.parametrize("name", [n for n in SLOW if rt.BLOCKS[n].sample is not None and n not in LONG])
 def test_a_slow_blocks_sample_is_lines_of_its_full_render(name):
     block = rt.BLOCKS[name]
     assert rt.missing_line(block.render(), block.sample.render(), block.sample.prefix) is None

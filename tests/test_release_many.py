@@ -29,7 +29,7 @@ def test_release_many_equals_one_release_per_page(page_bytes):
     for _ in range(450):
         op = rng.random()
         g = rng.randrange(len(page_bytes))
-        room = one.free_small[g] + one.num_free_large * one.k[g]
+        room = one.free_small[g] + one.num_free_large * one.small_per_large[g]
         if op < 0.45 and room:
             n = rng.randint(1, min(room, 400))
             tag = rng.randrange(6)

@@ -117,7 +117,7 @@ def test_bulk_large_eviction_keeps_the_one_at_a_time_order(two_groups, decode):
     if two_groups:
         groups = [group("full", full(), 2), group("swa", sliding(8), 1, first_layer=2)]
     mgr = make_manager(model(*groups), 400 if decode else 200)
-    assert mgr.alloc.k == ([1, 2] if two_groups else [1])
+    assert mgr.alloc.small_per_large == ([1, 2] if two_groups else [1])
     for rid, base in enumerate((0, 1000, 2000, 3000)):
         mgr.add_request(rid, list(range(base, base + 40)))
         mgr.lookup(rid)

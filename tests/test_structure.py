@@ -178,17 +178,17 @@ def test_kv_bytes_per_token_totals():
 def test_paper_lcm_examples():
     mini = model_spec_from_hf_config("ministral-8b")
     assert (mini.group("full").page_bytes, mini.group("sliding").page_bytes) == (576 * KiB, 1728 * KiB)
-    assert mini.lcm_page_bytes == 1728 * KiB
+    assert mini.large_page_bytes == 1728 * KiB
     mll = model_spec_from_hf_config("llama-3.2-11b-vision")
     assert (mll.group("full").page_bytes, mll.group("cross").page_bytes) == (2 * MiB, 512 * KiB)
-    assert mll.lcm_page_bytes == 2 * MiB
+    assert mll.large_page_bytes == 2 * MiB
     split = model_spec_from_hf_config("jamba-1.5-mini", split_mamba_state=True)
     assert [g.name for g in split.groups] == ["mamba.conv", "mamba.ssm", "full"]
-    assert split.lcm_page_bytes == 21 * MiB
-    assert [split.lcm_page_bytes // g.page_bytes for g in split.groups] == [16, 3, 84]
-    assert model_spec_from_hf_config("jamba-1.5-mini").lcm_page_bytes == 133 * 2**18  # 33.25 MiB
-    assert model_spec_from_hf_config("nemotron-h-8b").lcm_page_bytes == 1581 * 2**18  # 395 MiB
-    assert model_spec_from_hf_config("qwen3-next-80b").lcm_page_bytes == 603 * 2**17  # 75.4 MiB
+    assert split.large_page_bytes == 21 * MiB
+    assert [split.large_page_bytes // g.page_bytes for g in split.groups] == [16, 3, 84]
+    assert model_spec_from_hf_config("jamba-1.5-mini").large_page_bytes == 133 * 2**18  # 33.25 MiB
+    assert model_spec_from_hf_config("nemotron-h-8b").large_page_bytes == 1581 * 2**18  # 395 MiB
+    assert model_spec_from_hf_config("qwen3-next-80b").large_page_bytes == 603 * 2**17  # 75.4 MiB
 
 
 def test_tensor_parallel_division():

@@ -152,13 +152,13 @@ def test_scheduler_level_copies_serve_host_hits_equal_to_stock(served):
 def _buffer_and_copies(layout: HostLayout):
     """A byte buffer of random content with two layers (one per group) viewing it, and the copies over it."""
     gen = torch.Generator().manual_seed(0)
-    buf = torch.randint(0, 256, (layout.device_offset + 6 * layout.large_bytes,), dtype=torch.uint8, generator=gen)
+    buf = torch.randint(0, 256, (layout.device_offset + 6 * layout.large_page_bytes,), dtype=torch.uint8, generator=gen)
     kv = {"a": buf[:64].view(torch.float32), "b": [buf[64:128].view(torch.float32)]}  # a state: a list of tensors
     return buf, HostPageCopies(layout, kv, [["a"], ["b"]])
 
 
 # host: group 0's pages 0, 1 in large pages 0, 1; group 1's pages 6..11 in large pages 2, 3 (as the allocator carves)
-LAYOUT = HostLayout(num_large=4, large_bytes=96, page_bytes=(96, 32), device_offset=96)
+LAYOUT = HostLayout(num_large=4, large_page_bytes=96, page_bytes=(96, 32), device_offset=96)
 
 
 def _rows(buf, g, pages):

@@ -52,7 +52,7 @@ def test_host_tier_gauges(tmp_path, monkeypatch):
     demoted and promoted, host hit tokens, exactly the manager's stats; the start-up line names it."""
     monkeypatch.setenv(DIR_ENV, str(tmp_path))
     spec = model(group("full", full(), 1), group("swa", sliding(4), 1, first_layer=1))
-    lp = with_base_page(spec, 1).lcm_page_bytes
+    lp = with_base_page(spec, 1).large_page_bytes
     mgr = KVCacheManager(spec, 81 * lp, tokens_per_page=1, fit_pages=False, window_slack=0, eviction="lru",
                          host_memory_bytes=256 * lp)
     for i in range(4):  # each prompt alone fills most of the device: the earlier ones are demoted

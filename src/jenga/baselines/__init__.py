@@ -14,14 +14,16 @@ MANAGERS = {
     "paged": ("jenga.baselines.paged", "PagedManager"),
     "static": ("jenga.baselines.static", "StaticManager"),
     "uniform": ("jenga.baselines.uniform", "UniformManager"),
+    "uniform-0.32": ("jenga.baselines.uniform", "Uniform032Manager"),
 }
 MANAGER_NAMES = tuple(MANAGERS)
 
 
 def make_manager(name: str, model: ModelSpec, memory_bytes: int, **kwargs) -> KVCacheManager:
     """A manager by name: ``jenga`` | ``paged`` (vLLM v0 max page) | ``static`` (fixed
-    per-group shares) | ``uniform`` (vLLM v1 hybrid allocator).  Keyword arguments are
-    those of ``KVCacheManager``."""
+    per-group shares) | ``uniform`` (vLLM v1 hybrid allocator, 0.34's rules; ``settings=``
+    a ``UniformSettings``) | ``uniform-0.32`` (the same with 0.32's rules).  Keyword arguments
+    are those of ``KVCacheManager``."""
     if name not in MANAGERS:
         raise InvalidArgumentError(f"unknown manager {name!r}; choose one of {', '.join(MANAGER_NAMES)}")
     module, cls = MANAGERS[name]

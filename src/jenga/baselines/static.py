@@ -27,12 +27,12 @@ class StaticAdmission(Admission):
         sup = sup or alloc.supply()
         room = [c - alloc.owned_large(g) for g, c in enumerate(alloc.caps)]
         least = [cdiv(max(0, x - f - c), k)
-                 for x, f, c, k in zip(need, sup.free_small, sup.cached_small, alloc.k, strict=True)]
+                 for x, f, c, k in zip(need, sup.free_small, sup.cached_small, alloc.small_per_large, strict=True)]
         if sum(least) > sup.whole_large or any(
                 lo > r + alloc.evictable_large(g) for g, (lo, r) in enumerate(zip(least, room, strict=True))):
             return None
         most = [min(cdiv(x, k), r + alloc.evictable_large(g))
-                for g, (x, k, r) in enumerate(zip(need, alloc.k, room, strict=True))]
+                for g, (x, k, r) in enumerate(zip(need, alloc.small_per_large, room, strict=True))]
         if sum(most) <= sup.whole_large:
             return most
         return least

@@ -5,8 +5,9 @@ What it models, rule by rule:
 * **One page size.** Layers of each kind are split into groups of ``min(count per kind)``
   layers (or the max count when ``max < 1.5 min``); short groups get *padding layers*.
   Groups whose page divides the largest page scale their tokens per block.  With state
-  layers the attention block grows until a block is at least one state, and the state is
-  padded to match (Nemotron-H: thousands of tokens per block).  If pages still differ,
+  layers the attention block grows until a block is at least one state, by vLLM's own
+  formula (``hybrid_block``), and the state is padded to match (Nemotron-H: thousands of
+  tokens per block).  If pages still differ,
   v1 falls back to storing sliding and chunked layers as full attention.
 * **One pool, no large pages**: ``S = P`` so any free page serves any group.
 * **Out-of-window blocks are freed at the request's next allocate** (``remove_skipped_blocks``),
@@ -14,11 +15,20 @@ What it models, rule by rule:
   its fit check; here they count as supply in the check (``can_allocate`` too) and are freed
   only once the allocation is certain, so ``can_allocate`` and an ``allocate`` returning
   ``None`` change nothing, as for every manager.
-* **Sparse retention (default 0)**: sliding-window and state groups keep prefix-cache
-  entries only at the prompt boundary; blocks not retained are never hashed.
+* **Retention** (``UniformSettings``, vLLM 0.34's ``prefix_cache_retention_interval``,
+  default 0): sliding-window and state groups keep prefix-cache entries at *semantic
+  checkpoints*, the replay boundary (``prompt_len - 1``) and the request's shared-prefix
+  junction (where the full-attention hit exceeded its own), plus every N tokens with N > 0,
+  or every block (``None``); blocks not retained are never hashed.  A Mamba state lives in
+  the block of its step's end, so prefill steps end on block boundaries, at the replay
+  boundary and at the junction (``uniform_retention``).  ``uniform-0.32``: 0.32's rules,
+  the window before the prompt's end and one state at its last block (``uniform_policies``).
 * **Cross-attention is never prefix-cached; vision embeddings live outside the pool.**
 * **Eviction**: one LRU over freed pages, tail first (the same ``(time, -length)`` key,
-  with every page one large page, so no request-aware placement).
+  with every page one large page, so no request-aware placement); under 0.34's rules in vLLM's
+  free queue order (a request's groups one after the other).
+* **Not modelled**: ``prefix_match_unit`` finer than the block (vLLM's copy-on-write
+  sub-block hits) is refused (``check_settings``).
 """
 
 from __future__ import annotations
@@ -26,16 +36,24 @@ from __future__ import annotations
 import math
 
 from jenga.baselines.common import TrueNeedsManager, TrueNeedsRules, stored_as
+from jenga.baselines.uniform_policies import (
+    UncachedImagePolicy,
+    UniformChunkedPolicy,
+    UniformMambaPolicy,
+    UniformSlidingPolicy,
+)
+from jenga.baselines.uniform_retention import (
+    FreeQueue,
+    FreeQueueFullPolicy,
+    RetainingMambaPolicy,
+    RetainingSlidingPolicy,
+)
+from jenga.baselines.uniform_settings import VLLM_032, UniformSettings
 from jenga.core.alloc.page_states import Supply
 from jenga.core.manager.admission import Admission
 from jenga.core.policy.registry import (
-    ChunkedPolicy,
     FullPolicy,
-    ImagePolicy,
-    MambaPolicy,
-    PageOps,
     Policy,
-    SlidingPolicy,
     cdiv,
 )
 from jenga.core.request import GroupState, Request
@@ -48,9 +66,27 @@ from jenga.core.specs import (
     ModelSpec,
     SlidingWindowSpec,
 )
+from jenga.errors import InvalidArgumentError, UnsupportedFeatureError
 
 
-def uniform_model(model: ModelSpec, block: int) -> ModelSpec:
+def hybrid_block(model: ModelSpec, block: int, kernel_block: int = 16) -> int:
+    """vLLM's attention block on a model with state layers (``Platform._align_hybrid_block_size``,
+    0.34; ``block`` when it has none): ``k = max(kernel_block, block)`` (the attention kernel's
+    smallest block, FlashAttention 16), then the smallest multiple of ``k`` whose one-layer
+    attention page (the model's attention: its first full-attention group, else its first
+    attention group; K and V of one token times the block) holds the largest one-layer state."""
+    states = [g.spec for g in model.groups if stored_as(g.spec) == "state"]
+    attn = [g.spec for g in model.groups if stored_as(g.spec) == "tokens"]
+    if not states or not attn:
+        return block
+    main = next((s for s in attn if type(s) is FullAttentionSpec), attn[0])
+    per_tok = main.layer_page_bytes(1)
+    state = max(s.layer_page_bytes(block) for s in states)
+    k = max(kernel_block, block)
+    return max(block, k * cdiv(state, k * per_tok))
+
+
+def uniform_model(model: ModelSpec, block: int, kernel_block: int = 16) -> ModelSpec:
     """The groups vLLM v1 would build (see the module docstring)."""
     kept = [g for g in model.groups if stored_as(g.spec) is not None]  # vision embeddings: outside the pool
     counts = [g.num_layers for g in kept]
@@ -66,9 +102,7 @@ def uniform_model(model: ModelSpec, block: int) -> ModelSpec:
     attn = [g for g in split if stored_as(g.spec) in ("tokens", "images")]
     states = [g for g in split if stored_as(g.spec) == "state"]
     if states and attn:
-        state = max(g.page_bytes for g in states)
-        per_tok = max(g.page_bytes for g in attn) // block
-        tpp = block * cdiv(state, block * per_tok)
+        tpp = hybrid_block(model, block, kernel_block)
         attn = [_retoken(g, tpp) for g in attn]
         target = max(g.page_bytes for g in attn)
         states = [_pad_to(g, target) for g in states]
@@ -101,134 +135,6 @@ def _fallback_full(model: ModelSpec, block: int) -> ModelSpec:
     return paged_model(model, block)
 
 
-def releasing_at_next_allocate(base: type[FullPolicy]) -> type[FullPolicy]:
-    """``base`` (a sliding or chunked policy) with v1's release of out-of-window pages at the
-    request's next allocate: a subclass of it, so every uniform policy has one base class."""
-
-    class ReleaseAtNextAllocate(base):
-        """Out-of-window pages are released when the request next allocates, not at commit."""
-
-        releases_at_next_allocate = True
-
-        def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
-            computed = req.num_computed
-            self._register(req, gs, ops, computed)
-
-        def _register(self, req: Request, gs: GroupState, ops: PageOps, computed: int) -> None:
-            if not ops.caching:
-                return
-            tpp, pages = self.tpp, gs.pages
-            full = min(computed // tpp, len(req.hashes) * self.block // tpp, len(pages))
-            keep_from = self.retained_from(req)
-            for i in range(max(gs.registered, keep_from), full):
-                if pages[i] is not None and (i + 1) * tpp <= self.retained_to(req):
-                    ops.register(self.gi, pages[i], self.page_key(req, i))
-            gs.registered = max(gs.registered, full)
-
-        def retained_from(self, req: Request) -> int:
-            return 0
-
-        def retained_to(self, req: Request) -> int:
-            return 1 << 62
-
-        def plan(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> int:
-            """Pages past the held ones; those below the window stay held (``skipped``)."""
-            return max(0, cdiv(end, self.tpp) - len(gs.pages))
-
-        def skipped(self, req: Request, gs: GroupState) -> range:
-            """Page indices that left the window / chunk but are still held (freed at the next allocate)."""
-            return range(gs.released, min(self.keep_from(req.num_computed) // self.tpp, len(gs.pages)))
-
-        def freed_by_release(self, req: Request, gs: GroupState, ops: PageOps) -> int:
-            """Pages that ``release_skipped`` gives back to the pool (held by nobody else)."""
-            ref, pages = ops.ref[self.gi], gs.pages
-            return sum(1 for i in self.skipped(req, gs) if pages[i] is not None and ref[pages[i]] == 1)
-
-        def release_skipped(self, req: Request, gs: GroupState, ops: PageOps) -> None:
-            """``remove_skipped_blocks``: drop the pages below the window (no new registration)."""
-            super().commit(req, gs, _NoRegister(ops))
-
-        def next_event(self, req: Request, gs: GroupState, ops: PageOps) -> int:
-            return (gs.registered + 1) * self.tpp if ops.caching else 1 << 62
-
-    ReleaseAtNextAllocate.__name__ = ReleaseAtNextAllocate.__qualname__ = f"ReleaseAtNextAllocate{base.__name__}"
-    return ReleaseAtNextAllocate
-
-
-class _NoRegister:
-    """PageOps view used to release pages without registering new ones."""
-
-    def __init__(self, ops: PageOps):
-        self._ops = ops
-        self.caching = False
-        self.now = ops.now
-        self.out_of_window_age = ops.out_of_window_age
-
-    def drop(self, *args) -> None:
-        self._ops.drop(*args)
-
-    def drop_run(self, *args) -> None:
-        self._ops.drop_run(*args)
-
-
-class UniformSlidingPolicy(releasing_at_next_allocate(SlidingPolicy)):
-    """v1 sliding window: retention only inside the window that ends at the prompt."""
-
-    def retained_from(self, req: Request) -> int:
-        return max(0, req.prompt_len - self.group.spec.window) // self.tpp
-
-    def retained_to(self, req: Request) -> int:
-        return req.prompt_len
-
-
-class UniformChunkedPolicy(releasing_at_next_allocate(ChunkedPolicy)):
-    pass
-
-
-class UniformMambaPolicy(MambaPolicy):
-    """v1 "align" mode with retention 0: one state kept, at the prompt's last block end."""
-
-    recompute_under_shared = False  # v1 recomputes a state hit's gap into fresh attention blocks
-
-    def __init__(self, gi: int, group: LayerGroup, block: int, align: int):
-        super().__init__(gi, group, block)
-        self.every = align
-
-    def _release_read(self, req: Request, gs: GroupState, ops: PageOps) -> None:
-        pass  # held until the step's commit, as v1 holds the block it reads
-
-    def _take_work_as_checkpoint(self, req: Request, gs: GroupState, ops: PageOps) -> None:
-        pass  # v1 writes its one checkpoint into a block of its own
-
-    def _new_checkpoints(self, req: Request, end: int) -> range:
-        pos = req.prompt_len - req.prompt_len % self.every
-        ok = req.start < pos <= end - req.num_lookahead
-        return range(pos, pos + 1) if ok and pos > 0 else range(0)
-
-    def _fresh_checkpoints(self, req: Request, end: int) -> range:
-        return self._new_checkpoints(req, end)  # v1 writes its checkpoint whatever another request writes
-
-    def limit(self, req: Request, gs: GroupState, ops: PageOps) -> int:
-        if gs.work is None:
-            return 0
-        pos = req.prompt_len - req.prompt_len % self.every
-        return pos if ops.caching and req.start < pos else 1 << 62
-
-
-class UncachedImagePolicy(ImagePolicy):
-    """Cross-attention KV is never prefix-cached in v1."""
-
-    def plan(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> int:
-        if gs.initialized:
-            return 0
-        for j in range(len(req.images)):
-            gs.pending[j] = None
-        return sum(cdiv(img.num_tokens, self.tpp) for img in req.images)
-
-    def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
-        gs.to_fill.clear()
-
-
 def _releasing(policies: list[Policy], req: Request) -> list[tuple[FullPolicy, GroupState]]:
     """The groups whose out-of-window pages wait for the request's next allocate."""
     return [(pol, gs) for pol, gs in zip(policies, req.groups, strict=True)
@@ -247,27 +153,64 @@ class UniformAdmission(Admission):
         return self.quota_for(need, Supply(sup.free_small, sup.cached_small, sup.whole_large + credit))
 
 
+def check_settings(settings: UniformSettings, model: ModelSpec) -> None:
+    """Refuse, before any state exists, settings vLLM refuses (a retention interval that is not a
+    multiple of the scheduler block, a match unit dividing no block) and sub-block hits
+    (``prefix_match_unit`` finer than a block: vLLM's copy-on-write partial blocks and sub-block
+    Mamba states, which ``uniform`` does not model)."""
+    blocks = sorted({g.tokens_per_page for g in model.groups if g.spec.per_token})
+    block = blocks[-1] if blocks else 0
+    if settings.retention and block and settings.retention % block:
+        raise InvalidArgumentError(f"uniform: retention interval {settings.retention} is not a multiple of the "
+                                   f"scheduler block {block} (vLLM refuses it too)")
+    unit = settings.match_unit
+    if unit is None or not blocks:
+        return
+    if any(b % unit for b in blocks):
+        raise InvalidArgumentError(f"uniform: prefix_match_unit {unit} does not divide the blocks {blocks}")
+    if unit < blocks[0]:
+        raise UnsupportedFeatureError(f"uniform: prefix_match_unit {unit} is finer than the {blocks[0]}-token block: "
+                                      "vLLM's sub-block hits (copy-on-write partial blocks, sub-block Mamba states) "
+                                      "are not modelled; use a unit of whole blocks or none")
+
+
 class UniformRules(TrueNeedsRules):
     """vLLM v1's rules: its model (``uniform_model``), its policies, its fit check, and the
     skipped blocks freed before an allocation that is sure to succeed."""
 
     admission_class = UniformAdmission
 
+    def __init__(self, settings: UniformSettings | None = None):
+        super().__init__()
+        self.settings = UniformSettings() if settings is None else settings
+        self.state_policies: list[RetainingMambaPolicy] = []  # their admissions may wait a step
+
     def prepare_model(self, model: ModelSpec, tokens_per_page: int, max_ratio: float | None) -> ModelSpec:
         self.remember_true_model(model, tokens_per_page)
-        um = uniform_model(model, tokens_per_page)
+        um = uniform_model(model, tokens_per_page, self.settings.kernel_block)
+        self.free_queue = FreeQueue(len(um.groups))
+        check_settings(self.settings, um)
         self.align = math.lcm(*(g.tokens_per_page for g in um.groups if g.spec.per_token)) \
             if any(g.spec.per_token for g in um.groups) else tokens_per_page
         return um
 
     def policy(self, gi: int, group: LayerGroup, block: int) -> Policy:
+        table = UNIFORM_POLICIES if self.settings.junctions else UNIFORM_032_POLICIES
         for cls in type(group.spec).__mro__:  # exact type first, then its bases (as ``policy_for``)
-            if cls in UNIFORM_POLICIES:
-                return UNIFORM_POLICIES[cls](gi, group, block, self.align)
+            if cls in table:
+                return table[cls](gi, group, block, self)
         raise AssertionError(f"uniform: no rule for {type(group.spec).__name__}")
 
+    def waits_on(self, pol: RetainingMambaPolicy) -> RetainingMambaPolicy:
+        """``pol``'s admissions may wait a step (``before_allocate``)."""
+        self.state_policies.append(pol)
+        return pol
+
     def before_allocate(self, mgr: TrueNeedsManager, req: Request, n: int, lookahead: int) -> bool:
-        """Free the skipped blocks only once the allocation is sure to succeed (count first)."""
+        """Refuse an admission that would resume a state written in this step (0.34's rules); free
+        the skipped blocks only once the allocation is sure to succeed (count first)."""
+        if any(pol.hits_unwritten_state(req, mgr.ledger) for pol in self.state_policies):
+            return False
         releasing = [(pol, gs) for pol, gs in _releasing(mgr.policies, req) if pol.skipped(req, gs)]
         if releasing:
             if not mgr.can_allocate(req.request_id, n, num_lookahead=lookahead):
@@ -278,17 +221,42 @@ class UniformRules(TrueNeedsRules):
 
 
 class UniformManager(TrueNeedsManager):
-    """vLLM v1's hybrid allocator behind the ``KVCacheManager`` API."""
+    """vLLM v1's hybrid allocator behind the ``KVCacheManager`` API; ``settings``: which of
+    vLLM's prefix-cache rules it follows (:class:`UniformSettings`, 0.34's defaults)."""
 
     name = "uniform"
     rules_class = UniformRules
+    #: the settings when none are given
+    default_settings = UniformSettings()
+
+    def __init__(self, model: ModelSpec, memory_bytes: int | str, *, settings: UniformSettings | None = None, **kwargs):
+        if settings is not None and not isinstance(settings, UniformSettings):
+            raise InvalidArgumentError(f"uniform: settings must be a UniformSettings, not {type(settings).__name__}")
+        super().__init__(model, memory_bytes, rules=UniformRules(settings or self.default_settings), **kwargs)
 
 
-#: spec type -> the uniform manager's policy (``align``: the Mamba checkpoint alignment)
+class Uniform032Manager(UniformManager):
+    """``uniform`` with vLLM 0.32's rules (``VLLM_032``: before retention intervals and junctions)."""
+
+    name = "uniform-0.32"
+    default_settings = VLLM_032
+
+
+#: spec type -> the uniform manager's policy under vLLM 0.32's rules (``rules``: the ``UniformRules``,
+#: its ``align`` the Mamba checkpoint alignment)
+UNIFORM_032_POLICIES = {
+    SlidingWindowSpec: lambda gi, group, block, rules: UniformSlidingPolicy(gi, group, block),
+    ChunkedLocalSpec: lambda gi, group, block, rules: UniformChunkedPolicy(gi, group, block),
+    MambaSpec: lambda gi, group, block, rules: UniformMambaPolicy(gi, group, block, rules.align),
+    CrossAttentionSpec: lambda gi, group, block, rules: UncachedImagePolicy(gi, group, block),
+    FullAttentionSpec: lambda gi, group, block, rules: FullPolicy(gi, group, block),
+}
+#: the same under vLLM 0.34's rules (``rules.settings``: retention interval, junctions)
 UNIFORM_POLICIES = {
-    SlidingWindowSpec: lambda gi, group, block, align: UniformSlidingPolicy(gi, group, block),
-    ChunkedLocalSpec: lambda gi, group, block, align: UniformChunkedPolicy(gi, group, block),
-    MambaSpec: UniformMambaPolicy,
-    CrossAttentionSpec: lambda gi, group, block, align: UncachedImagePolicy(gi, group, block),
-    FullAttentionSpec: lambda gi, group, block, align: FullPolicy(gi, group, block),
+    **UNIFORM_032_POLICIES,
+    SlidingWindowSpec: lambda gi, group, block, rules: RetainingSlidingPolicy(gi, group, block, rules.settings,
+                                                                              rules.free_queue),
+    MambaSpec: lambda gi, group, block, rules: rules.waits_on(RetainingMambaPolicy(gi, group, block, rules.align,
+                                                                               rules.settings, rules.free_queue)),
+    FullAttentionSpec: lambda gi, group, block, rules: FreeQueueFullPolicy(gi, group, block, rules.free_queue),
 }

@@ -30,7 +30,7 @@ class KVLayout:
     def __init__(self, model: ModelSpec, num_large: int, *, device: str | torch.device = "cpu",
                  pin_memory: bool = False):
         self.model = model
-        self.large_page_bytes = model.lcm_page_bytes
+        self.large_page_bytes = model.large_page_bytes
         self.num_large = num_large
         self.total_bytes = (num_large + 1) * self.large_page_bytes  # + one slack large page
         self.buffer = torch.zeros(self.total_bytes, dtype=torch.uint8, device=device, pin_memory=pin_memory)

@@ -81,13 +81,13 @@ class PagePlan:
     """Result of :func:`fit_page_sizes`.
 
     ``model`` has the adjusted groups (``tokens_per_page``, ``pad_bytes``).  ``ratio`` is
-    ``lcm_page_bytes / max_small_page_bytes``.  ``pad_bytes_per_large_page`` is the worst case over groups
+    ``large_page_bytes / max_small_page_bytes``.  ``pad_bytes_per_large_page`` is the worst case over groups
     of the padding inside one large page split into that group's small pages; ``pad_frac`` is that
-    divided by ``lcm_page_bytes``.  ``raw_*`` describe the input at its own tokens_per_page, unpadded.
+    divided by ``large_page_bytes``.  ``raw_*`` describe the input at its own tokens_per_page, unpadded.
     """
 
     model: ModelSpec
-    lcm_page_bytes: int
+    large_page_bytes: int
     max_small_page_bytes: int
     ratio: float
     pad_bytes_per_large_page: int
@@ -98,7 +98,7 @@ class PagePlan:
     @property
     def pages_per_large_page(self) -> dict[str, int]:
         """k_g = S / P_g per group name."""
-        return {g.name: self.lcm_page_bytes // g.page_bytes for g in self.model.groups}
+        return {g.name: self.large_page_bytes // g.page_bytes for g in self.model.groups}
 
 
 @dataclass(frozen=True)
@@ -322,10 +322,10 @@ def fit_page_sizes(model: ModelSpec, *, max_ratio: float = 8.0, max_pad_frac: fl
     new_groups = tuple(dataclasses.replace(g, tokens_per_page=t, pad_bytes=p)
                        for g, t, p in zip(groups, best.tokens, best.pads, strict=True))
     fitted = dataclasses.replace(model, groups=new_groups)
-    S = fitted.lcm_page_bytes
+    S = fitted.large_page_bytes
     assert S == best.key[0], (S, best)
     pad_large = max((S // g.page_bytes) * g.pad_bytes for g in new_groups)
-    return PagePlan(model=fitted, lcm_page_bytes=S, max_small_page_bytes=fitted.max_small_page_bytes,
+    return PagePlan(model=fitted, large_page_bytes=S, max_small_page_bytes=fitted.max_small_page_bytes,
                     ratio=S / fitted.max_small_page_bytes, pad_bytes_per_large_page=pad_large,
                     pad_frac=pad_large / S, raw_lcm_page_bytes=raw_lcm, raw_ratio=raw_lcm / max(raw))
 

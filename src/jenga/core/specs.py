@@ -279,7 +279,8 @@ class ModelSpec:
         return model_spec_from_hf_config(source, **kwargs)
 
     @property
-    def lcm_page_bytes(self) -> int:
+    def large_page_bytes(self) -> int:
+        """Bytes of one large page: the LCM of the groups' small pages."""
         return reduce(math.lcm, (g.page_bytes for g in self.groups))
 
     @property

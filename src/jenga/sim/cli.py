@@ -16,6 +16,10 @@ def add_sim_parsers(sub) -> None:
     p.add_argument("--workload", default="decode-batch-20", help="workload ({workloads}) or a .jsonl trace path")
     p.add_argument("--gpu", default="h100-80gb", help="GPU: {gpus}")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    p.add_argument("--scenarios", default="skewed,balanced",
+                   help="with --model A,B: skewed (80/20 then swapped), balanced")
+    p.add_argument("--weight-dtype", choices=("bf16", "fp8"), default="bf16", metavar="DTYPE",
+                   help="the weights' dtype (bf16, fp8: vLLM's --quantization fp8); the KV cache stays bf16")
     p.add_argument("--manager", "--managers", dest="managers", metavar="LIST", default=DEFAULT_MANAGERS,
                    help="comma-separated managers: {managers}")
     p.add_argument("--requests", type=int, default=None, help="number of requests (default: workload's)")
@@ -42,6 +46,12 @@ def add_sim_parsers(sub) -> None:
     p.add_argument("--host-kv-memory", default=None, metavar="SIZE",
                    help="a host-memory KV tier (jenga's manager): bytes such as 64GiB, or Nx the device pool "
                         "(4x); its copies cost the GPU's host link bandwidth per step")
+    p.add_argument("--uniform-retention", default=None, metavar="N|dense",
+                   help="the uniform manager's prefix_cache_retention_interval (vLLM 0.34): 0 (its default: "
+                        "semantic checkpoints only), N tokens (also every N; a multiple of the block), or dense")
+    p.add_argument("--uniform-match-unit", type=int, default=None, metavar="N",
+                   help="the uniform manager's prefix_match_unit (whole blocks only); uniform-0.32 keeps vLLM "
+                        "0.32's rules")
     p.add_argument("--record-every", type=int, default=1, help="record memory stats every N steps")
     p.add_argument("--calibration", choices=("fitted", "roofline"), default="fitted", metavar="TABLE",
                    help="cost model efficiencies: fitted (jenga.sim.calibration, the engine of --scheduler: "
@@ -76,12 +86,33 @@ def _workload(args, max_len: int):
     return get_workload(args.workload, **kw)
 
 
+def _uniform_settings(args):
+    """The ``uniform`` manager's settings from ``--uniform-retention`` / ``--uniform-match-unit``
+    (``None``: its defaults, vLLM 0.34's)."""
+    from jenga.baselines.uniform_settings import UniformSettings
+    from jenga.errors import InvalidArgumentError
+
+    if args.uniform_retention is None and args.uniform_match_unit is None:
+        return None
+    retention = 0
+    if args.uniform_retention is not None:
+        if args.uniform_retention == "dense":
+            retention = None
+        else:
+            try:
+                retention = int(args.uniform_retention)
+            except ValueError:
+                raise InvalidArgumentError(f"--uniform-retention: {args.uniform_retention!r} is neither a "
+                                           "token count nor 'dense'") from None
+    return UniformSettings(retention=retention, match_unit=args.uniform_match_unit)
+
+
 def run_simulate(args) -> int:
     if "," in args.model:  # several models: one shared pool against a static split
         from jenga.sim.multi_model import run_multi_simulate
 
         return run_multi_simulate(args)
-    from jenga.errors import InvalidArgumentError
+    from jenga.errors import InvalidArgumentError, UnsupportedFeatureError
     from jenga.sim.report import print_simulate, simulate_payload
     from jenga.sim.setup import build_setup
     from jenga.sim.simulator import SimConfig, Simulator
@@ -94,7 +125,8 @@ def run_simulate(args) -> int:
 
     calibration = CALIBRATIONS[args.calibration]
     engine = "v0" if args.scheduler == "v0" else "v1"
-    setup = build_setup(args.model, args.gpu, args.tp, draft=draft, efficiency=calibration.cost_kwargs(engine))
+    setup = build_setup(args.model, args.gpu, args.tp, draft=draft, efficiency=calibration.cost_kwargs(engine),
+                        weight_dtype=args.weight_dtype)
     try:
         w = _workload(args, setup.target.max_model_len)
     except (TypeError, ValueError) as e:
@@ -114,9 +146,15 @@ def run_simulate(args) -> int:
         except InvalidArgumentError as e:
             print(f"jenga simulate: --host-kv-memory: {e}", file=sys.stderr)
             return 2
+    try:
+        uniform = _uniform_settings(args)
+    except InvalidArgumentError as e:
+        print(f"jenga simulate: {e}", file=sys.stderr)
+        return 2
     cfg = SimConfig(max_num_batched_tokens=budget, max_num_seqs=args.max_num_seqs, seed=args.seed,
                     scheduler=args.scheduler, host_memory_bytes=host,
-                    enable_prefix_caching=not args.no_prefix_caching, record_every=max(1, args.record_every))
+                    enable_prefix_caching=not args.no_prefix_caching, record_every=max(1, args.record_every),
+                    manager_kwargs_for={} if uniform is None else {"uniform": {"settings": uniform}})
     sim = Simulator(setup, cfg)
     unavailable: dict[str, str] = {}
     results = {}
@@ -125,7 +163,7 @@ def run_simulate(args) -> int:
     for name in managers:
         try:
             sim.make_manager(name)
-        except (ImportError, NameError, AttributeError, InvalidArgumentError) as e:
+        except (ImportError, NameError, AttributeError, InvalidArgumentError, UnsupportedFeatureError) as e:
             unavailable[name] = f"{type(e).__name__}: {e}"
             print(f"jenga simulate: manager {name!r} is not available yet ({e}); skipping it", file=sys.stderr)
             continue

@@ -68,6 +68,7 @@ class SimConfig:
     record_terms: bool = False  # keep every step's CostModel.terms (SimResult.step_terms), for calibration
     host_memory_bytes: int | None = None  # a host KV tier of this many bytes (jenga's manager), None: none
     manager_kwargs: dict = field(default_factory=dict)  # extra keyword arguments for every manager
+    manager_kwargs_for: dict = field(default_factory=dict)  # manager name -> its own extra keyword arguments
 
 
 @dataclass(slots=True)
@@ -165,7 +166,7 @@ class Simulator:
         from jenga.baselines import make_manager
         c = self.cfg
         kw = dict(tokens_per_page=c.tokens_per_page, enable_prefix_caching=c.enable_prefix_caching,
-                  **c.manager_kwargs)
+                  **c.manager_kwargs, **c.manager_kwargs_for.get(name, {}))
         if name == "jenga":
             kw["max_lcm_ratio"] = c.max_lcm_ratio
         if c.host_memory_bytes:

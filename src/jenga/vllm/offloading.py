@@ -88,17 +88,17 @@ def install() -> None:
 
 @dataclass(frozen=True)
 class HostLayout:
-    """The host tier's buffer: ``num_large`` large pages of ``large_bytes``; ``page_bytes[g]``: a
+    """The host tier's buffer: ``num_large`` large pages of ``large_page_bytes``; ``page_bytes[g]``: a
     page of group ``g`` (both tiers); ``device_offset``: where page 0 starts in the device buffer."""
 
     num_large: int
-    large_bytes: int
+    large_page_bytes: int
     page_bytes: tuple[int, ...]
     device_offset: int
 
     @property
     def total_bytes(self) -> int:
-        return self.num_large * self.large_bytes
+        return self.num_large * self.large_page_bytes
 
     def num_pages(self, group: int) -> int:
         """Pages of ``group`` the host buffer holds."""

@@ -198,7 +198,7 @@ def page_layer_plans(cfgs, max_model_len: int, hash_block: int | None = None) ->
     model = model_of_groups(envelope, name="vllm", max_model_len=max_model_len,
                             checkpoint_interval=no_periodic_checkpoints(max_model_len, base))
     fitted = manager_page_plan(with_base_page(model, base), MAX_LCM_RATIO).model
-    S = fitted.lcm_page_bytes
+    S = fitted.large_page_bytes
     unit = reduce(math.gcd, (g.page_bytes for g in fitted.groups))
     pages = [g.page_bytes for g in fitted.groups]
     # vLLM's block 0 is its null block: padded rows of a state kernel write their state there.

@@ -13,7 +13,7 @@ from vllm.v1.core.kv_cache_utils import partial_hash_hits_enabled
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from jenga.capacity import fits, max_context_tokens, pages_for_context
+from jenga.capacity import fits, max_context_tokens
 from jenga.errors import InsufficientMemoryError
 from jenga.vllm import compat
 from jenga.vllm.adapter import JengaKVCacheAdapter
@@ -79,19 +79,24 @@ def refuse_unsupported(vllm_config) -> None:
 STATE_PAGES_PER_STEP = 4
 
 
-def check_max_model_len_fits(mgr, max_model_len: int) -> None:
+def check_max_model_len_fits(mgr, max_model_len: int, step: int = 1) -> None:
     """Refuse at engine start a budget in which one request of ``max_model_len`` tokens can
     never be allocated (vLLM's own start-time check counts vLLM's blocks, not jenga's pages);
-    otherwise the scheduler would wait for memory forever."""
-    pages = pages_for_context(mgr, max_model_len)
+    otherwise the scheduler would wait for memory forever.  ``step``: the most tokens one step
+    computes for a request (vLLM's ``max_num_batched_tokens`` plus its speculative lookahead): a
+    group holds the most pages it holds at once over steps of that size (``Policy.peak_pages``: a
+    sliding window or a chunk plus a step's tokens, not the window alone), as ``allocate_slots``
+    will ask for them."""
+    pages = [pol.peak_pages(max_model_len, step) for pol in mgr.policies]
     pages = [p + (STATE_PAGES_PER_STEP - 1) * (not g.spec.per_token) for p, g in zip(pages, mgr.model.groups,
                                                                                    strict=True)]
     if not fits(mgr, pages):
         longest = max_context_tokens(mgr)
         raise InsufficientMemoryError(
             f"jenga.vllm: the KV budget ({mgr.pool.num_large_pages} large pages of {mgr.large_page_bytes} B) cannot hold "
-            f"one request of max_model_len={max_model_len} tokens (jenga's pages per group {pages}; about "
-            f"{longest} tokens fit); give the KV cache more memory or lower max_model_len")
+            f"one request of max_model_len={max_model_len} tokens in steps of {step} tokens (jenga's pages per "
+            f"group {pages}; about {longest} tokens fit one token a step); give the KV cache more memory, or lower "
+            "max_model_len or max_num_batched_tokens")
 
 
 def sub_block_hits_lost(kv_cache_config, hash_block_size: int, enable_caching: bool,
@@ -115,7 +120,7 @@ def check_host_layout(mgr, host) -> None:
     """The workers' host buffer (``jenga_host``, computed by the plugin) addresses the pages of the
     manager's host tier exactly: same page and large-page bytes, same number of large pages."""
     pool = mgr.pool
-    if (tuple(pool.page_bytes), pool.large_page_bytes, mgr.host_num_large) != (host.page_bytes, host.large_bytes,
+    if (tuple(pool.page_bytes), pool.large_page_bytes, mgr.host_num_large) != (host.page_bytes, host.large_page_bytes,
                                                                                host.num_large):
         raise UnsupportedInVllm(f"jenga.vllm: the host layout {host} differs from the manager's pages "
                                 f"{pool.page_bytes} / {pool.large_page_bytes} B x {mgr.host_num_large}")
@@ -158,7 +163,8 @@ class JengaScheduler(Scheduler):
             check_host_layout(self.kv_cache_manager.manager, host)
         if self.connector is not None:  # jenga's connector reads the copy plans off jenga's manager
             self.connector.bind_kv_cache_manager(self.kv_cache_manager)
-        check_max_model_len_fits(self.kv_cache_manager.manager, self.max_model_len)
+        check_max_model_len_fits(self.kv_cache_manager.manager, self.max_model_len,
+                                 step=self.kv_cache_manager.max_step_tokens + self.num_lookahead_tokens)
         logger.info("%s", startup_line(self.kv_cache_manager.manager))
         # vLLM's scheduler read these off its own manager in __init__; with jenga's pages finer
         # than the Mamba block it ends prefill steps on jenga's hash-block checkpoints and junctions

@@ -48,7 +48,7 @@ class LargePageAllocator:
         assert page_bytes and all(p > 0 for p in page_bytes), f"bad page sizes {page_bytes}"
         self.large_page_bytes = reduce(math.lcm, page_bytes)
         self.page_bytes = list(page_bytes)
-        self.k = [self.large_page_bytes // p for p in page_bytes]
+        self.small_per_large = [self.large_page_bytes // p for p in page_bytes]  # k_g of the module doc
         self.num_large = num_large
         n, groups = num_large, len(page_bytes)
         self.group_of: list[int] = [-1] * n
@@ -57,7 +57,7 @@ class LargePageAllocator:
         # (flat arrays, with numpy views of the same memory for bulk changes)
         self.n_used = zeros(n)
         self.n_cached = zeros(n)
-        self.state = [bytearray(n * k) for k in self.k]
+        self.state = [bytearray(n * k) for k in self.small_per_large]
         self.cached_small = [0] * groups  # cached pages outside E
         self.used_small = [0] * groups  # USED pages per group
         self.owned = [0] * groups  # large pages each group owns now
@@ -67,9 +67,9 @@ class LargePageAllocator:
         self.free_large = FreePool(n)  # lowest id first
         self.slots = FreeSlots(groups, self.tag_of)
         self.in_e = bytearray(n)  # per large page: in E (the E part keeps the counts)
-        self.e = EvictableSet(self.in_e, self.k, self.group_of, self.tag_of, self.n_used, self.n_cached, self.cached_small,
+        self.e = EvictableSet(self.in_e, self.small_per_large, self.group_of, self.tag_of, self.n_used, self.n_cached, self.cached_small,
                               self.owned, self.free_large, self.slots)
-        self.moves = RunMoves(self.k, self.state, self.group_of, self.tag_of, self.n_used, self.n_cached,
+        self.moves = RunMoves(self.small_per_large, self.state, self.group_of, self.tag_of, self.n_used, self.n_cached,
                               self.used_small, self.cached_small, self.owned, self.free_large, self.slots, self.e)
         # the parts' counters, read by the manager's admission and stats (the same lists)
         self.free_small = self.slots.free_small  # visible free slots
@@ -101,7 +101,7 @@ class LargePageAllocator:
         return Supply(tuple(self.slots.free_small), tuple(self.cached_small), len(self.free_large) + self.e.count)
 
     def large_of(self, group: int, page: int) -> int:
-        return page // self.k[group]
+        return page // self.small_per_large[group]
 
     def used_pages(self, group: int) -> int:
         """USED small pages of ``group``."""
@@ -173,7 +173,7 @@ class LargePageAllocator:
         if self.evictor is not None:
             page = self.evictor.evict_small(group)
             if page is not None:
-                large = page // self.k[group]
+                large = page // self.small_per_large[group]
                 if self.group_of[large] == group:
                     return self._take(group, large)
                 return self._take(group, self._carve(group, tag))  # the large page emptied
@@ -194,7 +194,7 @@ class LargePageAllocator:
         """
         out: list[int] = []
         carved = 0
-        k = self.k[group]
+        k = self.small_per_large[group]
         quarter = k // 4
         while len(out) < n:
             tagged = self.slots.tagged(group, tag)
@@ -226,7 +226,7 @@ class LargePageAllocator:
     def _take_many(self, group: int, large: int, m: int, out: list[int]) -> None:
         """Take up to ``m`` free slots of ``large`` (lowest first) into ``out``."""
         taken = self.slots.take_many(group, large, m)
-        base = large * self.k[group]
+        base = large * self.small_per_large[group]
         state = self.state[group]
         c = len(taken)
         if c > 8 and taken[-1] - taken[0] == c - 1:  # ascending, distinct: consecutive slots
@@ -245,7 +245,7 @@ class LargePageAllocator:
 
     def _carve_whole(self, group: int, tag: object, larges: list[int], out: list[int]) -> None:
         """Carve ``larges`` (just taken from the pool) for ``group`` and take all their pages."""
-        k, state, m = self.k[group], self.state[group], len(larges)
+        k, state, m = self.small_per_large[group], self.state[group], len(larges)
         group_of, tag_of, n_used = self.group_of, self.tag_of, self.n_used
         if m > 1 and larges[-1] - larges[0] == m - 1 and larges == list(range(larges[0], larges[-1] + 1)):
             self._carve_range(group, tag, larges[0], m, out)  # ascending, consecutive: one slice each
@@ -286,7 +286,7 @@ class LargePageAllocator:
 
     def _carve_flat(self, group: int, larges: np.ndarray) -> None:
         """The page state of large pages ``larges`` just carved for ``group``: all pages USED."""
-        state, k = view(self.state[group]), self.k[group]
+        state, k = view(self.state[group]), self.small_per_large[group]
         pages = larges if k == 1 else (larges[:, None] * k + np.arange(k)).ravel()
         assert not state[pages].any(), "large pages carved with pages in use"
         state[pages] = USED
@@ -295,7 +295,7 @@ class LargePageAllocator:
     def _carve_range(self, group: int, tag: object, lo: int, m: int, out: list[int]) -> None:
         """Carve the consecutive fresh large pages ``[lo, lo + m)`` for ``group`` and take all
         their pages: one slice assignment per array, the pages appended to ``out`` in order."""
-        k, state, group_of, hi = self.k[group], self.state[group], self.group_of, lo + m
+        k, state, group_of, hi = self.small_per_large[group], self.state[group], self.group_of, lo + m
         assert group_of[lo:hi].count(-1) == m, f"large pages {lo}..{hi - 1} popped while owned"
         group_of[lo:hi] = [group] * m
         self.tag_of[lo:hi] = [tag] * m
@@ -310,7 +310,7 @@ class LargePageAllocator:
         large = self.free_large.pop()
         self.num_carved += 1
         assert self.group_of[large] == -1, f"large page {large} popped while owned"
-        k = self.k[group]
+        k = self.small_per_large[group]
         self.group_of[large] = group
         self.owned[group] += 1
         self.tag_of[large] = tag
@@ -318,7 +318,7 @@ class LargePageAllocator:
         return large
 
     def _take(self, group: int, large: int) -> int:
-        page = large * self.k[group] + self.slots.take(group, large)
+        page = large * self.small_per_large[group] + self.slots.take(group, large)
         assert self.state[group][page] == FREE, f"page {group}:{page} taken while {self.state[group][page]}"
         self.state[group][page] = USED
         self.n_used[large] += 1
@@ -329,17 +329,17 @@ class LargePageAllocator:
     def release(self, group: int, page: int) -> None:
         """USED -> FREE.  The large page returns to the pool once all its pages are free."""
         assert self.state[group][page] == USED, f"release of {group}:{page} in state {self.state[group][page]}"
-        large = page // self.k[group]
+        large = page // self.small_per_large[group]
         self.state[group][page] = FREE
         self.n_used[large] -= 1
         self.used_small[group] -= 1
-        self.slots.add(group, large, page % self.k[group])
+        self.slots.add(group, large, page % self.small_per_large[group])
         self.e.place(large)
 
     def release_many(self, group: int, pages) -> None:
         """``release`` for each of the distinct USED ``pages`` of ``group`` (a list or an int
         array); a long run in one pass (``RunMoves.release``)."""
-        if self.k[group] == 1:  # each page fills its large page: back to the pool
+        if self.small_per_large[group] == 1:  # each page fills its large page: back to the pool
             pages = pages.tolist() if type(pages) is np.ndarray else pages
             self.moves.release_whole(group, pages, len(pages) > BULK)
         elif len(pages) <= BULK:
@@ -357,7 +357,7 @@ class LargePageAllocator:
         """USED -> CACHED for each page (one pass; large pages placed once at the end).
         ``larges``, ``counts``: the pages' distinct large pages ascending and how many pages each
         has (a caller that has them; else counted here)."""
-        k = self.k[group]
+        k = self.small_per_large[group]
         if len(pages) > BULK:
             self.moves.to_cached(group, np.asarray(pages, dtype=np.int64), larges, counts)
             return
@@ -391,7 +391,7 @@ class LargePageAllocator:
     def touch_cached(self, group: int, page: int) -> None:
         """CACHED -> USED (a prefix hit).  The caller removed it from the evictor."""
         assert self.state[group][page] == CACHED, f"touch of {group}:{page} in state {self.state[group][page]}"
-        large = page // self.k[group]
+        large = page // self.small_per_large[group]
         self.e.leave(large)
         self.state[group][page] = USED
         self.n_cached[large] -= 1
@@ -404,7 +404,7 @@ class LargePageAllocator:
         if len(pages) > BULK:
             self.moves.touch_cached(group, np.asarray(pages, dtype=np.int64))
             return
-        state, k, n_used, n_cached, in_e = self.state[group], self.k[group], self.n_used, self.n_cached, self.in_e
+        state, k, n_used, n_cached, in_e = self.state[group], self.small_per_large[group], self.n_used, self.n_cached, self.in_e
         leaving = []
         for page in pages:
             assert state[page] == CACHED, f"touch of {group}:{page} in state {state[page]}"
@@ -425,12 +425,12 @@ class LargePageAllocator:
     def evict_cached(self, group: int, page: int) -> None:
         """CACHED -> FREE (called by the evictor, which has dropped the page's hash)."""
         assert self.state[group][page] == CACHED, f"evict of {group}:{page} in state {self.state[group][page]}"
-        large = page // self.k[group]
+        large = page // self.small_per_large[group]
         self.e.leave(large)
         self.state[group][page] = FREE
         self.n_cached[large] -= 1
         self.cached_small[group] -= 1
-        self.slots.add(group, large, page % self.k[group])
+        self.slots.add(group, large, page % self.small_per_large[group])
         self.e.place(large)
 
     def evict_whole(self, large: int) -> None:

@@ -19,7 +19,7 @@ def check_allocator(alloc, free_large, visible: list[dict], hidden: dict) -> dic
             assert alloc.n_used[large] == alloc.n_cached[large] == 0, f"free large {large} has pages"
             continue
         assert large not in seen_free_large, f"owned large page {large} in the pool"
-        k = alloc.k[g]
+        k = alloc.small_per_large[g]
         st = alloc.state[g][large * k:(large + 1) * k]
         used, cached = st.count(USED), st.count(CACHED)
         assert (used, cached) == (alloc.n_used[large], alloc.n_cached[large]), \
@@ -36,7 +36,7 @@ def check_allocator(alloc, free_large, visible: list[dict], hidden: dict) -> dic
         totals["free"] += (k - used - cached) * alloc.page_bytes[g]
     totals["free"] += len(free_large) * alloc.large_page_bytes
     assert sum(totals.values()) == alloc.num_large * alloc.large_page_bytes, f"bytes do not add up: {totals}"
-    for g in range(len(alloc.k)):
+    for g in range(len(alloc.small_per_large)):
         n_used = alloc.state[g].count(USED)
         assert n_used == alloc.used_small[g], f"group {g}: {n_used} used pages, counter {alloc.used_small[g]}"
         vis = sum(len(v) for v in visible[g].values())

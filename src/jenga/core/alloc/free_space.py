@@ -296,14 +296,14 @@ class EvictableSet:
 
     Owns ``count`` (the size of ``E``) and ``e_count[g]`` (per group); ``evictor`` (set by the
     allocator) hears ``on_evictable`` / ``on_unevictable``.  ``in_e`` (one flag per large page) is a
-    flat array of the allocator's, like ``k``, ``group_of``, ``n_used`` and ``n_cached``, handed
+    flat array of the allocator's, like ``small_per_large``, ``group_of``, ``n_used`` and ``n_cached``, handed
     over at construction: the allocator's per-page loops may flip flags themselves and then report
     the large pages that ``entered_whole`` or ``left_many``.  Moves the allocator's
     ``cached_small`` counters (pages cached outside ``E``); ``place`` also gives an all-free large
     page back (``tag_of``, ``owned``, ``pool``).
     """
 
-    __slots__ = ("in_e", "count", "e_count", "evictor", "slots", "k", "group_of", "tag_of", "n_used", "n_cached",
+    __slots__ = ("in_e", "count", "e_count", "evictor", "slots", "small_per_large", "group_of", "tag_of", "n_used", "n_cached",
                  "cached_small", "owned", "pool")
 
     def __init__(self, in_e: bytearray, k: list[int], group_of: list[int], tag_of: list, n_used, n_cached,
@@ -312,7 +312,7 @@ class EvictableSet:
         self.count = 0
         self.e_count = [0] * len(k)
         self.evictor = None
-        self.slots, self.k, self.group_of, self.tag_of = slots, k, group_of, tag_of
+        self.slots, self.small_per_large, self.group_of, self.tag_of = slots, k, group_of, tag_of
         self.n_used, self.n_cached, self.cached_small, self.owned, self.pool = n_used, n_cached, cached_small, owned, pool
 
     def place(self, large: int) -> None:
@@ -322,7 +322,7 @@ class EvictableSet:
         if self.n_used[large] == 0 and self.n_cached[large] == 0:
             self.leave(large)
             closed = self.slots.close(group, large)
-            assert closed == self.k[group], f"large {large} empty but {closed} free slots"
+            assert closed == self.small_per_large[group], f"large {large} empty but {closed} free slots"
             self.group_of[large] = -1
             self.owned[group] -= 1
             self.tag_of[large] = None
@@ -349,7 +349,7 @@ class EvictableSet:
         """``enter`` for large pages of ``group`` that have no USED page left (a list, or an int
         array from a long run: flags and counts in numpy)."""
         in_e, n_cached, slots_of = self.in_e, self.n_cached, self.slots.visible[group]
-        if self.k[group] == 1:  # one page each, just cached: no free slot, not in E yet
+        if self.small_per_large[group] == 1:  # one page each, just cached: no free slot, not in E yet
             if type(larges) is np.ndarray:
                 flags = view(in_e)
                 assert not flags[larges].any(), "large pages entering E twice"

@@ -17,18 +17,18 @@ from jenga.core.flat_arrays import as_ids, unique_counts, view
 
 class RunMoves:
     """Bulk page moves (module doc).  Holds no state of its own: it is handed the allocator's
-    flat arrays and per-group counters (``k``, ``state``, ``group_of``, ``tag_of``, ``n_used``,
+    flat arrays and per-group counters (``small_per_large``, ``state``, ``group_of``, ``tag_of``, ``n_used``,
     ``n_cached``, ``used_small``, ``cached_small``, ``owned``), its free pool, free slots and ``E``
     at construction and changes them as the per-page moves would.  The caller has checked each
     move's preconditions that are not asserted here (distinct pages, of one group)."""
 
-    __slots__ = ("k", "state", "group_of", "tag_of", "n_used", "n_cached", "used_small", "cached_small", "owned",
+    __slots__ = ("small_per_large", "state", "group_of", "tag_of", "n_used", "n_cached", "used_small", "cached_small", "owned",
                  "pool", "slots", "e")
 
     def __init__(self, k: list[int], state: list[bytearray], group_of: list[int], tag_of: list, n_used, n_cached,
                  used_small: list[int], cached_small: list[int], owned: list[int], pool: FreePool,
                  slots: FreeSlots, e: EvictableSet):
-        self.k, self.state, self.group_of, self.tag_of = k, state, group_of, tag_of
+        self.small_per_large, self.state, self.group_of, self.tag_of = k, state, group_of, tag_of
         self.n_used, self.n_cached, self.used_small, self.cached_small = n_used, n_cached, used_small, cached_small
         self.owned, self.pool, self.slots, self.e = owned, pool, slots, e
 
@@ -36,7 +36,7 @@ class RunMoves:
                   counts: np.ndarray | None = None) -> None:
         """USED -> CACHED for distinct ``pages`` (``larges``, ``counts``: their large pages
         ascending and pages per large page, when the caller has them)."""
-        state, k = view(self.state[group]), self.k[group]
+        state, k = view(self.state[group]), self.small_per_large[group]
         assert (state[pages] == USED).all(), f"cache of group {group} pages not all USED"
         state[pages] = CACHED
         if k == 1:  # each page its own large page: one used page becomes one cached page
@@ -59,7 +59,7 @@ class RunMoves:
         release per page, each large page placed once after all its pages (before that its
         place changes nothing: it still has a USED page, so it is not in E), large pages that
         end all free back to the pool together."""
-        k = self.k[group]
+        k = self.small_per_large[group]
         ids = as_ids(pages)
         state = view(self.state[group])
         assert (state[ids] == USED).all(), f"release of group {group} pages not all USED"
@@ -117,7 +117,7 @@ class RunMoves:
 
     def touch_cached(self, group: int, pages: np.ndarray) -> None:
         """CACHED -> USED for distinct ``pages`` (a prefix hit; the evictor let them go)."""
-        state, k = view(self.state[group]), self.k[group]
+        state, k = view(self.state[group]), self.small_per_large[group]
         assert (state[pages] == CACHED).all(), f"touch of group {group} pages not all CACHED"
         larges, counts = (pages, 1) if k == 1 else unique_counts(pages // k)
         in_e = view(self.e.in_e)
@@ -138,7 +138,7 @@ class RunMoves:
             self._evict_whole_loop(group, larges)
             return
         assert (view(self.e.in_e)[larges] == 1).all() and not view(self.n_used)[larges].any(), "not fully evictable"
-        m, k = len(larges), self.k[group]
+        m, k = len(larges), self.small_per_large[group]
         ids = larges.tolist()
         self.e.evicted_many(group, larges)
         if k == 1:  # a cached page fills its large page: no hidden free slot
@@ -156,7 +156,7 @@ class RunMoves:
 
     def _evict_whole_loop(self, group: int, larges: list[int]) -> None:
         """``evict_whole`` of a list, in one loop."""
-        k, state, in_e, n_used, n_cached = self.k[group], self.state[group], self.e.in_e, self.n_used, self.n_cached
+        k, state, in_e, n_used, n_cached = self.small_per_large[group], self.state[group], self.e.in_e, self.n_used, self.n_cached
         group_of, tag_of = self.group_of, self.tag_of
         m = len(larges)
         n_free = 0

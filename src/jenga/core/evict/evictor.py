@@ -83,14 +83,14 @@ class PrefixEvictor(EvictionSource):
         self.pages = allocator.views  # read in place (``PageViews``)
         self.index = index
         a = allocator
-        n = len(a.k)
-        self.key_t = [zeros(a.num_large * k) for k in a.k]  # per page: key (t, n) while CACHED
-        self.key_n = [zeros(a.num_large * k) for k in a.k]
+        n = len(a.small_per_large)
+        self.key_t = [zeros(a.num_large * k) for k in a.small_per_large]  # per page: key (t, n) while CACHED
+        self.key_n = [zeros(a.num_large * k) for k in a.small_per_large]
         self.num_keys = [0] * n  # per group: CACHED pages
         self.keys = [CachedKeys(self.pages.state[g], self.key_t[g], self.key_n[g], self.num_keys, g) for g in range(n)]
         # a group of one small page per large page never evicts small pages: a cached page's
         # large page has no used page, so it is always in E (``evict_small`` finds nothing)
-        self._small_order = [k > 1 for k in a.k]
+        self._small_order = [k > 1 for k in a.small_per_large]
         self._heaps = []
         for g in range(n):
             valid = _CachedWithKey(self.pages.state[g], self.key_t[g], self.key_n[g])
@@ -127,7 +127,7 @@ class PrefixEvictor(EvictionSource):
         re-enter its order with their new largest key; old heap entries go stale)."""
         self.forget_many(group, ids)  # the old keys' hooks (class-3 flags)
         ids = self._set_keys(group, ids, negs, last_access)
-        k = self.alloc.k[group]
+        k = self.alloc.small_per_large[group]
         if k == 1:  # a cached page is its own large page, in E
             self._push_larges(group, ids)
             self._fresh = None
@@ -159,7 +159,7 @@ class PrefixEvictor(EvictionSource):
             view(self.key_t[group])[ids] = prios
             view(self.key_n[group])[ids] = negs
             if type(prios) is int:  # one key time for the run: ``_push_larges`` reads the keys from here
-                self._fresh = FreshRun(group, prios, ids, negs, self.alloc.k[group])
+                self._fresh = FreshRun(group, prios, ids, negs, self.alloc.small_per_large[group])
             if self._small_order[group]:
                 # a run's pages come first to last: the order wants last first (contiguous copies,
                 # the ids once for both columns; one priority for all needs no reversal)
@@ -266,7 +266,7 @@ class PrefixEvictor(EvictionSource):
     def evict_small(self, group: int) -> int | None:
         if not self._small_order[group]:
             return None
-        heap, in_e, k = self._heaps[group], self.pages.in_e, self.alloc.k[group]
+        heap, in_e, k = self._heaps[group], self.pages.in_e, self.alloc.small_per_large[group]
         skipped = []
         found = None
         while heap.top() is not None:
@@ -317,7 +317,7 @@ class PrefixEvictor(EvictionSource):
     def _evict_whole(self, g: int, larges: list[int] | np.ndarray) -> None:
         """Every cached page of each of the fully evictable ``larges`` of group ``g`` (popped from
         its order; a list, or an int array) leaves, dropped in one call; they are free."""
-        k = self.alloc.k[g]
+        k = self.alloc.small_per_large[g]
         if type(larges) is np.ndarray:
             if k == 1:
                 pages = larges
@@ -345,7 +345,7 @@ class PrefixEvictor(EvictionSource):
         """Each of ``larges`` (in E) enters the group's order with the largest key of its
         cached pages (a new version: its earlier entries go stale)."""
         alloc = self.alloc
-        k = alloc.k[group]
+        k = alloc.small_per_large[group]
         if len(larges) * k <= BULK:
             ver, kt, kn = self.large.ver, self.key_t[group], self.key_n[group]
             if type(larges) is not list:
@@ -386,7 +386,7 @@ class PrefixEvictor(EvictionSource):
         """``(ts, ns, larges, vs)`` of those of ``larges`` still in E at version ``vs`` (the others
         are stale for good: versions only grow), with the largest key of their cached pages:
         the one they entered with, as a large page's keys change only through a new version."""
-        ver, in_e, k = self.large.ver, self.pages.in_e, self.alloc.k[group]
+        ver, in_e, k = self.large.ver, self.pages.in_e, self.alloc.small_per_large[group]
         kt, kn, st = self.key_t[group], self.key_n[group], self.pages.state[group]
         ts, ns, ls, gs = [], [], [], []
         for large, v in zip(larges, vs, strict=True):
@@ -401,7 +401,7 @@ class PrefixEvictor(EvictionSource):
 
     def _largest(self, group: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The largest key of the cached pages of each of large pages ``ids`` (of ``group``)."""
-        k = self.alloc.k[group]
+        k = self.alloc.small_per_large[group]
         kt, kn = view(self.key_t[group]), view(self.key_n[group])
         if k == 1:
             return kt[ids], kn[ids]

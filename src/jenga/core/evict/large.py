@@ -39,7 +39,7 @@ class LargeEviction:
         # per group: fully evictable large pages by key; an element is valid while the large
         # page's version is the one it entered E with (ties go to the lower large page id)
         self.ver = zeros(alloc.num_large)
-        self.heaps = [RunHeap(self.valid, self.valid_many, reads="ig") for _ in alloc.k]
+        self.heaps = [RunHeap(self.valid, self.valid_many, reads="ig") for _ in alloc.small_per_large]
 
     def valid(self, large, t, n, v) -> bool:
         """Whether an entry of ``large`` at version ``v`` is current."""

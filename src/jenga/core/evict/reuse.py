@@ -38,12 +38,12 @@ class ReuseEvictor(PrefixEvictor):
     def __init__(self, allocator, index):
         super().__init__(allocator, index)
         # per group: each cached page's release time (its key's first part may be a class)
-        self.times = [zeros(allocator.num_large * k) for k in allocator.k]
-        self._flags = [bytearray(allocator.num_large * k) for k in allocator.k]  # 1: a class-3 page
-        self._num_prot = [0] * len(allocator.k)
+        self.times = [zeros(allocator.num_large * k) for k in allocator.small_per_large]
+        self._flags = [bytearray(allocator.num_large * k) for k in allocator.small_per_large]  # 1: a class-3 page
+        self._num_prot = [0] * len(allocator.small_per_large)
         self.protected = [ProtectedPages(f, self._num_prot, g) for g, f in enumerate(self._flags)]  # class 3
         self._prot_in = zeros(allocator.num_large)  # per large page: class-3 pages in it
-        self._prot_out = [0] * len(allocator.k)  # per group: class-3 pages outside E
+        self._prot_out = [0] * len(allocator.small_per_large)  # per group: class-3 pages outside E
         self._e_prot = 0  # large pages in E holding a class-3 page
 
     # class-3 pages are counted per large page, so an admission can ask what it may evict
@@ -52,7 +52,7 @@ class ReuseEvictor(PrefixEvictor):
         """Flag ``pages`` (distinct) as class 3 (``on``) or not; pages already so are left."""
         if not on and not self._num_prot[group]:
             return  # nothing to clear
-        flags, k, in_e, prot_in = self._flags[group], self.alloc.k[group], self.pages.in_e, self._prot_in
+        flags, k, in_e, prot_in = self._flags[group], self.alloc.small_per_large[group], self.pages.in_e, self._prot_in
         if len(pages) <= BULK:
             for page in pages:
                 if flags[page] == on:
@@ -114,7 +114,7 @@ class ReuseEvictor(PrefixEvictor):
         if type(ids) is not list or len(ids) > BULK:
             super().add_run(group, ids, negs, last_access)
             return
-        k = self.alloc.k[group]
+        k = self.alloc.small_per_large[group]
         times, kt, kn, ver = self.times[group], self.key_t[group], self.key_n[group], self.large.ver
         t, protected, page_uses = last_access, None, self.index.page_uses[group]
         if last_access >= 0:
@@ -249,7 +249,7 @@ class ReuseEvictor(PrefixEvictor):
         assert [f.count(1) for f in self._flags] == self._num_prot, "class-3 page counts"
         alloc, inside, out, e = self.alloc, {}, [0] * len(self.protected), set()
         for g, pages in enumerate(self.protected):
-            k = alloc.k[g]
+            k = alloc.small_per_large[g]
             for page in pages:
                 assert page in self.keys[g] and self.keys[g][page][0] >= PROTECTED // 2, f"{g}:{page} not class 3"
                 inside[page // k] = inside.get(page // k, 0) + 1

@@ -63,7 +63,7 @@ class Admission:
         at most a quarter of a large page (a fresh one would stay mostly empty; the paper's
         co-freeing gain needs a request that fills its large pages)."""
         return [state or req.prompt_len <= (k // 4) * pol.tpp
-                for state, k, pol in zip(self.state_group, self.alloc.k, self.policies, strict=True)]
+                for state, k, pol in zip(self.state_group, self.alloc.small_per_large, self.policies, strict=True)]
 
     def protected(self, allocated: int) -> tuple[list[int], int] | None:
         """What a first allocation (an admission) may not evict now: (per group, protected pages
@@ -91,7 +91,6 @@ class Admission:
         pages (on a sliding model, each article whose window it takes is a lost hit)."""
         if not any(need):
             return need
-        self.ledger.settle()  # a deferred hit's pages are no supply
         sup = self.alloc.supply()
         quota = self.quota_for(need, sup)
         if quota is None or req.tables is not None:
@@ -123,7 +122,6 @@ class Admission:
         prot = self.protected(allocated) if any(need) else None
         if prot is None:
             return list(need)
-        self.ledger.settle()
         sup = self.alloc.supply()
         outside, e_prot = prot
         sup = Supply(sup.free_small, tuple(c - o for c, o in zip(sup.cached_small, outside, strict=True)),
@@ -169,22 +167,23 @@ class Admission:
 
     def quota_for(self, need: list[int], sup: Supply | None = None) -> list[int] | None:
         """Large pages each group may take (steps 2-3), or ``None`` if ``need`` can't fit."""
-        k = self.alloc.k
+        k = self.alloc.small_per_large
         sup = sup or self.alloc.supply()
-        most = [cdiv(x, kg) for x, kg in zip(need, k, strict=True)]
+        most = [-(-x // kg) for x, kg in zip(need, k, strict=True)]  # ceil divisions, inline on the allocate path
         if sup.whole_large >= sum(most):
             return most
-        least = [cdiv(max(0, x - f - c), kg)
+        least = [-(-max(0, x - f - c) // kg)
                  for x, f, c, kg in zip(need, sup.free_small, sup.cached_small, k, strict=True)]
         if sup.whole_large >= sum(least):
             return least
         return None
 
-    def hit_cannot_fit(self, req: Request, end: int, allocated: int) -> bool:
+    def hit_cannot_fit(self, req: Request, end: int, allocated: int, step: int | None = None) -> bool:
         """True when the first ``allocate`` of ``req`` up to ``end`` surely fails: its new pages
         need more bytes than are free plus cached outside its deferred hit and, for an admission
         while others hold pages, outside the ``protected`` pages (then holding the hit would be
-        undone at once).  Reads the structures without holding the hit."""
+        undone at once).  Reads the structures without holding the hit.  ``step``: the same for
+        the steps of at most that many tokens up to ``end`` (``plan``'s ``step``, ``can_allocate``)."""
         if req.images:
             return False  # image policies may hold cached pages while planning
         alloc, ledger, keys = self.alloc, self.ledger, self.evictor.keys
@@ -192,7 +191,8 @@ class Admission:
         pb = alloc.page_bytes
         need = 0
         for pol, gs in zip(self.policies, req.groups, strict=True):
-            need += pol.plan(req, gs, end, ledger) * pb[pol.gi]
+            n = pol.plan(req, gs, end, ledger) if step is None else pol.peak_plan(req, gs, end, step, ledger)
+            need += n * pb[pol.gi]
         free = alloc.free_bytes()
         if need <= free:  # free pages alone hold it (what is out of reach below is all cached)
             return False

@@ -73,7 +73,6 @@ class StepCommit:
         out = []
         for pol, gs in req.pairs or ():
             for page in pol.unfilled(req, gs, computed, ledger):
-                ledger.settle()  # a deferred hit may hold the page
                 if ledger.ref[pol.gi][page] > 1:
                     raise InvalidArgumentError(
                         f"request {req.request_id!r}: its tokens from {computed} on are dropped, but page "

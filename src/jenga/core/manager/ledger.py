@@ -11,13 +11,13 @@ manager hands it the allocator, the index and the evictor it works on.
 state change per page, and a scheduler looks up a waiting long prompt on every step only to find
 it does not fit and free it again (thousands of pages held and given back per step).  So while
 ``lookup`` runs the policies' ``hit`` (``_deferring``), ``hold`` / ``hold_run`` only record which
-pages the hit holds, and the ledger holds them for real (``settle``) the first time anything reads
-or changes the page structures through it (every page move below, and the manager's ``alloc``,
-``index``, ``evictor``, ``ref``).  Two calls need not: an ``allocate`` of that request that cannot
-fit even if every free and unheld cached byte were its own returns ``None`` at once
-(``Admission.hit_cannot_fit``), and ``free`` (or a new ``lookup``) of it gives the hit back with
-the effect a hold and its undo have: none (``unhold_deferred``: a hit let go before its allocate is
-not a use, so use counts and keys stay as they were).
+pages the hit holds, and ``settle`` holds them for real.  The page moves below assume nothing is
+deferred: the manager settles once at the entry of each call that reads or moves pages
+(``KVCacheManager._settle``), never here.  Three calls of the deferred request itself need not:
+an ``allocate`` of it that cannot fit even if every free and unheld cached byte were its own
+returns ``None`` at once (``Admission.hit_cannot_fit``), and ``free`` (or a new ``lookup``) of it
+gives the hit back with the effect a hold and its undo have: none (``unhold_deferred``: a hit let
+go before its allocate is not a use, so use counts and keys stay as they were).
 """
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ class PageLedger(PageOps):
         self.caching = caching
         self.out_of_window_age = out_of_window_age
         self.now = 0  # the manager's clock: one tick per allocate
-        self.ref = [zeros(alloc.num_large * k) for k in alloc.k]  # per group and page: references
-        self.released = ReleasedKeys([alloc.num_large * k for k in alloc.k])  # keys for undone holds
+        self.ref = [zeros(alloc.num_large * k) for k in alloc.small_per_large]  # per group and page: references
+        self.released = ReleasedKeys([alloc.num_large * k for k in alloc.small_per_large])  # keys for undone holds
         self.deferred: Request | None = None  # the request whose recorded hit is not held yet
         self._deferring: list | None = None  # while ``lookup`` runs the policies' ``hit``: the holds
         self._log: list | None = None  # holds to undo if the allocation is rolled back
@@ -89,7 +89,6 @@ class PageLedger(PageOps):
     def record_hit(self, req: Request, policies: list, hit_of) -> None:
         """Run the policies' ``hit`` (``hit_of(policy, req)`` tokens each) recording their holds:
         they are done by the next ``settle``."""
-        self.settle()
         rec: list = []
         self._deferring = rec
         try:
@@ -123,7 +122,6 @@ class PageLedger(PageOps):
     def unhold(self, log: list) -> None:
         """``unhold_log`` for holds that did not become a use (a rolled-back plan, a hit let go
         before its allocate): the reuse counts they added are taken back."""
-        self.settle()
         index = self.index
         if index.uses is not None:
             for group, page, _key in log:
@@ -135,8 +133,6 @@ class PageLedger(PageOps):
 
     # ------------------------------------------------------------ page moves (PageOps)
     def take(self, group: int) -> int:
-        if self.deferred is not None:
-            self.settle()
         alloc, grant = self.alloc, self._grant
         before = alloc.num_carved
         page = alloc.allocate(group, grant.tag, grant.quota[group] > 0, grant.shared[group])
@@ -150,8 +146,6 @@ class PageLedger(PageOps):
         if self._deferring is not None:  # a lookup: held later (module doc)
             self._deferring.append((group, list(pages)))
             return
-        if self.deferred is not None:
-            self.settle()
         ref, log = self.ref[group], self._log
         if self.index.uses is not None:
             self.index.count_use_many(group, pages)
@@ -185,8 +179,6 @@ class PageLedger(PageOps):
         if self._deferring is not None:
             self._deferring.append((group, page))
             return
-        if self.deferred is not None:
-            self.settle()
         ref = self.ref[group]
         if self.index.uses is not None:
             self.index.count_use(group, page)
@@ -196,8 +188,6 @@ class PageLedger(PageOps):
             self._log.append((group, page, key))
 
     def drop(self, group: int, page: int, last_access: int, prefix_len: int) -> None:
-        if self.deferred is not None:
-            self.settle()
         ref = self.ref[group]
         assert ref[page] > 0, f"drop of unreferenced page {group}:{page}"
         ref[page] -= 1
@@ -213,8 +203,6 @@ class PageLedger(PageOps):
         """``drop`` for each of ``pages`` in turn (a page may repeat), each with its own prefix
         length; the registered pages whose last reference goes are cached together, in one
         ``add_run`` (the same keys as one ``drop`` each)."""
-        if self.deferred is not None:
-            self.settle()
         ref, caching, index = self.ref[group], self.caching, self.index
         ids: list[int] = []
         negs: list[int] = []
@@ -240,8 +228,6 @@ class PageLedger(PageOps):
                  tokens_per_page: int) -> None:
         """``drop`` for ``pages[start:stop]`` (page ``i`` ends at token ``(i+1) * tokens_per_page``),
         setting them to None; cached pages handed to the evictor together (a long run in numpy)."""
-        if self.deferred is not None:
-            self.settle()
         seg = pages[start:stop]
         pages[start:stop] = [None] * len(seg)
         if len(seg) <= DROP_LOOP:
@@ -339,8 +325,6 @@ class PageLedger(PageOps):
 
     def take_run(self, group: int, n: int) -> list[int]:
         """``n`` fresh pages of ``group`` (``take`` in a loop, own large pages in bulk)."""
-        if self.deferred is not None:
-            self.settle()
         grant = self._grant
         pages, carved = self.alloc.allocate_many(group, grant.tag, n, grant.quota[group], grant.shared[group])
         grant.quota[group] -= carved
@@ -354,8 +338,6 @@ class PageLedger(PageOps):
         return pages
 
     def retime_keys(self, group: int, keys: list[bytes], ends: list[int], last_access: int) -> None:
-        if self.deferred is not None:
-            self.settle()
         found = list(map(self.index.table[group].get, keys))
         ref = self.ref[group]
         if len(found) <= BULK:
@@ -375,8 +357,6 @@ class PageLedger(PageOps):
             self.evictor.retime_run(group, ids[free], negs[free], last_access)
 
     def age_keys(self, group: int, keys: list[bytes], ends: list[int], stamp: int) -> None:
-        if self.deferred is not None:
-            self.settle()
         ref = self.ref[group]
         picked = [(page, -end) for page, end in zip(map(self.index.table[group].get, keys), ends, strict=True)
                   if page is not None and not ref[page]]
@@ -391,8 +371,6 @@ class PageLedger(PageOps):
     def register(self, group: int, page: int, key: bytes) -> bool:
         """A key whose page is only CACHED goes to ``page``: the cached duplicate is evicted
         (``PrefixIndex``'s doc); a key held by a live page stays there (False)."""
-        if self.deferred is not None:
-            self.settle()
         index = self.index
         holder = index.get(group, key)
         if holder is not None and holder != page and not self.ref[group][holder] \
@@ -401,8 +379,6 @@ class PageLedger(PageOps):
         return index.register(group, page, key)
 
     def register_run(self, group: int, pages: list[int | None], keys: list[bytes]) -> None:
-        if self.deferred is not None:
-            self.settle()
         index = self.index
         taken = index.register_many(group, pages, keys, self.ref[group])
         if taken:  # keys of CACHED duplicates: evicted, the live pages registered (``register``)
@@ -412,18 +388,12 @@ class PageLedger(PageOps):
                 index.register(group, page, key)
 
     def find(self, group: int, key: bytes) -> int | None:
-        if self.deferred is not None:
-            self.settle()
         return self.index.get(group, key)
 
     def index_table(self, group: int) -> dict[bytes, int]:
-        if self.deferred is not None:
-            self.settle()
         return self.index.table[group]
 
     def unregister(self, group: int, page: int) -> None:
         """Take a page out of the index (an aborted fill: nobody writes it)."""
-        if self.deferred is not None:
-            self.settle()
         self.index.unregister(group, page)
 

@@ -58,7 +58,8 @@ class KVCacheManager:
     while others run) or ``"ordered"`` (for a scheduler that admits cached prefixes first, see
     :mod:`jenga.core.manager.ordered_admission`).  ``device`` is only used by :attr:`layout`.  What a
     variant changes (model transform, policies, admission, eviction default, caps, a step before
-    allocating) is its ``rules_class`` (:mod:`jenga.core.manager.rules`; the baselines bring theirs).
+    allocating) is its ``rules_class`` (:mod:`jenga.core.manager.rules`; the baselines bring theirs),
+    or a ``rules`` instance handed in (a variant whose rules take settings, e.g. ``uniform``'s).
     """
 
     name = "jenga"
@@ -68,14 +69,14 @@ class KVCacheManager:
                  enable_prefix_caching: bool = True, device: str = "cpu", max_lcm_ratio: float = 8.0,
                  fit_pages: bool = True, window_slack: int | None = None, out_of_window_age: int = OUT_OF_WINDOW_AGE,
                  eviction: str | None = None, host_memory_bytes: int | str | None = None,
-                 host_policy: str = "per-kind", admission: str | None = None):
+                 host_policy: str = "per-kind", admission: str | None = None, rules: ManagerRules | None = None):
         tokens_per_page = checked_int(tokens_per_page, "tokens_per_page")
         memory_bytes = parse_bytes(memory_bytes)  # an int, or "64GiB" like the CLI
         if host_memory_bytes is not None:
             host_memory_bytes = parse_bytes(host_memory_bytes)
         if window_slack is not None:
             window_slack = checked_int(window_slack, "window_slack", minimum=0)
-        self.rules = rules = self.rules_class()
+        self.rules = rules = self.rules_class() if rules is None else rules  # a variant's rules, injected
         eviction = eviction or rules.default_eviction
         check_choices(eviction, host_policy)
         if admission is not None and admission not in ADMISSION_RULES:
@@ -90,7 +91,7 @@ class KVCacheManager:
         self.block = tokens_per_page
         self.caching = enable_prefix_caching
         self.device = device
-        self.large_page_bytes = model.lcm_page_bytes
+        self.large_page_bytes = model.large_page_bytes
         self.memory_bytes = memory_bytes
         p = build_parts(model, self.source_model, memory_bytes, host_memory_bytes, block=self.block, caching=self.caching,
                         eviction=eviction, out_of_window_age=out_of_window_age, window_slack=window_slack,
@@ -106,8 +107,16 @@ class KVCacheManager:
         self._layout = None
 
     # ----------------------------------------------------------- the parts
+    def _settle(self, req: Request | None = None) -> None:
+        """Hold a lookup's deferred hit (:mod:`jenga.core.manager.ledger`): once, at the entry of
+        each call that reads or moves pages.  ``req``: the call is the deferred request's own
+        ``lookup`` or ``free``, which lets its hit go without holding it."""
+        ledger = self.ledger
+        if ledger.deferred is not None and ledger.deferred is not req:
+            ledger.settle()
+
     def _settled(self, part):
-        self.ledger.settle()  # a lookup's deferred hit is held first
+        self._settle()
         return part
 
     alloc = property(lambda self: self._settled(self._alloc), doc="The allocator (tests and checks).")
@@ -123,7 +132,7 @@ class KVCacheManager:
     def pool(self) -> PoolShape:
         """The page pool, read-only: large pages, their bytes, each group's carving and caps."""
         a = self._alloc
-        return PoolShape(a.num_large, a.large_page_bytes, tuple(a.k), tuple(a.page_bytes),
+        return PoolShape(a.num_large, a.large_page_bytes, tuple(a.small_per_large), tuple(a.page_bytes),
                          None if a.caps is None else tuple(a.caps))
 
     now = property(lambda self: self.ledger.now, doc="The clock: one tick per ``allocate``.")
@@ -168,6 +177,7 @@ class KVCacheManager:
         req = self._req(request_id)
         if req.tables is not None or req.num_scheduled:
             raise InvalidArgumentError(f"lookup of request {request_id!r} after its first allocate")
+        self._settle(req)
         return self.prefix_lookup.find(req, max_tokens)
 
     def cached_tokens(self, request_id: object, *, max_tokens: int | None = None) -> int:
@@ -176,7 +186,7 @@ class KVCacheManager:
         req = self._req(request_id)
         if not self.caching or req.tables is not None or req.num_scheduled:
             return 0
-        return self.prefix_lookup.peek(req, max_tokens)
+        return self.prefix_lookup.peek(req, max_tokens)  # reads the index: a deferred hit stays deferred
 
     def allocate(self, request_id: object, num_new_tokens: int, *, num_lookahead: int = 0,
                  num_placeholders: int = 0) -> PageTables | None:
@@ -215,6 +225,7 @@ class KVCacheManager:
             raise SequenceTooLongError(f"request {request_id!r}: {end} tokens exceed the model's max length "
                                        f"{self.model.max_model_len}")
         before = self._before_allocate
+        self._settle(req if before is None else None)  # the request's own deferred hit: _allocate_slow
         if before is not None and not before(self, req, num_new_tokens, num_lookahead):
             return None
         return self._allocate_slow(req, num_new_tokens, num_lookahead, end)
@@ -229,9 +240,11 @@ class KVCacheManager:
         if req.tables is None and self.host is not None and self.host.waits(req.request_id):
             return None  # its host hit's promotion was refused (jenga.core.tier.host_tier)
         old_lookahead, req.num_lookahead = req.num_lookahead, lookahead
-        if ledger.deferred is req and admission.hit_cannot_fit(req, end, admission.admitted):
-            req.num_lookahead = old_lookahead
-            return None
+        if ledger.deferred is req:  # refused at once without holding its hit, or held now
+            if admission.hit_cannot_fit(req, end, admission.admitted):
+                req.num_lookahead = old_lookahead
+                return None
+            ledger.settle()
         pairs = req.pairs or list(zip(self.policies, req.groups, strict=True))
         need, log = admission.plan(req, end, pairs)
         quota = admission.quota_of(req, need, end, admission.admitted)
@@ -285,6 +298,7 @@ class KVCacheManager:
         if len(req.tokens) + len(token_ids) > self._max_tokens:
             raise SequenceTooLongError(f"request {request_id!r}: appending {len(token_ids)} tokens passes "
                                        f"the model's max length {self.model.max_model_len}")
+        self._settle()
         self.step_commit.commit(req, token_ids, num_rejected)
 
     def _active(self, req: Request) -> list[tuple[Policy, GroupState]]:
@@ -296,6 +310,7 @@ class KVCacheManager:
     def free(self, request_id: object) -> None:
         """Drop the request; its registered pages stay cached (evictable), the rest are free."""
         req = self._req(request_id)
+        self._settle(req)
         self.step_commit.drop(req)
         if not self.prefix_lookup.unhold_hit(req):  # a hit not allocated yet: its holds undone, else the pages
             for pol, gs in zip(self.policies, req.groups, strict=True):
@@ -329,7 +344,9 @@ class KVCacheManager:
         each, up to that length, succeed with nothing else changing (a whole-sequence admission
         check: sliding and chunked groups count their window or chunk plus a step, not every
         page; ``jenga.core.manager.cache_control.can_allocate``)."""
-        return cache_control.can_allocate(self, self._req(request_id), num_new_tokens, num_lookahead, step)
+        req = self._req(request_id)
+        self._settle(req)  # the request's own deferred hit: a sure refusal answers without holding it
+        return cache_control.can_allocate(self, req, num_new_tokens, num_lookahead, step)
 
     def chunk_tokens(self, request_id: object, num_new_tokens: int) -> int:
         """The largest ``n' <= num_new_tokens`` every group accepts as the end of the
@@ -371,7 +388,7 @@ class KVCacheManager:
 
     total_bytes = property(lambda self: self.pool.total_bytes, doc="Bytes of the large pages the budget holds.")
 
-    used_bytes = property(lambda self: self.accounting.used_bytes(),
+    used_bytes = property(lambda self: self._settled(self.accounting).used_bytes(),
                           doc="Bytes of pages live requests hold (their hits included); 0 once all are freed.")
 
     usage = property(lambda self: self.used_bytes / self.total_bytes,
@@ -380,18 +397,33 @@ class KVCacheManager:
     # ----------------------------------------------------------- reporting
     def request_accounting(self, req: Request) -> tuple[int, int, int, int]:
         """(held, needed, stale, padding) bytes of one live request (see ``jenga.core.manager.stats``)."""
+        self._settle()
         return self.accounting.request(req)
+
+    def real_groups(self) -> list:
+        """The groups whose needs ``needed_bytes`` measures: jenga's own, each stored in itself."""
+        from jenga.core.manager.accounting import RealGroup
+
+        return [RealGroup(pol, lambda req, gi=pol.gi: req.groups[gi], ((pol.gi, pol.group.num_layers),))
+                for pol in self.policies]
+
+    def needed_bytes(self) -> int:
+        """Bytes the live requests' next step reads, a token several hold counted once."""
+        return self.accounting.needed(self.requests.values(), self.real_groups())
 
     def sharing_accounting(self) -> tuple[int, int]:
         """(bytes counted twice by per-request sums, bytes of duplicate prefix copies)."""
+        self._settle()
         return self.accounting.sharing(self.requests.values())
 
     def stats(self) -> CacheStats:
+        self._settle()
         return collect_stats(self)
 
     def check_integrity(self) -> None:
         """Assert free + used + cached == total, refcounts match the tables, every cached
         page is indexed and keyed, and no page serves two owners."""
+        self._settle()
         check_manager(self)
         if self.host is not None:
             self.host.check()

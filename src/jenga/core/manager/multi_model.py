@@ -30,6 +30,7 @@ from jenga.core.pagesize import PageSizeError, with_base_page
 from jenga.core.policy.registry import cdiv
 from jenga.core.specs import LayerGroup, ModelSpec
 from jenga.core.tables import PageTables
+from jenga.core.validation import checked_int
 from jenga.errors import InsufficientMemoryError, InvalidArgumentError, UnknownRequestError
 from jenga.units import fmt_bytes, parse_bytes
 
@@ -180,12 +181,34 @@ class MultiModelManager(KVCacheManager):
         super().add_request(request_id, prompt_token_ids, cache_salt=scoped_salt(model, cache_salt), **kwargs)
         self.scopes.of[request_id] = self.scopes.index(model)
 
+    def note_waiting(self, model: str, count: int) -> None:
+        """Tell the pool how many requests of ``model`` wait for admission (its scheduler's queue):
+        while another model has some, an admission stays within its even share (``FloorAdmission``)."""
+        if model not in self.scopes.names:
+            raise InvalidArgumentError(f"unknown model {model!r}; this pool serves {', '.join(self.scopes.names)}")
+        self.scopes.waiting[self.scopes.index(model)] = checked_int(count, "count", minimum=0)
+
     def lookup(self, request_id: object, *, max_tokens: int | None = None) -> int:
         """``KVCacheManager.lookup``; the prompt tokens looked up and found count for the request's model."""
-        hit = super().lookup(request_id, max_tokens=max_tokens)
+        hit = self._hit_within_floors(request_id, super().lookup(request_id, max_tokens=max_tokens))
         scope = self.scopes.of[request_id]
         self.scopes.query_tokens[scope] += len(self.requests[request_id].tokens)
         self.scopes.hit_tokens[scope] += hit
+        return hit
+
+    def _hit_within_floors(self, request_id: object, hit: int) -> int:
+        """``hit`` shortened until the floors hold.  A hit holds its pages until the request's first
+        allocate, and pages in fully evictable large pages then count for its model (``H_m``): a
+        long hit could lift ``sum_m max(H_m, F_m)`` past the pool, so another model could no longer
+        reach its floor while this request waits.  A shorter hit holds fewer pages; none holds none.
+        (``cached_tokens``, read only, does not shorten: it may answer more than ``lookup`` finds.)"""
+        adm = self.admission
+        while hit:
+            adm.ledger.settle()
+            held = adm.held_large()
+            if sum(max(h, f) for h, f in zip(held, self.floor_pages, strict=True)) <= self.pool.num_large_pages:
+                break
+            hit = super().lookup(request_id, max_tokens=hit - 1)
         return hit
 
     def model_of(self, request_id: object) -> str:
@@ -217,6 +240,7 @@ class MultiModelManager(KVCacheManager):
     # -------------------------------------------------------------- reporting
     def model_used_bytes(self, name: str) -> int:
         """Bytes of the pages live requests of ``name`` hold (its groups' USED pages)."""
+        self._settle()
         alloc = self._alloc
         return sum(alloc.used_small[g] * alloc.page_bytes[g] for g in self.scopes.groups[self.scopes.index(name)])
 
@@ -226,6 +250,7 @@ class MultiModelManager(KVCacheManager):
     def model_needed_bytes(self, name: str) -> tuple[int, int]:
         """(held, needed) bytes of ``name``'s live requests (their waste is held - needed)."""
         scope = self.scopes.index(name)
+        self._settle()
         held = needed = 0
         for rid, req in self.requests.items():
             if self.scopes.of.get(rid) == scope:

@@ -69,11 +69,11 @@ def build_parts(model: ModelSpec, source_model: ModelSpec, memory_bytes: int, ho
     the one it was given) over the large pages ``memory_bytes`` holds (and ``host_memory_bytes`` on the
     host; ``None``: no host tier; raises when a budget holds no large page).  ``rules`` make each
     group's policy, the admission rule and the per-group caps (baselines bring their own)."""
-    num_large = large_page_count(memory_bytes, model.lcm_page_bytes)
-    num_host_large = 0 if host_memory_bytes is None else host_page_count(host_memory_bytes, model.lcm_page_bytes)
+    num_large = large_page_count(memory_bytes, model.large_page_bytes)
+    num_host_large = 0 if host_memory_bytes is None else host_page_count(host_memory_bytes, model.large_page_bytes)
     alloc = LargePageAllocator([g.page_bytes for g in model.groups], num_large, caps=rules.caps(model, num_large))
     index = PrefixIndex(len(model.groups))
-    sizes = [num_large * k for k in alloc.k]
+    sizes = [num_large * k for k in alloc.small_per_large]
     index.track_pages(sizes)  # registered flags for bulk frees
     if EVICTORS[eviction].counts_uses:
         index.track_uses(sizes)

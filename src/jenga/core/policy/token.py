@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from math import lcm
 
-from jenga.core.policy.base import NEVER, UNTIL_FREE, PageOps, Policy, cdiv
+from jenga.core.policy.base import NEVER, UNTIL_FREE, PageOps, Policy
 from jenga.core.request import GroupState, Request, TokenState
 from jenga.core.tables import TokenTable
 
@@ -61,13 +61,13 @@ class FullPolicy(Policy):
         gs.registered, gs.released = n, lo
 
     def plan(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> int:
-        return max(0, cdiv(end, self.tpp) - len(gs.pages))
+        return max(0, -(-end // self.tpp) - len(gs.pages))
 
     def grow(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> None:
         pages = gs.pages
         if gs.table is None:  # the hit's pages (shared, maybe past req.hit) are never written
             gs.table = TokenTable(self.gi, self.tpp, pages, len(pages) * self.tpp)
-        n = cdiv(end, self.tpp) - len(pages)
+        n = -(-end // self.tpp) - len(pages)
         if n > 0:
             pages.extend(ops.take_run(self.gi, n))
         if ops.caching:  # findable from allocation on: a request admitted later in this step shares them
@@ -218,7 +218,7 @@ class SlidingPolicy(FullPolicy):
     def release_point(self, released: int) -> int:
         # rounded up to a page end, so releases ride on the registration commit
         first = (released + 1) * self.tpp + self.group.spec.window - 1
-        return cdiv(first, self.tpp) * self.tpp
+        return -(-first // self.tpp) * self.tpp
 
     def retained_spans(self, req: Request) -> list[tuple[int, int]]:
         """Page ranges ``[lo, hi)`` that form the window before a branch point of this request:
@@ -305,4 +305,4 @@ class ChunkedPolicy(FullPolicy):
         return pos - pos % self.group.spec.chunk
 
     def release_point(self, released: int) -> int:
-        return cdiv((released + 1) * self.tpp, self.group.spec.chunk) * self.group.spec.chunk
+        return -(-((released + 1) * self.tpp) // self.group.spec.chunk) * self.group.spec.chunk

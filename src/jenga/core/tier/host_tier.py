@@ -70,14 +70,14 @@ class HostTier(EvictionListener):
         self.page_bytes = page_bytes
         self.alloc = alloc = LargePageAllocator(page_bytes, num_large)
         self.index = index = PrefixIndex(len(page_bytes))
-        index.track_pages([num_large * k for k in alloc.k])
+        index.track_pages([num_large * k for k in alloc.small_per_large])
         self.evictor = evictor = PrefixEvictor(alloc, index)
         alloc.evictor = evictor
         self.ledger = PageLedger(alloc, index, evictor, caching=True)
         n = len(page_bytes)
         self._grant = Grant("host", [UNLIMITED] * n, [True] * n)  # free slots of carved pages first
         self.ledger.grant(self._grant)
-        self.prefix = [zeros(num_large * k) for k in alloc.k]  # per host page: its prefix length
+        self.prefix = [zeros(num_large * k) for k in alloc.small_per_large]  # per host page: its prefix length
         self.device = device
         self.policies = policies
         self.pending = PendingCopies(page_bytes)
@@ -149,7 +149,6 @@ class HostTier(EvictionListener):
         if not never_ran:
             return
         dev = self.device
-        dev.settle()
         ref = dev.ref
         unused: dict[int, list[int]] = {}
         for g, page in mine:
@@ -219,7 +218,6 @@ class HostTier(EvictionListener):
         dev, ledger = self.device, self.ledger
         now = dev.now
         wanted = list(dict.fromkeys(wanted))
-        dev.settle()
         log = dev.start_log()
         try:
             for g, pages in held.items():
@@ -346,7 +344,7 @@ class HostTier(EvictionListener):
         for (g, h) in self.pending.demote:
             assert index.is_registered(g, h), f"demote target {g}:{h} not indexed on the host"
             pins[(g, h)] = pins.get((g, h), 0) + 1
-        for g in range(len(alloc.k)):
+        for g in range(len(alloc.small_per_large)):
             st, ref = alloc.page_states(g), ledger.ref[g]
             for page, s in enumerate(st):
                 assert ref[page] == pins.get((g, page), 0), f"host page {g}:{page}: {ref[page]} pins"
