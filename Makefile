@@ -107,7 +107,7 @@ test-vllm-versions: $(VLLM_STAMPS)
 
 test-vllm-slow: $(STAMP)
 	$(PY) -m pytest -n 2 --dist loadgroup tests/test_vllm_server.py tests/test_vllm_tp.py tests/test_vllm_spec_decode.py tests/test_vllm_spec_hybrid.py \
-	  tests/test_vllm_host_tier.py
+	  tests/test_vllm_host_tier.py tests/test_vllm_host_isolation.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/manager_overhead.py

@@ -6,10 +6,15 @@
 #      jenga vs paged on the same workload
 #   3. only where a CUDA build of vLLM 0.32-0.34 is importable (`pip install vllm==0.34.0`): jenga inside vLLM, greedy equality with
 #      stock vLLM (FlashAttention and FlashInfer) and the side-by-side benchmark
+#   4. the host tier inside vLLM (same condition; benchmarks/vllm_host_gpu.py): `--kv-offloading-size` with
+#      jenga's scheduler (jenga's per-kind host tier, copies by JengaConnector in the worker) next to stock
+#      vLLM's own offloading connector, the same host bytes, on many articles asked cyclically: prompt
+#      tokens computed, hits, host hits, tokens/s, greedy tokens equal to stock's.  GPU_CHECK_NEED_VLLM=1 makes
+#      parts 3-4 fail (exit 1, naming what is missing) instead of being skipped without CUDA or vLLM.
 # Installs nothing; runs jenga from this checkout's src/ (PYTHONPATH).  Results go under
 # $OUT (or $JENGA_GPU_OUT, default ./gpu_check_out): one log per part and summary.txt, which is
 # also printed at the end.  Exits 0 with a message when there is no CUDA GPU.
-# Knobs: PYTHON, BENCH_REQUESTS (64), BENCH_KV (16GiB), PART_TIMEOUT (seconds per part, 300);
+# Knobs: PYTHON, BENCH_REQUESTS (64), BENCH_KV (16GiB), PART_TIMEOUT (seconds per part, 300), HOST_TIMEOUT (part 4, 900);
 # GPU_CHECK_DEVICE=cpu GPU_CHECK_SMALL=1 runs parts 1-2 on the CPU at a toy shape (to test this script).
 set -uo pipefail
 PY=${PYTHON:-python}
@@ -25,6 +30,10 @@ T=${PART_TIMEOUT:-300}
 DEV=${GPU_CHECK_DEVICE:-cuda}
 
 if [ "$DEV" = cuda ] && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" >/dev/null 2>&1; then
+  if [ -n "${GPU_CHECK_NEED_VLLM:-}" ]; then
+    say "gpu_check: FAILED: GPU_CHECK_NEED_VLLM is set and no CUDA device is visible to $PY (or no torch): parts 3-4 (jenga inside vLLM, its host tier) need one"
+    exit 1
+  fi
   say "gpu_check: no CUDA device visible to $PY (or no torch); nothing to check (this script is for a CUDA machine)"
   exit 0
 fi
@@ -85,11 +94,15 @@ else
   say "2. jenga bench: FAILED (rc $rc; 124 = over ${T}s), see $RES/bench.log"; tail -3 "$RES/bench.log"; status=1
 fi
 
-# 3. jenga inside vLLM (skipped without vLLM)
+# 3. jenga inside vLLM (skipped without vLLM, or failed with GPU_CHECK_NEED_VLLM)
+skip_vllm() {  # $1: the part's name, $2: why it cannot run
+  if [ -n "${GPU_CHECK_NEED_VLLM:-}" ]; then say "$1: FAILED ($2; GPU_CHECK_NEED_VLLM is set)"; status=1
+  else say "$1: skipped ($2)"; fi
+}
 if [ "$DEV" != cuda ]; then
-  say "3. jenga inside vLLM: skipped (not on cuda)"
+  skip_vllm "3. jenga inside vLLM" "not on cuda"
 elif ! "$PY" -c "import vllm" >/dev/null 2>&1; then
-  say "3. jenga inside vLLM: skipped (vLLM is not installed here)"
+  skip_vllm "3. jenga inside vLLM" "vLLM is not installed here"
 elif ! "$PY" -c "from jenga.vllm import compat; compat.check_version()" >"$RES/vllm_version.log" 2>&1; then
   say "3. jenga inside vLLM: FAILED, unsupported vLLM version ($(tail -1 "$RES/vllm_version.log"))"; status=1
 else
@@ -140,8 +153,23 @@ PY
     grep -E "prefix hit rate|greedy outputs equal" "$RES/vllm_$backend.log" | sed 's/^/  /' | tee -a "$SUMMARY"
     [ $rc -eq 0 ] && say "3. vLLM $backend: ok" || { say "3. vLLM $backend: FAILED (rc $rc)"; status=1; }
   done
-  timeout "$T" "$PY" "$HERE/vllm_side_by_side.py" --quick --dtype bfloat16 >"$RES/vllm_side_by_side.log" 2>&1 \
+  timeout "$T" "$PY" "$HERE/vllm_side_by_side.py" --quick >"$RES/vllm_side_by_side.log" 2>&1 \
     && say "3. side-by-side: see $RES/vllm_side_by_side.log" || { say "3. side-by-side: FAILED"; status=1; }
+fi
+
+# 4. the host tier inside vLLM: jenga's (--kv-offloading-size with jenga's scheduler) vs stock's own offloading.
+# vllm_host_gpu.py exits 2 naming what is missing (no CUDA, no CUDA build of vLLM 0.32-0.34)
+echo "== 4. host tier inside vLLM: jenga's vs stock vLLM's offloading, same host bytes"
+if [ "$DEV" != cuda ]; then
+  skip_vllm "4. host tier inside vLLM" "not on cuda"
+else
+  timeout "${HOST_TIMEOUT:-900}" "$PY" "$HERE/vllm_host_gpu.py" --markdown >"$RES/vllm_host.log" 2>&1
+  rc=$?
+  grep -E "^\| |FAILED|cannot run here" "$RES/vllm_host.log" | sed 's/^/  /' | tee -a "$SUMMARY"
+  if [ $rc -eq 2 ]; then skip_vllm "4. host tier inside vLLM" "$(grep -o 'cannot run here: .*' "$RES/vllm_host.log" | head -1)"
+  elif [ $rc -eq 0 ]; then say "4. host tier inside vLLM: ok ($RES/vllm_host.log)"
+  else say "4. host tier inside vLLM: FAILED (rc $rc; 124 = over ${HOST_TIMEOUT:-900}s), see $RES/vllm_host.log"; status=1
+  fi
 fi
 
 echo

@@ -371,6 +371,10 @@ BLOCKS: dict[str, Block] = {
                                          "--outcome", sample=("--rows", "jamba-1.5-mini:long", "--no-prefix-caching",
                                                               "--markdown", "--outcome")),
     "vllm-side-by-side": _script("vllm_side_by_side", "--markdown", "--outcome"),
+    # the host tier's row: six vLLM engines (stock's sweep, jenga, 2x / 4x host); make test samples
+    # jenga + 4x host alone (two engine starts, one run: about two minutes of CPU)
+    "vllm-side-by-side-host": _script("vllm_side_by_side", "--rows", "many", "--markdown", "--outcome",
+                                      sample=("--rows", "many", "--engines", "jenga4x", "--markdown", "--outcome")),
     # engine runs of tiny models, 6-13 s of CPU each: -m slow only, but for mllama's jenga row (~7 s of CPU);
     # the other two scripts run both of their configurations on every call (no row filter to sample by)
     "mllama-cross-pages": _script("mllama_cross_pages", "--markdown", "--outcome",

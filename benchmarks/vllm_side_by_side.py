@@ -17,7 +17,14 @@ the previous rounds left under pressure.
 * ``chat`` (c): Gemma-3 text, six conversations growing by one turn per round (the previous
   prompt, its answer and a new message);
 * ``control`` (d): Llama (every layer full attention), the articles workload at the tightest
-  budget: jenga has no layout advantage there.
+  budget: jenga has no layout advantage there;
+* ``many`` (e, the host tier): Gemma-3 text, sixteen ~400-token articles asked in the same cyclic
+  order every round (LRU's worst case) at a device budget of two articles' worth: the working set
+  is eight times the device pool.  Stock runs at its best as above (its CPU build refuses its own
+  offloading: "CPU Offloading is currently only supported on CUDA-alike and XPU GPUs"); jenga runs
+  alone and with vLLM's ``kv_offloading_size`` at 2x and 4x its device pool's bytes (read off the
+  host-less jenga engine of the same run), which gives them to jenga's per-kind host tier.  Its
+  table adds the tokens the host served (``host hit``), and the ratio rows compare stock with each.
 
 vLLM + jenga is ``scheduler_cls="jenga.vllm.JengaScheduler"`` with its default admission order
 (waiting requests with a cached prefix first, :mod:`jenga.vllm.admission`); run with
@@ -139,7 +146,9 @@ class Counters:
 
 
 def run(llm, rounds) -> dict:
-    """Feed the rounds (a round starts once the previous one is done); count per round."""
+    """Feed the rounds (a round starts once the previous one is done); count per round.  With
+    jenga's host tier also ``host_hit``: the hit tokens its promotions served over prompt tokens;
+    ``tokens``: each request's greedy tokens by request id."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -147,7 +156,7 @@ def run(llm, rounds) -> dict:
     c = Counters(eng.engine_core.engine_core.scheduler)
     sp = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     cached = prompt = gen = n_req = 0
-    per_round = []
+    per_round, tokens = [], {}
     gen_rounds = rounds if hasattr(rounds, "send") else _static(rounds)
     outs = None
     t0 = time.perf_counter()
@@ -167,13 +176,17 @@ def run(llm, rounds) -> dict:
                     prompt += len(out.prompt_token_ids)
                     gen += len(out.outputs[0].token_ids)
                     got[int(out.request_id.split("-")[1])] = list(out.outputs[0].token_ids)
+                    tokens[out.request_id] = got[int(out.request_id.split("-")[1])]
         n_req += len(prompts)
         per_round.append(f"{hits}/{len(prompts)}")
         outs = [got[i] for i in range(len(prompts))]
     dt = time.perf_counter() - t0
     computed = c.scheduled - (gen - n_req)  # every token run that was not a decode step
+    mgr = getattr(eng.engine_core.engine_core.scheduler, "jenga", None)
+    host = mgr.stats().host_hit_tokens if mgr is not None and mgr.host is not None else None
     return dict(hit=cached / prompt, computed=computed, prompt=prompt, preempt=c.preempt, peak=c.peak,
-                tps=gen / dt, sched_us=1e6 * c.sched_s / max(1, c.steps), rounds=" ".join(per_round))
+                tps=gen / dt, sched_us=1e6 * c.sched_s / max(1, c.steps), rounds=" ".join(per_round),
+                host_hit=None if host is None else host / prompt, tokens=tokens)
 
 
 #: stock vLLM's settings tried on every row (its best one is reported, named): retention of
@@ -236,6 +249,18 @@ def rows(quick: bool) -> dict:
     }
 
 
+#: jenga's host tier on the host rows: ``kv_offloading_size`` = these multiples of its device pool's bytes
+HOST_MULTIPLES = (2, 4)
+
+
+def host_rows(quick: bool) -> dict:
+    """Row name -> (family, engine kwargs, rounds builder, budget in vLLM blocks): working sets
+    several times the device pool, asked cyclically (``--quick``: twelve articles, three rounds)."""
+    per_article = 6 * 14
+    n, q = (12, 3) if quick else (16, 4)
+    return {"many": ("gemma3", {}, lambda: articles(3, n, n_questions=q), 2 * per_article)}
+
+
 def longest(rounds_fn) -> int:
     rounds = rounds_fn()
     if hasattr(rounds, "send"):  # chat: the last round's prompts are known only by running it
@@ -256,7 +281,10 @@ def ratio(a: float, b: float) -> str:
 
 def main(argv=None) -> list:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rows", default="articles,hybrid,hybrid32,chat,control", help="comma-separated rows to run")
+    ap.add_argument("--rows", default="articles,hybrid,hybrid32,chat,control", help="comma-separated rows to run "
+                    "(the host tier's: many)")
+    ap.add_argument("--engines", default=None, help="host rows: only these of stock,jenga,jenga2x,jenga4x "
+                    "(a ratio row needs stock and its jenga)")
     ap.add_argument("--blocks", type=int, default=None, help="one budget (vLLM blocks) for every row instead")
     ap.add_argument("--quick", action="store_true", help="four articles / chats, three budgets (a smoke run)")
     ap.add_argument("--chunk", type=int, default=128, help="max_num_batched_tokens, both engines (0: vLLM's)")
@@ -270,8 +298,13 @@ def main(argv=None) -> list:
     from vllm_support import close, engine, model_dir
 
     root = Path(tempfile.mkdtemp(prefix="jenga-vllm-bench-"))
-    table = []
+    table, host_head = [], True
     for name in args.rows.split(","):
+        if name in host_rows(args.quick):  # its own table (its own columns)
+            table.append(host_row(name, args, root))
+            _print_host(table[-1:], args.markdown, head=host_head, outcome=args.outcome)
+            host_head = False
+            continue
         family, kw, rounds_fn, budgets = rows(args.quick)[name]
         path = model_dir(family, root)
         max_len = longest(rounds_fn)
@@ -293,8 +326,66 @@ def main(argv=None) -> list:
             (label, stock), (jlabel, jenga) = best(tried), best(mine)
             res = {"stock": {**stock, "setting": label}, "jenga": {**jenga, "setting": jlabel}}
             table.append((name, family, blocks, res))
-            _print(table[-1:], args.markdown, head=len(table) == 1, outcome=args.outcome)
+            _print(table[-1:], args.markdown, head=len(table) == 1 or table[-2][0] in host_rows(args.quick),
+                   outcome=args.outcome)
     return table
+
+
+def host_row(name: str, args, root: Path) -> tuple:
+    """One host row: stock at its best, jenga alone, jenga with each of :data:`HOST_MULTIPLES` x its
+    device pool's bytes as ``kv_offloading_size`` (the pool read off the host-less jenga engine)."""
+    from vllm_support import close, engine, model_dir, scheduler
+
+    family, kw, rounds_fn, blocks = host_rows(args.quick)[name]
+    path = model_dir(family, root)
+    base = dict(num_blocks=blocks, max_model_len=longest(rounds_fn), dtype="float32", **kw,
+                **({"max_num_batched_tokens": args.chunk} if args.chunk else {}))
+    wanted = (args.engines or "stock,jenga," + ",".join(f"jenga{m}x" for m in HOST_MULTIPLES)).split(",")
+    res: dict[str, dict] = {}
+    if "stock" in wanted:
+        tried = {}
+        for label, extra in ({"default": {}} if args.stock_default else stock_settings(name, family, kw)).items():
+            llm = engine(path, jenga=False, **base, **extra)
+            tried[label] = run(llm, rounds_fn())
+            close(llm)
+        label, stock = best(tried)
+        res["stock"] = {**stock, "setting": label}
+    llm = engine(path, jenga=True, **base)
+    device_bytes = scheduler(llm).jenga.total_bytes
+    if "jenga" in wanted:
+        res["jenga"] = {**run(llm, rounds_fn()), "setting": "default"}
+    close(llm)
+    for m in HOST_MULTIPLES:
+        if f"jenga{m}x" in wanted:
+            llm = engine(path, jenga=True, kv_offloading_size=m * device_bytes / (1 << 30), **base)
+            res[f"jenga{m}x"] = {**run(llm, rounds_fn()), "setting": f"host {m}x ({m * device_bytes >> 10} KiB)"}
+            close(llm)
+    return name, family, blocks, res
+
+
+HOST_ENGINES = {"stock": "stock", "jenga": "jenga", **{f"jenga{m}x": f"jenga + {m}x host" for m in HOST_MULTIPLES}}
+
+
+def _print_host(table, markdown: bool, head: bool, outcome: bool = False) -> None:
+    """The host rows' table: the main table's columns and ``host hit``; a ratio row per jenga engine
+    that ran beside stock."""
+    cols = ["workload", "model", "blocks", "engine", "setting", "hit rate", "host hit", "prompt computed", "preempt",
+            "peak run", "tok/s", "sched µs/step", "hits per round"]
+    lines = [cols] if head else []
+    for name, family, blocks, res in table:
+        for key, r in res.items():
+            host = "" if r["host_hit"] is None else f"{r['host_hit']:.1%}"
+            lines.append([name, family, str(blocks), HOST_ENGINES[key], r["setting"], f"{r['hit']:.1%}", host,
+                          f"{r['computed']}/{r['prompt']}", str(r["preempt"]), str(r["peak"]), f"{r['tps']:.1f}",
+                          f"{r['sched_us']:.0f}", r["rounds"]])
+        s = res.get("stock")
+        for key, j in res.items():
+            if s is None or key == "stock":
+                continue
+            lines.append([name, family, str(blocks), f"stock/{HOST_ENGINES[key]}", "", "", "",
+                          ratio(s["computed"], j["computed"]), "", ratio(j["peak"], s["peak"]),
+                          ratio(j["tps"], s["tps"]) + " (j/s)", ratio(j["sched_us"], s["sched_us"]) + " (j/s)", ""])
+    _emit(lines, markdown, head, outcome, (10, 11))
 
 
 MACHINE_COLS = (9, 10)  # tok/s and scheduler µs per step: the columns that depend on the machine (left out by --outcome)
@@ -313,9 +404,14 @@ def _print(table, markdown: bool, head: bool, outcome: bool = False) -> None:
         lines.append([name, family, str(blocks), "stock/jenga", "", "", ratio(s["computed"], j["computed"]), "",
                       ratio(j["peak"], s["peak"]), ratio(j["tps"], s["tps"]) + " (j/s)",
                       ratio(j["sched_us"], s["sched_us"]) + " (j/s)", ""])
+    _emit(lines, markdown, head, outcome, MACHINE_COLS)
+
+
+def _emit(lines, markdown: bool, head: bool, outcome: bool, machine_cols) -> None:
+    """Print a table's lines (the first one the header when ``head``), without ``machine_cols`` when ``outcome``."""
     for k, cells in enumerate(lines):
         if outcome:
-            cells = [c for i, c in enumerate(cells) if i not in MACHINE_COLS]
+            cells = [c for i, c in enumerate(cells) if i not in machine_cols]
         if markdown:
             print("| " + " | ".join(cells) + " |")
             if head and k == 0:

@@ -157,8 +157,8 @@ def test_kv_events_follow_the_prefix_index():
     mgr.enable_kv_events()
     serve(mgr, "a", [10, 11, 12, 13, 14], [15])
     h = mgr.hasher.memo._memo["a"][1]  # the block hashes of "a"
-    assert mgr.take_events() == [BlockStored(0, [h[0]], None, [10, 11], 2),
-                                 BlockStored(0, [h[1]], h[0], [12, 13], 2)]
+    assert mgr.take_events() == [BlockStored(0, [h[0]], None, [10, 11], 2, kind="full"),
+                                 BlockStored(0, [h[1]], h[0], [12, 13], 2, kind="full")]
     assert mgr.take_events() == []
     serve(mgr, "b", [20, 21, 22, 23, 24, 25], [])  # needs all 3 pages: evicts the cached two, tail first
     ev = mgr.take_events()

@@ -211,6 +211,36 @@ def test_exact_demote_and_promote_pages():
     mgr.check_integrity()
 
 
+def test_kv_events_name_the_tier_of_each_page():
+    """3 device and 2 host pages of one full-attention group, three 2-page prefixes in turn, then the
+    first again: each demotion is a host ``BlockStored`` ("CPU", the key only) before the device's
+    ``BlockRemoved``, the host's own evictions are "CPU" removals (oldest prefix, deepest first), the
+    device's stores carry their tokens and kind; a reset is one ``AllBlocksCleared`` for both tiers."""
+    from jenga.core.prefix.events import AllBlocksCleared, BlockStored
+
+    mgr = host_manager(model(group("full", full(), 1), max_len=64), 3, 2)
+    mgr.enable_kv_events()
+    prompts = {"a": [1, 2, 3, 4, 5], "b": [11, 12, 13, 14, 15], "c": [21, 22, 23, 24, 25]}
+    for rid in ("a", "b", "c"):
+        serve(mgr, rid, prompts[rid], [9])
+        mgr.take_copy_plan()
+    name = {h: f"{rid}{i}" for rid in prompts for i, h in enumerate(mgr.hasher.memo._memo[rid][1][:2])}
+    got = []
+    for e in mgr.take_events():
+        assert e.group == 0 and len(e.block_hashes) == 1
+        tag = ("+" if isinstance(e, BlockStored) else "-") + e.medium + " " + name[e.block_hashes[0]]
+        if isinstance(e, BlockStored):
+            assert e.kind == "full" and e.block_size == 2
+            assert e.token_ids == ([] if e.medium == "CPU" else prompts[tag[-2]][2 * int(tag[-1]):][:2]), e
+        got.append(tag)
+    assert got == ["+GPU a0", "+GPU a1",
+                   "+CPU a1", "+CPU a0", "-GPU a1", "-GPU a0", "+GPU b0", "+GPU b1",
+                   "-CPU a1", "+CPU b1", "-CPU a0", "+CPU b0", "-GPU b1", "-GPU b0", "+GPU c0", "+GPU c1"]
+    assert mgr.reset_prefix_cache()
+    assert mgr.take_events() == [AllBlocksCleared()]
+    assert not len(mgr.host.index)
+
+
 def test_promotion_follows_admission_and_spares_reused_pages():
     """A lookup's promotion takes device pages under admission's rule: while another request runs
     it may not evict the evictor's protected (reused) pages, so it is refused before any page

@@ -57,6 +57,8 @@ SLOW = [n for n in rt.BLOCKS if n not in rt.FAST]
 LONG = ("op-fuzz-long",)
 #: samples that run vLLM's manager: one worker imports vLLM once for them
 VLLM_SAMPLES = ("vs-vllm-main", "vs-vllm-extra", "vs-vllm-no-prefix-caching")
+#: samples that start vLLM engines (in-process engine cores): a worker of their own
+ENGINE_SAMPLES = ("vllm-side-by-side-host",)
 
 
 @pytest.mark.slow
@@ -77,7 +79,8 @@ def _stale_figure(text: str, name: str, sample: str) -> str:
 
 
 @pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xdist_group("readme-vs-vllm") if n in VLLM_SAMPLES else ())
+    pytest.param(n, marks=pytest.mark.xdist_group("readme-vs-vllm") if n in VLLM_SAMPLES else
+                 pytest.mark.xdist_group("readme-vllm-engines") if n in ENGINE_SAMPLES else ())
     for n in SLOW if rt.BLOCKS[n].sample is not None])
 def test_slow_block_sample_is_in_its_pages(name):
     """The slow block's sampled rows, rendered now, are in every copy of its block; and a page whose

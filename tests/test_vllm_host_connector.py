@@ -18,7 +18,7 @@ import pytest
 import torch
 from vllm.config import KVTransferConfig
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm_async_driver import FakeRunner, async_config, kv_config, make_scheduler, run
+from vllm_async_driver import FakeRunner, async_config, kv_config, make_scheduler, requests, run
 from vllm_support import JENGA, model_dir, workloads
 
 from jenga.core.tier.copy_plan import CopyPlan
@@ -229,3 +229,110 @@ def test_connector_hands_each_plan_out_once_and_runs_it_before_the_step(path):
     worker.copies.execute = ran.append
     worker.handle_preemptions(meta)
     assert ran == [meta.plan]
+
+
+# ---------------------------------------------------------------------------------------------- KV events
+@pytest.fixture(scope="module", params=list(LAYERS))
+def published(request, path):
+    """jenga's scheduler with the host tier and vLLM's KV events on (``kv_events_config``, the null
+    publisher): every batch it publishes, as a subscriber decodes it (msgpack, ``KVEventBatch``)."""
+    import msgspec
+    from vllm.config import KVEventsConfig
+    from vllm.distributed.kv_events import KVEventBatch
+
+    ps, other = workloads()["pressure"], workloads(seed=1)["pressure"]
+    cfg = async_config(path, max_model_len=320, scheduler_cls=JENGA, kv_offloading_size=HOST_GIB,
+                       kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"))
+    kv = attach_host_layout(cfg, [rewrite_config(kv_config(cfg, LAYERS[request.param], 20),
+                                                 cfg.model_config.max_model_len)])[0]
+    sched, hash_block = make_scheduler(JengaAsyncScheduler, cfg, kv)
+    batches, enc, dec = [], msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(type=KVEventBatch)
+    sched.kv_event_publisher.publish = lambda batch: batches.append(dec.decode(enc.encode(batch)))
+    run(sched, hash_block, kv, ps + other + ps, arrivals=[0] * len(ps) + [300] * len(other) + [600] * len(ps),
+        runner=HostRunner(kv))
+    return dict(sched=sched, kv=kv, events=[e for b in batches for e in b.events])
+
+
+def test_kv_events_name_group_kind_and_tier_and_replay_both_tiers(published):
+    """A router replaying the events (per tier and group: stored adds a key, removed drops it) ends
+    with exactly what each tier holds; host stores are the demotions, host removals its evictions;
+    every stored event names its group's kind as vLLM's own manager does."""
+    from vllm.distributed.kv_events import BlockRemoved, BlockStored
+    from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
+
+    sched, events = published["sched"], published["events"]
+    mgr = sched.jenga
+    specs = [g.kv_cache_spec for g in published["kv"].kv_cache_groups]
+    held: dict[tuple[str, int], set] = {}
+    counts = {(t, m): 0 for t in (BlockStored, BlockRemoved) for m in ("GPU", "CPU")}
+    for e in events:
+        assert isinstance(e, (BlockStored, BlockRemoved)), e
+        counts[(type(e), e.medium)] += 1
+        keys = held.setdefault((e.medium, e.group_idx), set())
+        (h,) = e.block_hashes
+        if isinstance(e, BlockStored):
+            assert (e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window) == (
+                get_kv_cache_spec_kind(specs[e.group_idx]).value,
+                get_kv_cache_spec_sliding_window(specs[e.group_idx]))
+            if e.medium == "CPU":  # a demotion: the device still holds the key it announced with its tokens
+                assert h in held.get(("GPU", e.group_idx), ()) and e.token_ids == [], e
+            assert h not in keys, f"{e.medium} group {e.group_idx}: stored twice"
+            keys.add(h)
+        else:
+            assert h in keys, f"{e.medium} group {e.group_idx}: removed a key never stored"
+            keys.discard(h)
+    st = mgr.stats()
+    print(f"\nevents { {f'{t.__name__} {m}': n for (t, m), n in counts.items()} }, demotions {st.demotions}")
+    assert min(counts.values()) > 0, counts  # stored and removed on both tiers
+    assert counts[(BlockStored, "CPU")] == st.demotions > 0
+    assert {(e.kv_cache_spec_kind) for e in events if isinstance(e, BlockStored)} == {
+        get_kv_cache_spec_kind(s).value for s in specs}
+    for g in range(len(specs)):  # the keys are vLLM's block hashes (jenga's index is keyed by them)
+        assert held.get(("GPU", g), set()) == set(mgr.index.table[g]), f"device group {g}"
+        assert held.get(("CPU", g), set()) == set(mgr.host.index.table[g]), f"host group {g}"
+
+
+# ---------------------------------------------------------------------------------------------- salts and LoRA
+def _tenants(kind: str) -> tuple[dict, dict]:
+    from vllm.lora.request import LoRARequest
+
+    if kind == "salt":
+        return dict(cache_salt="tenant-a"), dict(cache_salt="tenant-b")
+    return (dict(lora_request=LoRARequest("a", 1, "/adapters/a")),  # the scheduler reads its name only
+            dict(lora_request=LoRARequest("b", 2, "/adapters/b")))
+
+
+@pytest.mark.parametrize("kind", ["salt", "lora"])
+def test_salts_and_lora_keep_host_pages_apart(path, kind):
+    """One prompt under tenant (or adapter) A, other documents until A's pages left the device for the
+    host, the prompt under B: no hit at all (the host holds A's pages under A's keys); then under A
+    again: a hit, every token of it promoted from the host; greedy tokens equal stock's throughout."""
+    a, b = _tenants(kind)
+    prompt, flush = workloads()["pressure"][:1], workloads(seed=1)["pressure"]
+    phases = [("a", prompt, a), ("flush", flush, {}), ("b", prompt, b), ("a again", prompt, a)]
+    got = {}
+    for engine_name, cls, kw in (("stock", AsyncScheduler, {}),
+                                 ("jenga", JengaAsyncScheduler, dict(scheduler_cls=JENGA, kv_offloading_size=HOST_GIB))):
+        cfg = async_config(path, max_model_len=320, **kw)
+        kv = kv_config(cfg, LAYERS["sliding"], 20)
+        if cls is JengaAsyncScheduler:
+            kv = attach_host_layout(cfg, [rewrite_config(kv, cfg.model_config.max_model_len)])[0]
+        sched, hash_block = make_scheduler(cls, cfg, kv)
+        runner = HostRunner(kv) if cls is JengaAsyncScheduler else FakeRunner(kv)
+        for name, ps, extra in phases:
+            mgr = getattr(sched, "jenga", None)
+            before = mgr.stats() if mgr else None
+            tokens, *_ = run(sched, hash_block, kv, ps, runner=runner, name=f"{name}-", extra=extra)
+            after = mgr.stats() if mgr else None
+            got[(engine_name, name)] = tokens, before, after
+            if mgr and name == "flush":  # A's pages are on the host only now
+                keys = set(requests(sched, hash_block, prompt, extra=a)[0].block_hashes)
+                assert not keys & {k for t in mgr.index.table for k in t}
+                assert keys & {k for t in mgr.host.index.table for k in t}
+    for name, *_ in phases:
+        assert got[("jenga", name)][0] == got[("stock", name)][0], name
+    hits = {name: (after.prefix_hit_tokens - before.prefix_hit_tokens, after.host_hit_tokens - before.host_hit_tokens)
+            for (engine_name, name), (_, before, after) in got.items() if engine_name == "jenga"}
+    print(f"\n{kind}: (prefix hit, host hit) tokens per phase {hits}")
+    assert hits["b"] == (0, 0)
+    assert hits["a again"][0] == hits["a again"][1] > 0

@@ -255,16 +255,23 @@ class Stall(AssertionError):
     """The scheduler stopped: requests wait, nothing runs and nothing is in flight."""
 
 
-def run(scheduler, hash_block: int, kv_cache_config, prompts, *, max_tokens: int = 24, arrivals=None,
-        runner: FakeRunner | None = None):
-    """Serve ``prompts`` (request ``i`` added before step ``arrivals[i]``) with two batches in flight
-    (``runner``: a ``FakeRunner`` of the caller's, e.g. one that also runs a connector's copies).
-    Returns (generated tokens per request, the runner, steps taken, placeholder tokens scheduled)."""
+def requests(scheduler, hash_block: int, prompts, *, max_tokens: int = 24, name: str = "r", extra=None) -> list:
+    """vLLM ``Request`` objects for ``prompts`` with vLLM's block hashes (``extra``: keyword arguments
+    of ``Request``, e.g. ``cache_salt`` / ``lora_request``, for every request)."""
     hash_fn = get_hash_fn_by_name(scheduler.cache_config.prefix_caching_hash_algo)
     init_none_hash(hash_fn)
     hasher = get_request_block_hasher(hash_block, hash_fn)
-    reqs = [Request(f"r{i}", list(p), SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
-                    None, block_hasher=hasher) for i, p in enumerate(prompts)]
+    return [Request(f"{name}{i}", list(p), SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+                    None, block_hasher=hasher, **(extra or {})) for i, p in enumerate(prompts)]
+
+
+def run(scheduler, hash_block: int, kv_cache_config, prompts, *, max_tokens: int = 24, arrivals=None,
+        runner: FakeRunner | None = None, name: str = "r", extra=None):
+    """Serve ``prompts`` (request ``i`` added before step ``arrivals[i]``) with two batches in flight
+    (``runner``: a ``FakeRunner`` of the caller's, e.g. one that also runs a connector's copies;
+    ``name`` / ``extra``: see :func:`requests`).
+    Returns (generated tokens per request, the runner, steps taken, placeholder tokens scheduled)."""
+    reqs = requests(scheduler, hash_block, prompts, max_tokens=max_tokens, name=name, extra=extra)
     arrivals = arrivals or [0] * len(reqs)
     runner, queue, step, placeholders = runner or FakeRunner(kv_cache_config), deque(), 0, 0
     pending = sorted(range(len(reqs)), key=lambda i: arrivals[i])

@@ -17,6 +17,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from vllm.distributed import kv_events as ve
+from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
 from vllm.v1.metrics.stats import PrefixCacheStats
 
 from jenga.core.manager.manager import KVCacheManager
@@ -93,6 +94,8 @@ class JengaKVCacheAdapter:
         self.empty_kv_cache_blocks = Blocks(tuple([] for _ in range(self.num_groups)))
         self._sent: dict[str, list[int]] = {}  # request id -> block ids already sent, per group
         self.num_preempted_or_freed = 0
+        # what vLLM's own manager stamps on a group's stored events (its ``kv_cache_event_metadata``)
+        self.event_kinds = tuple((get_kv_cache_spec_kind(s).value, get_kv_cache_spec_sliding_window(s)) for s in specs)
         if enable_kv_cache_events:
             self.manager.enable_kv_events()
         # per group, fixed for the engine's life: exec-id scale, and whether it is a state group
@@ -394,14 +397,21 @@ class JengaKVCacheAdapter:
         return True
 
     def take_events(self) -> list:
+        """jenga's KV events as vLLM's: ``group_idx`` the group, ``medium`` the tier (``"GPU"`` the
+        device, ``"CPU"`` jenga's host tier: a demotion stores there, a host eviction removes), and
+        on stored events the group's page kind as vLLM's own manager names it
+        (``kv_cache_spec_kind``, ``kv_cache_spec_sliding_window``)."""
         if self.manager.prefix_lookup.index.events is None:  # events off: nothing recorded (read without
             return []                                        # holding a lookup's deferred hit: held at need)
         out = []
+        kinds = self.event_kinds
         for e in self.manager.take_events():
             if isinstance(e, BlockStored):
+                kind, window = kinds[e.group]
                 out.append(ve.BlockStored(block_hashes=e.block_hashes, parent_block_hash=e.parent_block_hash,
                                           token_ids=e.token_ids, block_size=e.block_size, lora_id=None,
-                                          medium=e.medium, lora_name=None, group_idx=e.group))
+                                          medium=e.medium, lora_name=None, group_idx=e.group,
+                                          kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window))
             elif isinstance(e, BlockRemoved):
                 out.append(ve.BlockRemoved(block_hashes=e.block_hashes, medium=e.medium, group_idx=e.group))
             elif isinstance(e, AllBlocksCleared):

@@ -105,4 +105,4 @@ def take_events(index: PrefixIndex, model: ModelSpec, block: int) -> list[KVEven
     if log is None:
         return []
     sizes = [g.tokens_per_page if g.spec.per_token else g.spec.checkpoint_interval for g in model.groups]
-    return log.take(sizes, block)
+    return log.take(sizes, block, [g.spec.kind for g in model.groups])

@@ -31,7 +31,7 @@ from jenga.core.manager.pool import PoolShape
 from jenga.core.manager.rules import ManagerRules
 from jenga.core.manager.stats import CacheStats, collect_stats
 from jenga.core.policy.registry import OUT_OF_WINDOW_AGE, Policy
-from jenga.core.prefix.events import EventLog, KVEvent
+from jenga.core.prefix.events import HOST, EventLog, KVEvent
 from jenga.core.prefix.hashing import ImageRef
 from jenga.core.request import GroupState, Request, RequestView
 from jenga.core.specs import ModelSpec
@@ -375,9 +375,12 @@ class KVCacheManager:
         return 0 if self.host is None else self.host.num_large
 
     def enable_kv_events(self) -> None:
-        """Record KV events from now on (see ``jenga.core.prefix.events``); ``take_events`` returns them."""
+        """Record KV events from now on (see ``jenga.core.prefix.events``); ``take_events`` returns them
+        (the host tier's under ``medium="CPU"``, in order with the device's)."""
         if self.index.events is None:
             self.index.events = EventLog()
+            if self.host is not None:
+                self.host.index.events = self.index.events.tier(HOST)
 
     def take_events(self) -> list[KVEvent]:
         """The KV events since the last call, oldest first ([] when not enabled)."""

@@ -313,17 +313,21 @@ class HostTier(EvictionListener):
         return done
 
     def reset(self) -> None:
-        """Forget every host page and pending copy (after the device's ``reset_prefix_cache``)."""
+        """Forget every host page and pending copy (after the device's ``reset_prefix_cache``, whose
+        one ``AllBlocksCleared`` KV event covers the host's pages too: none is recorded per page)."""
         self._unpin_all()
         self.pending.take()
         self._promoted_by.clear()
         self._promoter.clear()
-        ev = self.evictor
-        while ev.evict_large() is not None:
-            pass
-        for g in range(len(self.page_bytes)):
-            while ev.evict_small(g) is not None:
+        ev, events, self.index.events = self.evictor, self.index.events, None
+        try:
+            while ev.evict_large() is not None:
                 pass
+            for g in range(len(self.page_bytes)):
+                while ev.evict_small(g) is not None:
+                    pass
+        finally:
+            self.index.events = events
 
     # ------------------------------------------------------------------ integrity
     def check(self) -> None:
