@@ -232,8 +232,9 @@ def _script_cmd(name: str, argv) -> str:
     return f"python benchmarks/{name}.py " + " ".join(argv)
 
 
-def _script_table(name: str, argv) -> Callable[[], str]:
-    """What ``benchmarks/NAME.py ARGV`` prints (run in this process; its stderr is progress), table lines only."""
+def _script_table(name: str, argv, keep: tuple[str, ...] = ("|",)) -> Callable[[], str]:
+    """What ``benchmarks/NAME.py ARGV`` prints (run in this process; its stderr is progress), the lines
+    starting with one of ``keep`` only (table lines by default)."""
     def render() -> str:
         import contextlib
         import importlib
@@ -243,8 +244,16 @@ def _script_table(name: str, argv) -> Callable[[], str]:
         with contextlib.redirect_stdout(buf):
             importlib.import_module(name).main(list(argv))
         # the table's lines only: vLLM's engines log to stdout too
-        return "\n".join(line for line in buf.getvalue().splitlines() if line.startswith("|"))
+        return "\n".join(line for line in buf.getvalue().splitlines() if line.startswith(keep))
     return render
+
+
+def _cache_oracle(*argv: str, sample: tuple[str, ...] | None = None) -> Block:
+    """``cache_oracle.py``'s table and the problems it lists under it; sampled by the same script on
+    ``sample``'s arguments (one family and feature: its row's leading columns, the table lines only)."""
+    part = None if sample is None else Sample(_script_cmd("cache_oracle", sample), _script_table("cache_oracle", sample),
+                                              prefix=True)
+    return Block(_script_cmd("cache_oracle", argv), _script_table("cache_oracle", argv, keep=("|", "- ")), part)
 
 
 def _host_tier(traces: str, hosts: str, sample: tuple[str, str, str, str]) -> Block:
@@ -287,6 +296,10 @@ def _vllm_spec_acceptance() -> str:
     return bench.render(rows, markdown=True)
 
 
+#: the engine oracle's block: one tiny family per page kind (sliding, chunked, Mamba-1, Mamba-2, vision, cross)
+ORACLE_FAMILIES = "tiny-gemma3,tiny-llama4,tiny-jamba,tiny-bamba,tiny-gemma3-vision,tiny-mllama"
+
+
 BLOCKS: dict[str, Block] = {
     "reproduce-closed-form": _reproduce("closed form", "Llama-4 context", sample="closed form"),
     "plan-ministral": _plan("ministral-8b", "64GiB"),
@@ -322,6 +335,10 @@ BLOCKS: dict[str, Block] = {
     "spec-pool-copy": _script("spec_decode_pool", "--kv-memory", "6MiB", "--markdown", "--outcome"),
     "spec-pool-llama": _script("spec_decode_pool", "--kv-memory", "6MiB", "--draft", "tiny-llama", "--markdown",
                                "--outcome"),
+    # the cache-correctness oracle: every tiny family x feature in the engine (minutes: -m slow), sampled by
+    # tiny-jamba's plain column (~10 s of CPU)
+    "cache-oracle": _cache_oracle("--no-vllm", "--families", ORACLE_FAMILIES, "--jobs", "6", "--markdown",
+                                  sample=("--no-vllm", "--families", "tiny-jamba", "--features", "plain", "--markdown")),
     "host-tier": _host_tier("articles64,chats64", "0,2,4,8", sample=("jamba-1.5-mini", "chats64", "2", "per-kind")),
 }
 #: Blocks make test re-renders whole (seconds each); the rest under ``-m slow``, their samples in make test.
