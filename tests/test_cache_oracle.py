@@ -29,6 +29,9 @@ KNOWN = {
     # counts: a request RequestLimits admits does not fit alone ("needs pages for 49 tokens")
     **{(f, "spec"): (Exception, "draft slots on a window: capacity counts no lookahead")
        for f in ("tiny-gemma3", "tiny-mistral", "tiny-llama4")},
+    # not a cache bug: the trace's budget search finds no preempting budget for tiny Bamba (seed 0)
+    **{("tiny-bamba", x): (AssertionError, "vacuous: no preemption at the oracle's budgets")
+       for x in ("plain", "spec", "salts")},
 }
 
 
