@@ -257,8 +257,9 @@ def _script_cmd(name: str, argv) -> str:
     return f"python benchmarks/{name}.py " + " ".join(argv)
 
 
-def _script_table(name: str, argv) -> Callable[[], str]:
-    """What ``benchmarks/NAME.py ARGV`` prints (run in this process; its stderr is progress), table lines only."""
+def _script_table(name: str, argv, keep: tuple[str, ...] = ("|",)) -> Callable[[], str]:
+    """What ``benchmarks/NAME.py ARGV`` prints (run in this process; its stderr is progress), the lines
+    starting with one of ``keep`` only (table lines by default)."""
     def render() -> str:
         import contextlib
         import importlib
@@ -268,7 +269,7 @@ def _script_table(name: str, argv) -> Callable[[], str]:
         with contextlib.redirect_stdout(buf):
             importlib.import_module(name).main(list(argv))
         # the table's lines only: vLLM's engines log to stdout too
-        return "\n".join(line for line in buf.getvalue().splitlines() if line.startswith("|"))
+        return "\n".join(line for line in buf.getvalue().splitlines() if line.startswith(keep))
     return render
 
 
@@ -297,6 +298,14 @@ def _op_fuzz_long(ops: int, sample_ops: int) -> Block:
 
     return Block(_script_cmd("op_fuzz_long", argv), lambda: "\n".join(tables(argv)),
                  Sample(_script_cmd("op_fuzz_long", narrow), leading, prefix=True))
+
+
+def _cache_oracle(*argv: str, sample: tuple[str, ...] | None = None) -> Block:
+    """``cache_oracle.py``'s table and the problems it lists under it; sampled by the same script on
+    ``sample``'s arguments (one family and feature: its row's leading columns, the table lines only)."""
+    part = None if sample is None else Sample(_script_cmd("cache_oracle", sample), _script_table("cache_oracle", sample),
+                                              prefix=True)
+    return Block(_script_cmd("cache_oracle", argv), _script_table("cache_oracle", argv, keep=("|", "- ")), part)
 
 
 def _host_tier(traces: str, hosts: str, sample: tuple[str, str, str, str]) -> Block:
@@ -337,6 +346,10 @@ def _vllm_spec_acceptance() -> str:
         for method in bench.ROWS:
             rows += bench.run_row(method, pathlib.Path(tmp))
     return bench.render(rows, markdown=True)
+
+
+#: the engine oracle's block: one tiny family per page kind (sliding, chunked, Mamba-1, Mamba-2, vision, cross)
+ORACLE_FAMILIES = "tiny-gemma3,tiny-llama4,tiny-jamba,tiny-bamba,tiny-gemma3-vision,tiny-mllama"
 
 
 BLOCKS: dict[str, Block] = {
@@ -383,6 +396,10 @@ BLOCKS: dict[str, Block] = {
     "spec-pool-copy": _script("spec_decode_pool", "--kv-memory", "6MiB", "--markdown", "--outcome"),
     "spec-pool-llama": _script("spec_decode_pool", "--kv-memory", "6MiB", "--draft", "tiny-llama", "--markdown",
                                "--outcome"),
+    # the cache-correctness oracle: every tiny family x feature in the engine (minutes: -m slow), sampled by
+    # tiny-jamba's plain column (~10 s of CPU)
+    "cache-oracle": _cache_oracle("--no-vllm", "--families", ORACLE_FAMILIES, "--jobs", "6", "--markdown",
+                                  sample=("--no-vllm", "--families", "tiny-jamba", "--features", "plain", "--markdown")),
     "host-tier": _host_tier("articles64,chats64", "0,2,4,8", sample=("jamba-1.5-mini", "chats64", "2", "per-kind")),
     # every manager, the host tier, lookahead and the vLLM adapter's call sequence (an hour on two busy cores)
     "op-fuzz-long": _op_fuzz_long(200_000, 2_000),

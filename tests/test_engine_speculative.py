@@ -143,3 +143,19 @@ def test_bad_speculative_arguments():
         jenga.LLM("tiny-llama", speculative_model="tiny-llama", num_speculative_tokens=0)
     with pytest.raises(InvalidArgumentError, match="vision-language"):
         jenga.LLM("tiny-gemma3-vision", speculative_model="tiny-gemma3")
+
+
+def test_the_schedulers_fit_probe_counts_the_draft_slots(monkeypatch):
+    """A request running alone whose chunk does not fit is given the longest chunk ``can_allocate``
+    accepts; ``allocate`` adds the draft slots, so the probe must count them too (found by the cache
+    oracle: a probe without them picked a chunk ``allocate`` then refused, and the engine raised
+    "needs pages for N tokens, more than the whole KV cache holds")."""
+    llm = jenga.LLM("tiny-gemma3", kv_memory="8MiB", speculative_model="tiny-gemma3", num_speculative_tokens=3)
+    seq = llm.add_request(prompts((20,))[0], GREEDY)
+    llm.scheduler._enter(seq)
+    asked = []
+    raw = llm.manager.can_allocate
+    monkeypatch.setattr(llm.manager, "can_allocate", lambda rid, n, **kw: asked.append(kw) or raw(rid, n, **kw))
+    assert llm.scheduler.mgr.can_allocate(seq.request_id, 5)
+    assert asked == [dict(num_lookahead=3)]
+    llm.abort(seq.request_id)

@@ -63,7 +63,9 @@ def check_draft_groups(spec, manager, name: str) -> None:
 
 class LookaheadManager:
     """The manager as the scheduler sees it: every ``allocate`` also covers the request's
-    draft slots (``lookahead(request_id, num_new)`` of them); everything else passes through."""
+    draft slots (``lookahead(request_id, num_new)`` of them), and so does ``can_allocate`` (the
+    scheduler's probe for a chunk that fits a request running alone must ask what ``allocate``
+    will take); everything else passes through."""
 
     def __init__(self, manager, lookahead):
         self._mgr = manager
@@ -72,6 +74,10 @@ class LookaheadManager:
     def allocate(self, request_id, num_new_tokens: int, *, num_lookahead: int = 0):
         extra = max(num_lookahead, self._lookahead(request_id, num_new_tokens))
         return self._mgr.allocate(request_id, num_new_tokens, num_lookahead=extra)
+
+    def can_allocate(self, request_id, num_new_tokens: int, *, num_lookahead: int = 0, **kw) -> bool:
+        extra = max(num_lookahead, self._lookahead(request_id, num_new_tokens))
+        return self._mgr.can_allocate(request_id, num_new_tokens, num_lookahead=extra, **kw)
 
     def __getattr__(self, name):
         return getattr(self._mgr, name)
