@@ -208,9 +208,10 @@ def budget(family: str, feature: str, trace: Trace, *, alone: float = 1.0, toget
     requests hold at once (so requests preempt each other and evict cached pages)."""
     probe = jenga.LLM(family, kv_memory="64MiB", **engine_args(family, feature))
     mgr = probe.manager
+    drafts = probe.scheduler.k if feature == "spec" else 0  # every step holds the drafts' slots too
 
     def large(n: int) -> int:
-        return sum(cdiv(p, k) for p, k in zip(peak_pages(mgr, n), mgr.pool.small_per_large, strict=True))
+        return sum(cdiv(p, k) for p, k in zip(peak_pages(mgr, n, drafts), mgr.pool.small_per_large, strict=True))
 
     lengths: list[int] = []
     longest = peak_round = 0
@@ -218,7 +219,6 @@ def budget(family: str, feature: str, trace: Trace, *, alone: float = 1.0, toget
         lengths = [len(q.ids) + q.max_tokens + (lengths[q.parent] if q.parent is not None else 0) for q in rnd]
         longest = max(longest, *lengths)
         peak_round = max(peak_round, sum(large(n) for n in lengths))
-    longest += probe.scheduler.k if feature == "spec" else 0  # the drafts' slots
     # one more large page for the longest request: the allocator keeps one slack page
     return int((max(alone * large(longest) + 1, together * peak_round) + 1) * mgr.large_page_bytes)
 

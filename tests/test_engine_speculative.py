@@ -16,7 +16,7 @@ import transformers as tf
 import jenga
 from jenga import SamplingParams
 from jenga.engine.rejection_sampler import verify
-from jenga.errors import InvalidArgumentError
+from jenga.errors import InsufficientMemoryError, InvalidArgumentError
 
 torch.set_num_threads(1)
 GREEDY = SamplingParams(max_tokens=12)
@@ -159,3 +159,25 @@ def test_the_schedulers_fit_probe_counts_the_draft_slots(monkeypatch):
     assert llm.scheduler.mgr.can_allocate(seq.request_id, 5)
     assert asked == [dict(num_lookahead=3)]
     llm.abort(seq.request_id)
+
+
+def test_the_request_limits_count_the_draft_slots():
+    """Every step also holds the ``k`` draft slots past its tokens, so a sliding group holds a page
+    more than the same request without a draft: the length ``RequestLimits`` promises counts them
+    (``capacity.peak_pages`` with the lookahead), so the longest request it admits runs to the end
+    alone, and a longer one is refused at ``add_request`` (found by the cache oracle: at a tight
+    budget the limits promised twice the tokens, and the engine raised "needs pages for N tokens,
+    more than the whole KV cache holds" mid-run)."""
+    spec = dict(speculative_model="tiny-gemma3", num_speculative_tokens=3)
+    page = jenga.LLM("tiny-gemma3", kv_memory="8MiB", **spec).manager.large_page_bytes
+    llm = jenga.LLM("tiny-gemma3", kv_memory=15 * page, **spec)
+    longest = llm.limits.max_len
+    assert longest < llm.limits.model_max_len
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    [out] = llm.generate(prompts((longest - 8,)), params)
+    assert len(out.token_ids) == 8
+    with pytest.raises(InsufficientMemoryError, match=f"at most {longest} tokens"):
+        llm.add_request(prompts((longest - 7,))[0], params)
+    assert not llm.scheduler.waiting and not llm.scheduler.running
+    assert not llm.manager.requests
+    llm.manager.check_integrity()

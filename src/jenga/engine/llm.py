@@ -190,7 +190,8 @@ class LLM:
             self.scheduler = SpecScheduler(self.manager, num_speculative_tokens=num_speculative_tokens, **sched)
             self.speculative = SpeculativeDecoder(self.runner, draft, self.manager, self.scheduler, device=self.device,
                                                   host_pool=self.host_pool)
-        self.limits = RequestLimits.of(self.manager, self.scheduler.max_model_len)
+        self.limits = RequestLimits.of(self.manager, self.scheduler.max_model_len,
+                                       0 if draft is None else num_speculative_tokens)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.track_kv_stats = track_kv_stats
         self.metrics = EngineMetrics()

@@ -2,7 +2,8 @@
 
 A request's prompt plus ``max_tokens`` must fit the model's maximum context and what the KV
 cache holds for one request running alone (``capacity.max_context_tokens``: the scheduler's
-own rule, so a request within it runs).  Past either, the request is refused before it
+own rule, so a request within it runs; with speculative decoding, counting the draft slots
+every step holds past its tokens).  Past either, the request is refused before it
 is queued, naming both lengths, instead of stopping early or failing mid-run.
 """
 
@@ -17,12 +18,16 @@ from jenga.errors import InsufficientMemoryError, SequenceTooLongError
 class RequestLimits:
     model_max_len: int
     kv_max_len: int | None  # None: unbounded (every layer keeps a window or a state)
+    lookahead: int = 0  # draft slots every step holds past its tokens (speculative decoding)
 
     @classmethod
-    def of(cls, manager, model_max_len: int) -> RequestLimits:
+    def of(cls, manager, model_max_len: int, lookahead: int = 0) -> RequestLimits:
+        """The limits of ``manager`` for a scheduler whose steps hold ``lookahead`` draft slots
+        (``SpecScheduler.lookahead``; capped at ``model_max_len`` as it caps them)."""
         from jenga.capacity import max_context_tokens
 
-        return cls(model_max_len, max_context_tokens(manager))
+        return cls(model_max_len, max_context_tokens(manager, lookahead=lookahead, model_max_len=model_max_len),
+                   lookahead)
 
     @property
     def max_len(self) -> int:

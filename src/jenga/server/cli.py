@@ -85,7 +85,7 @@ def startup_line(llm, name: str) -> str:
     mgr, limits = llm.manager, llm.limits
     groups = ", ".join(f"{g.name} {k}" for g, k in zip(mgr.model.groups, mgr.pool.small_per_large, strict=True))
     n = limits.model_max_len
-    fit = max_concurrent_requests(mgr, n)
+    fit = max_concurrent_requests(mgr, n, limits.lookahead)
     return (f"jenga serve: {name} on {llm.device}, manager {mgr.name}: KV budget {fmt_bytes(llm.kv_memory)} = "
             f"{mgr.pool.num_large_pages} large pages of {fmt_bytes(mgr.large_page_bytes)}; small pages per large page: "
             f"{groups}; longest request {limits.max_len} tokens; requests of the model's length ({n} tokens) "
