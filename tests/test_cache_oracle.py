@@ -25,10 +25,6 @@ KNOWN = {
     # "request 3: its tokens from 0 on are dropped, but page 0:2 they fill is already shared by a
     # request looked up after its allocate" (the scheduler drops a hit another lookup already shares)
     ("tiny-mllama", "images"): (Exception, "cross-attention images: a dropped hit already shared"),
-    # a sliding or chunked group holds a page more with the draft slots than capacity.peak_pages
-    # counts: a request RequestLimits admits does not fit alone ("needs pages for 49 tokens")
-    **{(f, "spec"): (Exception, "draft slots on a window: capacity counts no lookahead")
-       for f in ("tiny-gemma3", "tiny-mistral", "tiny-llama4")},
     # not a cache bug: the trace's budget search finds no preempting budget for tiny Bamba (seed 0)
     **{("tiny-bamba", x): (AssertionError, "vacuous: no preemption at the oracle's budgets")
        for x in ("plain", "spec", "salts")},
