@@ -54,7 +54,7 @@ MORE = ["gemma-3-12b:short:real", "jamba-1.5-mini:short:tight", "gemma-3-12b:rou
 ROWS = {"quick": QUICK, "more": MORE, "all": QUICK + MORE}
 CACHE_AWARE = dict(admission_window=2048, admission_threshold=0.0)
 #: jenga's policy switches measured beside its defaults (``--variants``): environment of JengaScheduler
-VARIANTS = {"ordered": {"JENGA_VLLM_PROTECT": "auto"}, "no-step-ends": {"JENGA_VLLM_STEP_CHECKPOINTS": "off"},
+VARIANTS = {"predict": {"JENGA_VLLM_PROTECT": "predict"}, "ordered": {"JENGA_VLLM_PROTECT": "auto"}, "no-step-ends": {"JENGA_VLLM_STEP_CHECKPOINTS": "off"},
             "hits-first": {"JENGA_VLLM_ADMISSION": "hits-first"},
             "before": {"JENGA_VLLM_STEP_CHECKPOINTS": "off", "JENGA_VLLM_ADMISSION": "hits-first"}}
 

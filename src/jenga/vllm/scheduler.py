@@ -17,7 +17,7 @@ from jenga.capacity import fits, max_context_tokens, pages_for_context
 from jenga.errors import InsufficientMemoryError
 from jenga.vllm import compat
 from jenga.vllm.adapter import JengaKVCacheAdapter
-from jenga.vllm.admission import HitsFirst, admission_name, manager_admission
+from jenga.vllm.admission import HitsFirst, admission_name, manager_admission, manager_eviction
 from jenga.vllm.metrics import Snapshots, startup_line
 from jenga.vllm.offloading import uses_host_tier
 from jenga.vllm.plan import layout_name, uniform_plan
@@ -153,7 +153,8 @@ class JengaScheduler(Scheduler):
             plan, kv_cache_config, max_model_len=self.max_model_len, enable_caching=self.cache_config.enable_prefix_caching,
             log_stats=self.log_stats, enable_kv_cache_events=self.enable_kv_cache_events,
             hash_block_size=self.hash_block_size, host_memory_bytes=None if host is None else host.total_bytes,
-            admission=manager_admission(ordered), max_step_tokens=self.scheduler_config.max_num_batched_tokens)
+            admission=manager_admission(ordered), max_step_tokens=self.scheduler_config.max_num_batched_tokens,
+            eviction=manager_eviction())
         if host is not None:
             check_host_layout(self.kv_cache_manager.manager, host)
         if self.connector is not None:  # jenga's connector reads the copy plans off jenga's manager
@@ -175,11 +176,23 @@ class JengaScheduler(Scheduler):
         if self.snapshots is not None:
             self.snapshots.write(self.kv_cache_manager.manager, force=True)
         self.num_preemptions = 0
+        # the common-prefix predictor of JENGA_VLLM_PROTECT=predict: fed every request held and finished
+        self.next_use = getattr(self.kv_cache_manager.manager.evictor, "next_use", None)
         self.admission = None
         if hits_first:
             self.admission = HitsFirst(self.kv_cache_manager.get_num_cached_tokens,
                                        window=2 * self.scheduler_config.max_num_seqs,
                                        deepest=admission_name() == "deepest-first")
+
+    def add_request(self, request, *args, **kwargs) -> None:
+        if self.next_use is not None and request.request_id not in self.requests:
+            self.next_use.arrive(request.request_id, request.block_hashes)
+        super().add_request(request, *args, **kwargs)
+
+    def _free_request(self, request, *args, **kwargs):
+        if self.next_use is not None:  # before its pages are released: they are no known future use
+            self.next_use.leave(request.request_id)
+        return super()._free_request(request, *args, **kwargs)
 
     def schedule(self, *args, **kwargs):
         if self.admission is not None:
