@@ -18,7 +18,7 @@ hybrids; on hybrids ``prefix_match_unit`` 16 when that won vLLM's row, as a user
 both), and each policy switch (``--variants``): ``ordered`` (no protected-page hold on
 admissions), ``always`` (every page reused twice protected, not only the pages the next-use
 predictor keeps: ``jenga.core.evict.predicted``), ``no-step-ends`` (no chunk-end state
-checkpoints), ``hits-first`` (queue order among hits), ``before`` (the last three: jenga's
+checkpoints), ``hits-first`` (queue order among hits), ``fcfs`` (vLLM's queue order), ``before`` (the last three: jenga's
 defaults before this benchmark).
 
 Run with the 0.34 python (0.32 works too, without cache-aware admission)::
@@ -64,7 +64,7 @@ ROWS = {"quick": QUICK, "more": MORE, "all": QUICK + MORE, "wide": WIDE,
 CACHE_AWARE = dict(admission_window=2048, admission_threshold=0.0)
 #: jenga's policy switches measured beside its defaults (``--variants``): environment of JengaScheduler
 VARIANTS = {"always": {"JENGA_VLLM_PROTECT": "always"}, "ordered": {"JENGA_VLLM_PROTECT": "auto"}, "no-step-ends": {"JENGA_VLLM_STEP_CHECKPOINTS": "off"},
-            "hits-first": {"JENGA_VLLM_ADMISSION": "hits-first"},
+            "hits-first": {"JENGA_VLLM_ADMISSION": "hits-first"}, "fcfs": {"JENGA_VLLM_ADMISSION": "fcfs"},
             "before": {"JENGA_VLLM_STEP_CHECKPOINTS": "off", "JENGA_VLLM_ADMISSION": "hits-first",
                        "JENGA_VLLM_PROTECT": "always"}}
 
@@ -182,6 +182,18 @@ def fmt(res: dict) -> list[str]:
         for m in res["variants"].values()]
 
 
+OUTCOME = ["row", "GPU", "KV GiB", "vLLM best setting", "req/s vLLM / jenga", "jenga/vLLM", "TTFT p99 s vLLM / jenga",
+           "prompt tokens computed vLLM / jenga"]
+
+
+def outcome(res: dict) -> list[str]:
+    """The README's columns (``--outcome``): simulated time only, no wall-clock figure."""
+    v, j = res["vllm"], res["jenga"]
+    return [res["row"], res["gpu"], f"{res['memory'] / 2**30:.1f}", v["settings"].name(),
+            f"{v['rps']:.3f} / {j['rps']:.3f}", f"{j['rps'] / v['rps']:.2f}x", f"{v['ttft99']:.1f} / {j['ttft99']:.1f}",
+            f"{v['prefill'] / 1e6:.2f}M / {j['prefill'] / 1e6:.2f}M"]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", default="quick", help="'quick' (4 models x articles16 x real/tight), 'more', 'all', 'wide' "
@@ -196,17 +208,19 @@ def main(argv=None) -> int:
     p.add_argument("--variants", default="always,ordered,no-step-ends,hits-first,before", help="jenga policy switches also measured, comma-separated "
                    f"({', '.join(VARIANTS)}; '' for none): jenga/vLLM req/s with each")
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--outcome", action="store_true", help="the README's columns only (req/s, p99 TTFT, prompt "
+                   "tokens computed) and no variants")
     p.add_argument("-v", "--verbose", action="store_true", help="every sweep point on stderr")
     a = p.parse_args(argv)
     rows = ROWS.get(a.rows) or a.rows.split(",")
-    a.variants = [v for v in a.variants.split(",") if v]
-    header = HEADER + [f"jenga/vLLM with {v}" for v in a.variants]
+    a.variants = [v for v in a.variants.split(",") if v] if not a.outcome else []
+    header = OUTCOME if a.outcome else HEADER + [f"jenga/vLLM with {v}" for v in a.variants]
     table, ratios = [], []
     if a.markdown:
         print("| " + " | ".join(header) + " |\n|" + "---|" * len(header), flush=True)
     for row in rows:
         res = run_row(row, a)
-        cells = fmt(res)
+        cells = outcome(res) if a.outcome else fmt(res)
         table.append(cells)
         ratios.append(res["jenga"]["rps"] / res["vllm"]["rps"])
         print(f"{row}: {res['jenga']['n']} requests, {res['gpu']}", file=sys.stderr, flush=True)
@@ -217,6 +231,8 @@ def main(argv=None) -> int:
         for r in [header] + table:
             print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
     geo = math.exp(statistics.fmean(math.log(x) for x in ratios))
+    if a.markdown and a.outcome:
+        print(f"| geo-mean over {len(ratios)} rows | | | | | {geo:.2f}x | | |")
     print(f"geo-mean jenga/vLLM-best req/s over {len(ratios)} rows: {geo:.2f}x")
     return 0
 

@@ -12,25 +12,36 @@ from jenga.core.evict.reuse import PROTECTED
 from jenga.core.prefix.next_use import NextUse
 
 
-def test_return_rate_counts_departures_and_returns():
+def test_return_rate_counts_departures_and_returns_per_block():
     nu = NextUse()
     assert nu.return_rate == 0.5 and nu.keeps_departed()  # no evidence: keep, as the reuse evictor does
     nu.arrive("a", [b"p", b"q"])
     nu.arrive("b", [b"p", b"r"])
     assert nu.live == {b"p": 2, b"q": 1, b"r": 1}
+    nu.admitted("a")  # running: no future use of what it passes
+    assert nu.live == {b"p": 1, b"r": 1}
     nu.leave("a")
-    assert nu.departures == 0  # b still starts with p
+    assert nu.departures == 1  # q; b still holds p
     nu.leave("b")
-    assert nu.live == {} and nu.departures == 1
-    nu.arrive("c", [b"p"])  # p comes back
+    assert nu.live == {} and nu.departures == 3
+    nu.arrive("c", [b"p", b"s"])  # p comes back, s is new
     assert nu.returns == 1
     nu.leave("c")
-    nu.arrive("d", [b"s"])
-    nu.leave("d")
-    assert (nu.returns, nu.departures) == (1, 3) and nu.return_rate == 0.4 and not nu.keeps_departed()
-    nu.leave("d")  # twice, or never arrived: nothing
+    assert (nu.returns, nu.departures) == (1, 5) and nu.return_rate == 2 / 7 and not nu.keeps_departed()
+    nu.leave("c")  # twice, or never arrived: nothing
     nu.arrive("e", [])
     assert nu.live == {}
+
+
+def test_a_preempted_request_waits_again():
+    nu = NextUse()
+    nu.arrive("a", [b"p"])
+    nu.admitted("a")
+    assert nu.live == {}
+    nu.arrive("a", [b"p", b"q"])  # preempted: its prompt's hashes as held, counted once
+    assert nu.live == {b"p": 1} and nu.departures == 0
+    nu.arrive("a", [b"p"])
+    assert nu.live == {b"p": 1}
 
 
 def _pages(mgr, pages):
@@ -44,7 +55,7 @@ def test_reused_pages_of_a_departed_prefix_are_kept_only_while_departed_prefixes
     serve(mgr, "x2", [1, 2, 4], [0])  # hits 0, 1: reused; the prior return rate keeps them
     assert sorted(mgr.evictor.protected[0]) == [0, 1]
     assert cached_keys(mgr, 0)[0] == (PROTECTED - DEPARTED - 2, -1)
-    for i in range(3):  # three prefixes departed, none came back
+    for i in range(3):  # three blocks departed, none came back
         nu.arrive(f"d{i}", [bytes([i])])
         nu.leave(f"d{i}")
     serve(mgr, "x3", [1, 2, 5], [0])
@@ -76,3 +87,15 @@ def test_the_reuse_order_is_unchanged_without_a_predictor_fed():
                 for r in range(4) for a in range(4)]
         keys[ev] = hits
     assert keys["predict"] == keys["reuse"]
+
+
+def test_without_hold_live_a_queued_readers_pages_are_evicted_last_but_hold_no_admission_back():
+    mgr = make_manager(model(group("full", full(), 1)), 8, eviction="predict")
+    mgr.evictor.hold_live = False  # the scheduler serves queued hits first
+    nu = mgr.evictor.next_use
+    serve(mgr, "x", [1, 2, 3], [0], free=False)
+    nu.arrive("waiting", _pages(mgr, [0, 1]))
+    mgr.free("x")
+    assert sorted(mgr.evictor.protected[0]) == []  # no hold
+    assert cached_keys(mgr, 0)[0] == (PROTECTED - 1, -1)  # still last to go
+    mgr.check_integrity()

@@ -178,6 +178,8 @@ class JengaScheduler(Scheduler):
         self.num_preemptions = 0
         # the common-prefix predictor of JENGA_VLLM_PROTECT=predict: fed every request held and finished
         self.next_use = getattr(self.kv_cache_manager.manager.evictor, "next_use", None)
+        if self.next_use is not None:  # admissions ordered by cached prefix serve the queued hits first
+            self.kv_cache_manager.manager.evictor.hold_live = not ordered
         self.admission = None
         if hits_first:
             self.admission = HitsFirst(self.kv_cache_manager.get_num_cached_tokens,
@@ -197,7 +199,13 @@ class JengaScheduler(Scheduler):
     def schedule(self, *args, **kwargs):
         if self.admission is not None:
             self.admission.reorder(self.waiting)
-        return super().schedule(*args, **kwargs)
+        out = super().schedule(*args, **kwargs)
+        nu = self.next_use
+        if nu is not None and nu.waiting:  # admitted (or resumed) this step: no future use of what they pass
+            for req in self.running:
+                if req.request_id in nu.waiting:
+                    nu.admitted(req.request_id)
+        return out
 
     def make_stats(self, *args, **kwargs):
         stats = super().make_stats(*args, **kwargs)
@@ -212,6 +220,8 @@ class JengaScheduler(Scheduler):
 
     def _preempt_request(self, request, *args, **kwargs) -> None:
         self.num_preemptions += 1  # counted for tests and benchmarks; jenga frees the pages in free()
+        if self.next_use is not None:  # it waits again: its prompt will be read again
+            self.next_use.arrive(request.request_id, request.block_hashes)
         super()._preempt_request(request, *args, **kwargs)
 
     @property
