@@ -184,6 +184,31 @@ def _multi_bench(*args: str) -> Block:
     return Block(cmd, render)
 
 
+def _simulate_multi(*args: str, sample: str = "balanced") -> Block:
+    """``jenga simulate --model A,B``'s outcome (simulated: the same in every run), a row per
+    scenario and pool; sampled by the ``sample`` scenario's rows (each scenario runs alone)."""
+    cmd = "jenga simulate " + " ".join(args)
+    return Block(cmd, _simulate_multi_table(cmd), Sample(f"{cmd} --scenarios {sample}", _simulate_multi_table(
+        f"{cmd} --scenarios {sample}")))
+
+
+def _simulate_multi_table(cmd: str) -> Callable[[], str]:
+    def render() -> str:
+        d = _cli_json(cmd)
+        out = ["| scenario | pool | output tokens | tokens/s (simulated) | preemptions | rejected | TTFT p50 | "
+               "TTFT p99 |", "|---|---|---|---|---|---|---|---|"]
+        for sc, res in d["scenarios"].items():
+            for kind, label in (("shared", "one shared pool"), ("static", "static even split")):
+                r = res[kind]
+                out.append(f"| {sc} | {label} | {r['output_tokens']} | {r['tokens_per_s']:.0f} | {r['preemptions']} | "
+                           f"{r['rejected']} | {r['ttft_p50_s']:.2f} s | {r['ttft_p99_s']:.2f} s |")
+            q = res["ratio"]
+            out.append(f"| {sc} | shared / static | | {q['tokens_per_s']:.2f}x | | | {q['ttft_p50_s']:.2f}x | "
+                       f"{q['ttft_p99_s']:.2f}x |")
+        return "\n".join(out)
+    return render
+
+
 def _bench(*args: str, managers: str | None = None, hits: bool = False, sample: bool = True) -> Block:
     """``jenga bench ARGS``'s counts (every run of the same code alike: scheduling never reads a sampled
     token, EOS is ignored; ``hits``: with the prefix hit rate); its tokens/s stay in the README as
@@ -312,6 +337,11 @@ BLOCKS: dict[str, Block] = {
     # two engines x two scenarios of two tiny models: about a minute of CPU, -m slow only
     "bench-multi": _multi_bench("--model", "tiny-llama,tiny-gemma3", "--kv-memory", "3MiB", "--requests", "24",
                                 "--prompt-min", "64", "--prompt-max", "192", "--output-len", "32"),
+    # several models on one GPU at real sizes, simulated (a few minutes of CPU each): -m slow, sampled by a scenario
+    "simulate-multi-h100": _simulate_multi("--model", "llama-3.1-8b,gemma-3-12b", "--gpu", "h100-80gb", "--requests",
+                                           "240", "--output-len", "256"),
+    "simulate-multi-h200": _simulate_multi("--model", "qwen3-next-80b,gemma-3-12b", "--gpu", "h200-141gb",
+                                           "--weight-dtype", "fp8", "--requests", "240", "--output-len", "256"),
     "reproduce-figure14-h100": _reproduce("throughput"),
     "reproduce-figure14-l4": _reproduce("throughput L4"),
     "reproduce-others": _reproduce("Ministral waste", "decode batch", "prefix caching", "spec decoding",

@@ -29,7 +29,7 @@ def test_bench_json(capsys):
 
 def test_bench_table_runs(capsys):
     assert main(["bench", "--requests", "3", "--prompt-min", "20", "--prompt-max", "40", "--output-len", "3",
-                 "--kv-memory", "2MiB", "--managers", "jenga"]) == 0
+                 "--kv-memory", "2MiB", "--managers", "jenga", "--shared-prefix", "0"]) == 0
     out = capsys.readouterr().out
     assert "tokens/s" in out and "prefix hits at first admission" in out and "re-read after preemption" in out
 
@@ -39,7 +39,7 @@ def test_bench_splits_first_admission_hits_from_rereads(capsys):
     preempted requests come back; none of that is a hit at first admission (no prompt shares a
     prefix).  With a shared system prompt the first-admission hits appear."""
     common = ["bench", "--json", "--requests", "6", "--prompt-min", "100", "--prompt-max", "130", "--output-len",
-              "48", "--kv-memory", "3MiB", "--max-num-batched-tokens", "256", "--managers", "paged"]
+              "48", "--kv-memory", "3MiB", "--max-num-batched-tokens", "256", "--managers", "paged", "--shared-prefix", "0"]
     assert main(common) == 0
     res = json.loads(capsys.readouterr().out)["managers"]["paged"]
     assert res["preemptions"] > 0 and res["readmission_hit_tokens"] > 0

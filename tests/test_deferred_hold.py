@@ -15,15 +15,15 @@ def _checked(mgr: KVCacheManager, seen: list) -> None:
     the same allocation exactly must find no quota either."""
     inner = mgr.admission.hit_cannot_fit
 
-    def hit_cannot_fit(req, end, allocated):
-        refused = inner(req, end, allocated)
+    def hit_cannot_fit(req, end, allocated, step=None):
+        refused = inner(req, end, allocated, step)
         if refused:
             twin = copy.deepcopy(mgr)
             treq = twin.requests[req.request_id]
             twin.ledger.settle()
-            need, _log = twin.admission.plan(treq, end, list(zip(twin.policies, treq.groups, strict=True)))
+            need, _log = twin.admission.plan(treq, end, list(zip(twin.policies, treq.groups, strict=True)), step)
             assert twin.admission.quota_of(treq, need, end, allocated) is None, "pre-check refused an allocation that fits"
-            seen.append(req.request_id)
+            seen.append((req.request_id, step))
         return refused
 
     mgr.admission.hit_cannot_fit = hit_cannot_fit
@@ -51,6 +51,36 @@ def test_precheck_refuses_only_what_the_exact_check_refuses():
                 mgr.free(running.pop(rng.randrange(len(running))))
             mgr.check_integrity()
         assert seen, f"{eviction}: the pre-check never refused (the test exercises nothing)"
+
+
+def test_whole_sequence_check_refuses_without_holding_only_what_the_exact_check_refuses():
+    """``can_allocate(step=...)`` (a scheduler's whole-prompt admission check, asked again each
+    step for the request at the head of its queue) answers a sure refusal without holding the
+    lookup's deferred hit, and only then: the same answers as holding it and planning exactly."""
+    spec = model(group("full", full(), 1), group("swa", sliding(8), 1, first_layer=1))
+    rng = random.Random(11)
+    for eviction in ("reuse", "lru"):
+        mgr = make_manager(spec, 60, tokens_per_page=2, eviction=eviction)
+        seen: list = []
+        _checked(mgr, seen)
+        prefixes = [[rng.randrange(1, 50) for _ in range(rng.randrange(4, 30))] for _ in range(4)]
+        running: list = []
+        for rid in range(120):
+            prompt = rng.choice(prefixes) + [rng.randrange(1, 50) for _ in range(rng.randrange(1, 40))]
+            mgr.add_request(rid, prompt)
+            hit = mgr.lookup(rid)
+            step = rng.choice([2, 4, 64])
+            fits = mgr.can_allocate(rid, len(prompt) - hit, step=step)
+            assert mgr.ledger.deferred is None or mgr.ledger.deferred.request_id == rid
+            if not fits or mgr.allocate(rid, len(prompt) - hit) is None:
+                mgr.free(rid)
+            else:
+                mgr.append_tokens(rid, [rng.randrange(1, 50)])
+                running.append(rid)
+            while len(running) > rng.randrange(2, 8):
+                mgr.free(running.pop(rng.randrange(len(running))))
+            mgr.check_integrity()
+        assert any(step for _, step in seen), f"{eviction}: the pre-check never refused a whole-sequence check"
 
 
 def test_precheck_counts_the_cached_pages_of_a_long_hit_run_exactly():
@@ -84,3 +114,24 @@ def test_precheck_counts_the_cached_pages_of_a_long_hit_run_exactly():
     assert mgr.admission.hit_cannot_fit(req, hit + 2 * free + 2, mgr.num_allocated)
     assert req.deferred_cached_bytes == unheld * alloc.page_bytes[group_]
     mgr.check_integrity()
+
+
+def test_a_probe_leaves_another_requests_deferred_hit_deferred():
+    """``cached_tokens`` (a scheduler ordering its waiting queue) reads the index only: the hit a
+    lookup just deferred stays deferred (not held, then let go of by that request's next lookup),
+    and the probe answers what a lookup then finds."""
+    spec = model(group("full", full(), 1), group("swa", sliding(8), 1, first_layer=1))
+    mgr = make_manager(spec, 60, tokens_per_page=2)
+    prefix = list(range(3, 23))
+    mgr.add_request("a", prefix + [30, 31])
+    mgr.allocate("a", 22)
+    mgr.append_tokens("a", [40])
+    mgr.free("a")
+    mgr.add_request("b", prefix + [32, 33])
+    mgr.add_request("c", prefix + [34, 35, 36])
+    assert mgr.lookup("b") > 0
+    assert mgr.ledger.deferred is mgr.requests["b"]
+    probed = mgr.cached_tokens("c")
+    assert mgr.ledger.deferred is mgr.requests["b"], "the probe held another request's deferred hit"
+    mgr.free("b")
+    assert mgr.lookup("c") == probed > 0

@@ -73,3 +73,31 @@ def test_simulate_two_models_at_real_sizes(capsys):
     for res in d["scenarios"].values():
         for kind in ("shared", "static"):
             assert res[kind]["output_tokens"] == 2 * 30 * 8 and res[kind]["rejected"] == 0
+
+
+def test_simulate_h200_pair_fits_in_fp8_weights_only(capsys):
+    """Qwen3-Next-80B and Gemma-3-12B on one H200: in bf16 their weights (about 184 GB) exceed the
+    GPU, so the start is refused; in fp8 they fit, with the KV budget what is left.  One scenario
+    runs alone (``--scenarios``); the same scenario's rows as in a run of both."""
+    pair = "qwen3-next-80b,gemma-3-12b"
+    rc, _, err = run_cli(capsys, "simulate", "--model", pair, "--gpu", "h200-141gb", "--requests", "4")
+    assert rc != 0 and "exceed" in err
+    argv = ("simulate", "--model", pair, "--gpu", "h200-141gb", "--weight-dtype", "fp8", "--requests", "6",
+            "--output-len", "4", "--json")
+    rc, out, _ = run_cli(capsys, *argv, "--scenarios", "balanced")
+    assert rc == 0
+    one = json.loads(out)
+    assert one["weight_dtype"] == "fp8" and list(one["scenarios"]) == ["balanced"]
+    assert 30 << 30 < one["memory_bytes"] < 60 << 30
+    rc, out, _ = run_cli(capsys, *argv)
+    assert json.loads(out)["scenarios"]["balanced"] == one["scenarios"]["balanced"]
+    rc, _, err = run_cli(capsys, *argv, "--scenarios", "spiky")
+    assert rc != 0 and "unknown scenario" in err
+
+
+def test_simulate_refuses_a_pair_whose_lcm_page_is_unbounded(capsys):
+    """Qwen3-Next-80B's 37.69 MiB state pages beside Gemma-3-27B's pages: no page plan keeps the
+    LCM page within 8x the largest small page; refused at start, naming the sizes and the bound."""
+    rc, _, err = run_cli(capsys, "simulate", "--model", "qwen3-next-80b,gemma-3-27b", "--gpu", "h200-141gb",
+                         "--weight-dtype", "fp8", "--requests", "4")
+    assert rc != 0 and "LCM page" in err and "37.69 MiB" in err and "bound" in err

@@ -99,6 +99,41 @@ def test_memory_follows_the_load_without_floors_in_the_way():
     mgr.check_integrity()
 
 
+def _flood(mgr, model_name: str, tag: int = 0) -> int:
+    """Admit 12-token requests of ``model_name`` until one is refused; how many were admitted."""
+    n = 0
+    while True:
+        rid = (model_name, tag, n)
+        mgr.add_request(rid, [3 + (n + i + 50 * tag) % 400 for i in range(12)], model=model_name)
+        if mgr.allocate(rid, 12 - mgr.lookup(rid)) is None:
+            mgr.free(rid)
+            return n
+        n += 1
+
+
+def test_under_contention_an_admission_stays_within_the_even_share():
+    """While b has requests waiting, a's admissions stop at half the pool (what a static even
+    split would give it); once b's queue is empty, a takes the rest; a's running requests still
+    grow past the share."""
+    mgr = pool(num_large=12, floors=SMALL_FLOORS)
+    mgr.note_waiting("b", 3)
+    _flood(mgr, "a")
+    assert mgr.admission.held_large()[0] == 6  # 12 // 2
+    for rid in [r for r in mgr.requests if r[0] == "a"][:2]:  # a running request grows past it
+        for _ in range(8):
+            mgr.append_tokens(rid, [5])
+            assert mgr.allocate(rid, 1) is not None
+    assert mgr.admission.held_large()[0] > 6
+    mgr.note_waiting("b", 0)
+    _flood(mgr, "a", tag=1)
+    assert mgr.admission.held_large()[0] == 10  # all but b's two-page floor
+    mgr.check_integrity()
+    with pytest.raises(InvalidArgumentError, match="unknown model 'c'"):
+        mgr.note_waiting("c", 1)
+    with pytest.raises(InvalidArgumentError):
+        mgr.note_waiting("a", -1)
+
+
 def test_floor_holds_under_a_flood_at_one_model():
     mgr = pool(num_large=12, max_model_lens={"a": 64, "b": 40})
     fa, fb = mgr.floor_pages

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from jenga.core.manager.accounting import RealGroup
 from jenga.core.manager.manager import KVCacheManager
 from jenga.core.manager.rules import ManagerRules
 from jenga.core.pagesize import with_base_page
@@ -77,6 +78,25 @@ class TrueNeedsManager(KVCacheManager):
     baseline keeps more, or pads more, than the model reads)."""
 
     rules_class = TrueNeedsRules
+
+    def real_groups(self) -> list[RealGroup]:
+        """The real model's groups, each token group stored in this manager's token groups that
+        hold its layers (its tokens in the baseline's page tables, a shared page counted once);
+        the rest, or a group whose layers this layout renumbered, counted per request."""
+        rules, out = self.rules, []
+        stored = [(gi, set(g.layers)) for gi, g in enumerate(self.model.groups) if stored_as(g.spec) == "tokens"]
+        for pol, record in zip(rules.true_policies, rules.true_records, strict=True):
+            if record is None:
+                continue  # outside the KV pool in these baselines
+            make, keeps_tokens = record
+            parts: tuple[tuple[int, int], ...] = ()
+            if keeps_tokens and stored_as(pol.group.spec) == "tokens":
+                mine = set(pol.group.layers)
+                parts = tuple((gi, len(mine & layers)) for gi, layers in stored if mine & layers)
+                if sum(n for _, n in parts) != len(mine):
+                    parts = ()
+            out.append(RealGroup(pol, lambda req, make=make: make(req, req.tables is not None), parts))
+        return out
 
     def request_accounting(self, req: Request) -> tuple[int, int, int, int]:
         held, _, _, padding = super().request_accounting(req)

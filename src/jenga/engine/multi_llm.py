@@ -135,6 +135,8 @@ class MultiLLM:
         finished: list[Seq] = []
         for lane in lanes[self._turn:] + lanes[:self._turn]:
             if lane.has_unfinished:
+                for other in lanes:  # each admission knows who else waits (the pool's fair share)
+                    self.manager.note_waiting(other.name, len(other.scheduler.waiting))
                 finished.extend(lane.step())
         return finished
 

@@ -16,6 +16,10 @@ def add_sim_parsers(sub) -> None:
     p.add_argument("--workload", default="decode-batch-20", help="workload ({workloads}) or a .jsonl trace path")
     p.add_argument("--gpu", default="h100-80gb", help="GPU: {gpus}")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    p.add_argument("--scenarios", default="skewed,balanced",
+                   help="with --model A,B: skewed (80/20 then swapped), balanced")
+    p.add_argument("--weight-dtype", choices=("bf16", "fp8"), default="bf16", metavar="DTYPE",
+                   help="the weights' dtype (bf16, fp8: vLLM's --quantization fp8); the KV cache stays bf16")
     p.add_argument("--manager", "--managers", dest="managers", metavar="LIST", default=DEFAULT_MANAGERS,
                    help="comma-separated managers: {managers}")
     p.add_argument("--requests", type=int, default=None, help="number of requests (default: workload's)")
@@ -94,7 +98,8 @@ def run_simulate(args) -> int:
 
     calibration = CALIBRATIONS[args.calibration]
     engine = "v0" if args.scheduler == "v0" else "v1"
-    setup = build_setup(args.model, args.gpu, args.tp, draft=draft, efficiency=calibration.cost_kwargs(engine))
+    setup = build_setup(args.model, args.gpu, args.tp, draft=draft, efficiency=calibration.cost_kwargs(engine),
+                        weight_dtype=args.weight_dtype)
     try:
         w = _workload(args, setup.target.max_model_len)
     except (TypeError, ValueError) as e:

@@ -36,14 +36,14 @@ class _LaneView(ManagerView):
         self.mgr.add_request(rid, tokens, model=self.model_name)
 
 
-def _setups(models: list[str], gpu: str):
+def _setups(models: list[str], gpu: str, weight_dtype: str = "bf16"):
     from jenga.core.specs import ModelSpec
     from jenga.sim.gpu import get_gpu, memory_budget
     from jenga.sim.setup import build_setup
 
     setups = []
     for m in models:
-        st = build_setup(m, gpu, memory_bytes=1)
+        st = build_setup(m, gpu, memory_bytes=1, weight_dtype=weight_dtype)
         spec = ModelSpec.from_hf_config(m, dtype="bf16", tokens_per_page=16, vision=False, name=m)
         setups.append(dataclasses.replace(st, model=spec, target=spec))
     budget = memory_budget(get_gpu(gpu), sum(st.cost.model_info.weight_bytes for st in setups))
@@ -98,6 +98,9 @@ def run_multi(kind: str, models: list[str], setups, budget: int, waves, cfg: Sim
                 sched = scheds[m]
                 if not sched.has_unfinished:
                     continue
+                if kind == "shared":  # each admission knows who else waits (the pool's fair share)
+                    for other, s in scheds.items():
+                        mgr.note_waiting(other, len(s.waiting))
                 plan = sched.schedule()
                 if plan.empty:
                     continue
@@ -124,12 +127,14 @@ def run_multi(kind: str, models: list[str], setups, budget: int, waves, cfg: Sim
 
 def simulate_multi(models: list[str], *, gpu: str = "h100-80gb", requests: int = 200, workload: str = "mmlu-pro",
                    scenarios=("skewed", "balanced"), seed: int = 0, config: SimConfig | None = None,
-                   **workload_kw) -> dict:
+                   weight_dtype: str = "bf16", **workload_kw) -> dict:
     """Every scenario on both pools; the ``--json`` object of ``jenga simulate --model A,B``
-    (``workload_kw``: the workload generator's own arguments, e.g. ``output_len``)."""
+    (``weight_dtype``: every model's weights, ``bf16`` or ``fp8``; ``workload_kw``: the workload
+    generator's own arguments, e.g. ``output_len``)."""
     cfg = config or SimConfig(seed=seed)
-    setups, budget = _setups(models, gpu)
-    out = {"models": models, "gpu": gpu, "memory_bytes": budget, "requests_per_wave": requests,
+    setups, budget = _setups(models, gpu, weight_dtype)
+    out = {"models": models, "gpu": gpu, "weight_dtype": weight_dtype, "memory_bytes": budget,
+           "requests_per_wave": requests,
            "workload": workload, "workload_args": workload_kw, "scenarios": {}}
     for sc in scenarios:
         waves = _waves(models, SCENARIOS[sc], requests, workload, seed, **workload_kw)
@@ -149,12 +154,16 @@ def run_multi_simulate(args) -> int:
     models = [m.strip() for m in args.model.split(",") if m.strip()]
     if len(models) < 2 or len(set(models)) != len(models):
         raise InvalidArgumentError(f"--model needs two or more distinct models, got {args.model!r}")
+    scenarios = [s.strip() for s in getattr(args, "scenarios", "skewed,balanced").split(",") if s.strip()]
+    bad = [s for s in scenarios if s not in SCENARIOS] or ([] if scenarios else ["(none)"])
+    if bad:
+        raise InvalidArgumentError(f"unknown scenario(s) {', '.join(bad)}; choose from {', '.join(SCENARIOS)}")
     workload = "mmlu-pro" if args.workload == "decode-batch-20" else args.workload  # the default: short questions
     kw = {} if args.output_len is None else {"output_len": args.output_len}
     cfg = SimConfig(max_num_batched_tokens=args.budget, max_num_seqs=args.max_num_seqs, seed=args.seed,
                     enable_prefix_caching=not args.no_prefix_caching)
     data = simulate_multi(models, gpu=args.gpu, requests=args.requests or 200, workload=workload, seed=args.seed,
-                          config=cfg, **kw)
+                          config=cfg, weight_dtype=args.weight_dtype, scenarios=scenarios, **kw)
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
@@ -163,7 +172,8 @@ def run_multi_simulate(args) -> int:
 
     from jenga.units import fmt_bytes
 
-    t = Table(title=f"jenga simulate: {' + '.join(models)} on {data['gpu']}, KV {fmt_bytes(data['memory_bytes'])}, "
+    t = Table(title=f"jenga simulate: {' + '.join(models)} ({data['weight_dtype']} weights) on {data['gpu']}, "
+                    f"KV {fmt_bytes(data['memory_bytes'])}, "
                     f"2 waves x {data['requests_per_wave']} {workload} requests")
     for col in ("scenario", "pool", "tokens/s", "preemptions", "TTFT p50", "TTFT p99"):
         t.add_column(col, justify="left" if col in ("scenario", "pool") else "right")

@@ -96,13 +96,26 @@ class JengaKVCacheAdapter:
         self.num_preempted_or_freed = 0
         if enable_kv_cache_events:
             self.manager.enable_kv_events()
+        # per group, fixed for the engine's life: exec-id scale, and whether it is a state group
+        self._scale, self._offset = plan.exec_scale, plan.exec_offset
+        self._state_groups = [g for g, grp in enumerate(self.manager.model.groups) if not grp.spec.per_token]
 
     # ------------------------------------------------------------ ids
     def _exec_ids(self, table, start: int) -> list[int]:
-        scale, off = self.plan.exec_scale[table.group], self.plan.exec_offset
-        if isinstance(table, TokenTable):
-            return [NULL_BLOCK if p is None else p * scale + off for p in table.page_ids[start:]]
-        raise AssertionError(f"jenga.vllm: no vLLM block table for {type(table).__name__}")
+        """vLLM block ids of ``table``'s pages from logical page ``start`` on (one pass over the
+        run; none when nothing was added, a decode step's common case)."""
+        if type(table) is not TokenTable and not isinstance(table, TokenTable):
+            raise AssertionError(f"jenga.vllm: no vLLM block table for {type(table).__name__}")
+        pages = table.page_ids
+        if start >= len(pages):
+            return []
+        run = pages[start:] if start else pages
+        scale, off = self._scale[table.group], self._offset
+        if None in run:
+            return [NULL_BLOCK if p is None else p * scale + off for p in run]
+        if scale == 1:
+            return [p + off for p in run] if off else list(run)
+        return [p * scale + off for p in run]
 
     def _state_row(self, req, table: StateTable) -> list[int]:
         """A state group's block-table row, extended to the tokens allocated so far.
@@ -133,11 +146,20 @@ class JengaKVCacheAdapter:
         req = self.manager.view(request_id)
         if req is None:
             return self.empty_kv_cache_blocks
+        return self._blocks_of(req, only_new=only_new)
+
+    def _blocks_of(self, req, *, only_new: bool) -> Blocks:
+        """The block ids of live request ``req`` (a view), all of them or those not sent yet."""
         tables = self._tables(req)
-        sent = self._sent.setdefault(request_id, [0] * self.num_groups)
+        sent = self._sent.get(req.request_id)
+        if sent is None:
+            sent = self._sent[req.request_id] = [0] * self.num_groups
         out = []
         for g, t in enumerate(tables):
-            if isinstance(t, StateTable):
+            if type(t) is TokenTable:
+                pages = t.page_ids
+                n, ids = len(pages), self._exec_ids(t, sent[g] if only_new else 0)
+            elif isinstance(t, StateTable):
                 row = self._state_row(req, t)
                 n, ids = len(row), row[sent[g]:] if only_new else list(row)
             else:
@@ -151,6 +173,8 @@ class JengaKVCacheAdapter:
         """vLLM's worker writes a state only at a step's end: every checkpoint jenga placed
         in this allocation must be the step's last position (vLLM's align-mode scheduler
         stops prefill chunks at the prompt's last block boundary and at the junction)."""
+        if not self._state_groups:
+            return
         end = req.start
         for t in req.tables.groups:
             if isinstance(t, StateTable):
@@ -184,9 +208,13 @@ class JengaKVCacheAdapter:
         return salt
 
     def _ensure(self, request):
+        """The view of ``request``'s jenga record, added at its first sight."""
+        self._add(request)
+        return self.manager.view(request.request_id)
+
+    def _add(self, request) -> None:
         mgr = self.manager
-        req = mgr.view(request.request_id)
-        if req is None:
+        if request.request_id not in mgr.requests:
             hb = self.hash_block_size
             if self.enable_caching and hb and mgr.block % hb == 0 and (request.block_hashes or request.num_tokens < hb):
                 # vLLM's own chained hashes (salt, LoRA and images in them): KV events carry them
@@ -194,21 +222,23 @@ class JengaKVCacheAdapter:
                                 hash_block=hb)
             else:
                 mgr.add_request(request.request_id, request.all_token_ids, cache_salt=self.cache_salt(request))
-            req = mgr.view(request.request_id)
-        return req
 
-    def _sync(self, request) -> None:
-        """Tell jenga what vLLM learnt since the last call about ``request``."""
-        req = self.manager.view(request.request_id)
+    def _sync(self, request, req=None) -> None:
+        """Tell jenga what vLLM learnt since the last call about ``request`` (``req``: its view,
+        when the caller has it)."""
+        if req is None:
+            req = self.manager.view(request.request_id)
         if req is None or req.tables is None:
             return
-        known = request.num_tokens
-        new_ids = request.all_token_ids[req.num_tokens:known] if known > req.num_tokens else []
-        rejected = req.num_computed + req.num_scheduled - request.num_computed_tokens
+        known, have = request.num_tokens, req.num_tokens
+        new_ids = request.all_token_ids[have:known] if known > have else []
+        scheduled = req.num_scheduled
+        if not scheduled and not new_ids:
+            return
+        rejected = req.num_computed + scheduled - request.num_computed_tokens
         assert rejected >= 0, (f"jenga.vllm: vLLM computed {request.num_computed_tokens} tokens of "
-                               f"{request.request_id}, jenga allocated {req.num_computed + req.num_scheduled}")
-        if req.num_scheduled or new_ids:
-            self.manager.append_tokens(request.request_id, new_ids, num_rejected=rejected)
+                               f"{request.request_id}, jenga allocated {req.num_computed + scheduled}")
+        self.manager.append_tokens(request.request_id, new_ids, num_rejected=rejected)
 
     # ------------------------------------------------------------ scheduler API
     def new_step_starts(self) -> None:
@@ -249,7 +279,7 @@ class JengaKVCacheAdapter:
                 if not mgr.can_allocate(rid, max(0, total - req.start), step=step):
                     return None
         else:
-            self._sync(request)
+            self._sync(request, req)
         start = req.start
         assert start == request.num_computed_tokens + num_new_computed_tokens, (
             f"jenga.vllm: {rid} starts at {start} in jenga, "
@@ -259,7 +289,7 @@ class JengaKVCacheAdapter:
         if mgr.allocate(rid, num_new_tokens, num_lookahead=lookahead, num_placeholders=unknown) is None:
             return None
         self._check_step_ends(req, start)
-        blocks = self._blocks(rid, only_new=True)
+        blocks = self._blocks_of(req, only_new=True)
         if self.sub_block:
             self._sub_block_copies(req, start)
         return blocks
@@ -321,7 +351,7 @@ class JengaKVCacheAdapter:
         give it, and vLLM frees every request it finishes or aborts, waiting or not."""
         if not self.enable_caching or not compat.reads_prefix_cache(request):
             return 0
-        self._ensure(request)
+        self._add(request)
         return self.manager.cached_tokens(request.request_id, max_tokens=compat.max_cache_hit_length(request))
 
     def estimate_cached_tokens(self, request) -> int:
@@ -365,6 +395,8 @@ class JengaKVCacheAdapter:
         return True
 
     def take_events(self) -> list:
+        if self.manager.prefix_lookup.index.events is None:  # events off: nothing recorded (read without
+            return []                                        # holding a lookup's deferred hit: held at need)
         out = []
         for e in self.manager.take_events():
             if isinstance(e, BlockStored):

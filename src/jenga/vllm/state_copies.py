@@ -66,6 +66,8 @@ class StateCopies:
 
     def take(self) -> list[KVCacheBlockCopy]:
         """The copies of the step just scheduled (``take_kv_cache_block_copies``)."""
+        if not self._batch:  # no copy this step (``_filled`` only names copies in the batch)
+            return []
         out = [KVCacheBlockCopy(src_block_id=s, dst_block_id=d) for d, s in self._batch.items()]
         self._batch, self._filled = {}, {}
         self.num_copies += len(out)

@@ -6,12 +6,30 @@ The manager owns one (baselines override its ``request_accounting``, which asks 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
+import numpy as np
+
+from jenga.core.flat_arrays import int64s, view
 from jenga.core.manager.ledger import PageLedger
 from jenga.core.policy.base import Policy
-from jenga.core.request import Request
+from jenga.core.request import GroupState, Request
 from jenga.core.specs import ModelSpec
+
+
+@dataclass(frozen=True)
+class RealGroup:
+    """A group of the model whose needs are measured, and where a manager keeps its tokens.
+
+    ``policy`` says what a request needs (``record(req)``: its state for this policy); ``parts``:
+    the manager's own groups holding this group's tokens, as (group index, layers of this group in
+    it); empty where its needs are counted per request (state and image kinds, or a layout whose
+    layers do not map).  jenga measures against itself (each group stored in itself); a baseline
+    against the real model, stored in its own groups (``jenga.baselines.common``)."""
+    policy: Policy
+    record: Callable[[Request], GroupState]
+    parts: tuple[tuple[int, int], ...] = ()
 
 
 class ByteAccounting:
@@ -49,6 +67,65 @@ class ByteAccounting:
             extra = sum(ref) - ledger.alloc.used_pages(g)
             shared += extra * self.model.groups[g].page_bytes
         return shared, self.duplicate_bytes(requests)
+
+    def needed(self, requests: Iterable[Request], real: list[RealGroup]) -> int:
+        """Bytes the live requests' next step reads, each needed token of a page several requests
+        hold counted once.  Token groups with ``parts``: a request needs its tokens
+        ``[first_needed(n), n)`` (``n`` computed); in each part they lie on the request's pages
+        of that group, and a page held by more than one request counts the union of the needed
+        slots of its holders (``layers`` x the group's bytes per token and layer each).  So the
+        total never exceeds the bytes of the held pages.  Other groups: each request's
+        ``needed_bytes``, less the extra references of their pages where the group stores itself.
+        O(requests x needed pages), in C but for shared pages."""
+        self.ledger.settle()
+        requests = list(requests)
+        ref, groups = self.ledger.ref, self.model.groups
+        total = 0
+        for grp in real:
+            pol = grp.policy
+            token = pol.first_needed(0) is not None and grp.parts
+            if not token:
+                for req in requests:
+                    total += pol.needed_bytes(req, grp.record(req))
+                if grp.parts == ((pol.gi, pol.group.num_layers),) and pol.group is groups[pol.gi]:
+                    r = ref[pol.gi]
+                    total -= max(0, sum(r) - self.ledger.alloc.used_pages(pol.gi)) * groups[pol.gi].page_bytes
+                continue
+            per_layer = pol.token_bytes // max(1, pol.group.num_layers)
+            shared: dict[tuple[int, int], list[tuple[int, int]]] = {}
+            for req in requests:
+                n = req.num_computed
+                a = pol.first_needed(n)
+                if n <= a:
+                    continue
+                for gi, layers in grp.parts:
+                    tpp, pages = groups[gi].tokens_per_page, req.groups[gi].token_pages()
+                    i0, i1 = a // tpp, min(-(-n // tpp), len(pages))
+                    held = [(i, p) for i, p in enumerate(pages[i0:i1], i0) if p is not None] \
+                        if None in pages[i0:i1] else None
+                    if held is None:  # every page of the range held: one gather finds the shared ones
+                        ids = pages[i0:i1]
+                        many = np.flatnonzero(view(ref[gi])[int64s(ids)] > 1) if ids else ()
+                        tokens = max(0, min(n, i1 * tpp) - a)
+                        held = [(i0 + int(j), ids[j]) for j in many]
+                    else:
+                        tokens = sum(min(n, (i + 1) * tpp) - max(a, i * tpp) for i, _ in held)
+                        held = [(i, p) for i, p in held if ref[gi][p] > 1]
+                    for i, p in held:  # shared pages: their slots go to the union below
+                        lo, hi = max(a, i * tpp) - i * tpp, min(n, (i + 1) * tpp) - i * tpp
+                        tokens -= hi - lo
+                        shared.setdefault((gi, p), []).append((lo, hi))
+                    total += tokens * layers * per_layer
+            for (gi, _), spans in shared.items():
+                layers = dict(grp.parts)[gi]
+                spans.sort()
+                covered, end = 0, 0
+                for lo, hi in spans:
+                    lo = max(lo, end)
+                    if hi > lo:
+                        covered, end = covered + hi - lo, hi
+                total += covered * layers * per_layer
+        return total
 
     def duplicate_bytes(self, requests: Iterable[Request]) -> int:
         dup = 0

@@ -180,11 +180,12 @@ class Admission:
             return least
         return None
 
-    def hit_cannot_fit(self, req: Request, end: int, allocated: int) -> bool:
+    def hit_cannot_fit(self, req: Request, end: int, allocated: int, step: int | None = None) -> bool:
         """True when the first ``allocate`` of ``req`` up to ``end`` surely fails: its new pages
         need more bytes than are free plus cached outside its deferred hit and, for an admission
         while others hold pages, outside the ``protected`` pages (then holding the hit would be
-        undone at once).  Reads the structures without holding the hit."""
+        undone at once).  Reads the structures without holding the hit.  ``step``: the same for
+        the steps of at most that many tokens up to ``end`` (``plan``'s ``step``, ``can_allocate``)."""
         if req.images:
             return False  # image policies may hold cached pages while planning
         alloc, ledger, keys = self.alloc, self.ledger, self.evictor.keys
@@ -192,7 +193,8 @@ class Admission:
         pb = alloc.page_bytes
         need = 0
         for pol, gs in zip(self.policies, req.groups, strict=True):
-            need += pol.plan(req, gs, end, ledger) * pb[pol.gi]
+            n = pol.plan(req, gs, end, ledger) if step is None else pol.peak_plan(req, gs, end, step, ledger)
+            need += n * pb[pol.gi]
         free = alloc.free_bytes()
         if need <= free:  # free pages alone hold it (what is out of reach below is all cached)
             return False

@@ -24,6 +24,21 @@ from jenga.core.tier.host_tier import HostTier
 from jenga.core.tier.promotion import promote_hit
 
 
+class IndexReads:
+    """The part of the ledger's ``PageOps`` a hit's length reads (``Policy.longest_prefix``, the
+    prompt hasher's bound): the index tables, as they are.  The ledger holds a deferred hit first
+    on every access; holding changes references and eviction order, never the index, so a
+    read-only probe (``peek``) reads through this instead."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: PrefixIndex):
+        self.index = index
+
+    def index_table(self, group: int) -> dict[bytes, int]:
+        return self.index.table[group]
+
+
 class PrefixLookup:
     """Finds and holds a request's hit.  Owns the junction finder (it iterates the same fixed
     point over the full-attention groups) and the miss classifier (why a lookup missed what it
@@ -38,6 +53,7 @@ class PrefixLookup:
         self.promotion_quota = promotion_quota  # the admission rule promotions follow (Admission.promotion_quota)
         self.junction = Junction(policies, block, caching, hasher.bound, ledger)
         self.misses = MissReasons(block)
+        self.reads = IndexReads(index)
 
     def find(self, req: Request, max_tokens: int | None) -> int:
         """Let go of the last hit, then find and record the new one (``KVCacheManager.lookup``)."""
@@ -58,9 +74,13 @@ class PrefixLookup:
 
     def peek(self, req: Request, max_tokens: int | None) -> int:
         """What ``find`` would answer now, read only: nothing held, recorded or counted (device
-        tier only: a hit on host pages needs a promotion, which ``find`` plans)."""
-        reach = self.hasher.for_lookup(req, self.top(req, max_tokens), self.ledger)
-        return self.fixed_point(req, reach, self.policies, self.hasher.bound)
+        tier only: a hit on host pages needs a promotion, which ``find`` plans).  It reads the
+        index tables only (``IndexReads``), so another request's deferred hit stays deferred: a
+        scheduler probing its waiting queue each step does not hold, then let go of, the hit of
+        the request it could not admit the step before."""
+        ops = self.reads
+        reach = self.hasher.for_lookup(req, self.top(req, max_tokens), ops)
+        return self.fixed_point(req, reach, self.policies, self.hasher.bound, ops)
 
     def top(self, req: Request, max_tokens: int | None) -> int:
         """The longest hit a lookup may take: whole blocks, never the last token, ``max_tokens``."""

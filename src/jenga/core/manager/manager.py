@@ -379,6 +379,17 @@ class KVCacheManager:
         """(held, needed, stale, padding) bytes of one live request (see ``jenga.core.manager.stats``)."""
         return self.accounting.request(req)
 
+    def real_groups(self) -> list:
+        """The groups whose needs ``needed_bytes`` measures: jenga's own, each stored in itself."""
+        from jenga.core.manager.accounting import RealGroup
+
+        return [RealGroup(pol, lambda req, gi=pol.gi: req.groups[gi], ((pol.gi, pol.group.num_layers),))
+                for pol in self.policies]
+
+    def needed_bytes(self) -> int:
+        """Bytes the live requests' next step reads, a token several hold counted once."""
+        return self.accounting.needed(self.requests.values(), self.real_groups())
+
     def sharing_accounting(self) -> tuple[int, int]:
         """(bytes counted twice by per-request sums, bytes of duplicate prefix copies)."""
         return self.accounting.sharing(self.requests.values())

@@ -10,6 +10,15 @@ unless ``H_a + q + sum_{b != a} max(H_b, F_b) <= N``.  Frees only lower ``H``.  
 others hold, model ``b`` always finds ``F_b - H_b`` whole large pages (free or fully evictable):
 a request of ``b`` within its floor is admitted even under a flood at another model.
 
+Under contention the pool is shared fairly: while another model has requests waiting (its
+scheduler says so, :meth:`MultiModelManager.note_waiting`), an admission may not take model
+``a`` past its even share, ``max(N // models, F_a)`` large pages
+(:meth:`FloorAdmission.within_share`); running requests still grow past it.  Memory moves to a
+model only as far as no other model asks for it: a model alone with work takes every page the
+floors leave, two models with queues each keep what a static even split would give them.
+Without the rule the model whose lane admits first takes the pages the other waits for, and
+the starved model then runs its queue in many small steps.
+
 An *admission* (a request's first allocate) also looks ahead, while its model runs other requests:
 the request's whole prompt and the rest of every prompt in flight (any model's) must fit the pages
 in reach (:meth:`FloorAdmission.prompt_fits`).  The scheduler asks for a prompt's first chunk only;
@@ -51,6 +60,15 @@ class FloorAdmission(Admission):
         others = sum(max(h, f) for m, (h, f) in enumerate(zip(held, self.floors, strict=True)) if m != scope)
         return held[scope] + take + others <= self.alloc.num_large
 
+    def within_share(self, scope: int, take: int) -> bool:
+        """Whether an admission of model ``scope`` may take ``take`` more large pages: always while
+        no other model has requests waiting, else up to its even share (module doc)."""
+        waiting = self.scopes.waiting
+        if not any(w for m, w in enumerate(waiting) if m != scope):
+            return True
+        share = max(self.alloc.num_large // len(waiting), self.floors[scope])
+        return self.held_large()[scope] + take <= share
+
     def prompt_fits(self, req: Request, scope: int) -> bool:
         """An admission looks ahead: ``req``'s whole prompt (one chunk is all the scheduler asks
         for) plus what every allocated request still needs to finish its prompt fit the pages in
@@ -84,14 +102,16 @@ class FloorAdmission(Admission):
         if req.tables is None and not self.prompt_fits(req, scope):
             return None
         self.ledger.settle()  # an admission's hit may hold pages of fully evictable large pages: they count
-        if self.fits_floors(scope, sum(quota)):
+        first = req.tables is None
+        if self.fits_floors(scope, sum(quota)) and (not first or self.within_share(scope, sum(quota))):
             return quota
         # fewer large pages: the group's free slots and its own cached pages first (steps 4-5)
         alloc = self.alloc
         sup = alloc.supply()
         least = [min(q, cdiv(max(0, x - f - c), k)) for q, x, f, c, k in
                  zip(quota, need, sup.free_small, sup.cached_small, alloc.k, strict=True)]
-        return least if least != quota and self.fits_floors(scope, sum(least)) else None
+        fits = least != quota and self.fits_floors(scope, sum(least)) and (not first or self.within_share(scope, sum(least)))
+        return least if fits else None
 
-    def hit_cannot_fit(self, req: Request, end: int, allocated: int) -> bool:
-        return super().hit_cannot_fit(req, end, self.scopes.allocated[self.scopes.of[req.request_id]])
+    def hit_cannot_fit(self, req: Request, end: int, allocated: int, step: int | None = None) -> bool:
+        return super().hit_cannot_fit(req, end, self.scopes.allocated[self.scopes.of[req.request_id]], step)

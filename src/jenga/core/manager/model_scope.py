@@ -37,6 +37,7 @@ class ModelScopes:
         self.groups = [[g for g, s in enumerate(group_scope) if s == m] for m in range(len(names))]
         self.of: dict[object, int] = {}  # live request id -> its model's index
         self.allocated = [0] * len(names)
+        self.waiting = [0] * len(names)  # per model: requests queued, as its scheduler last said
         self.query_tokens = [0] * len(names)  # per model: prompt tokens looked up, and found cached
         self.hit_tokens = [0] * len(names)
 

@@ -30,6 +30,7 @@ from jenga.core.pagesize import PageSizeError, with_base_page
 from jenga.core.policy.registry import cdiv
 from jenga.core.specs import LayerGroup, ModelSpec
 from jenga.core.tables import PageTables
+from jenga.core.validation import checked_int
 from jenga.errors import InsufficientMemoryError, InvalidArgumentError, UnknownRequestError
 from jenga.units import fmt_bytes, parse_bytes
 
@@ -179,6 +180,13 @@ class MultiModelManager(KVCacheManager):
             super().add_request(request_id, prompt_token_ids, cache_salt=cache_salt, **kwargs)  # its typed error
         super().add_request(request_id, prompt_token_ids, cache_salt=scoped_salt(model, cache_salt), **kwargs)
         self.scopes.of[request_id] = self.scopes.index(model)
+
+    def note_waiting(self, model: str, count: int) -> None:
+        """Tell the pool how many requests of ``model`` wait for admission (its scheduler's queue):
+        while another model has some, an admission stays within its even share (``FloorAdmission``)."""
+        if model not in self.scopes.names:
+            raise InvalidArgumentError(f"unknown model {model!r}; this pool serves {', '.join(self.scopes.names)}")
+        self.scopes.waiting[self.scopes.index(model)] = checked_int(count, "count", minimum=0)
 
     def lookup(self, request_id: object, *, max_tokens: int | None = None) -> int:
         """``KVCacheManager.lookup``; the prompt tokens looked up and found count for the request's model."""

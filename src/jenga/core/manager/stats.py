@@ -2,8 +2,11 @@
 
 *Needed* bytes are what live requests really read in their next step (full layers: every
 computed token; sliding: the last window; chunked: the current chunk; Mamba: one state;
-images: the image tokens held), a page shared by live requests once, and a second copy of
-a prefix page another live request holds not at all (it is *duplicate* waste).  *Allocated*
+images: the image tokens held), a token on a page several live requests hold once (counted
+from the page tables, so needed never exceeds the held pages, baselines included), and a
+second copy of a prefix page another live request holds not at all (it is *duplicate* waste).
+Out-of-window waste is what the held pages keep beyond that, their unfilled tails, padding
+and duplicate copies.  *Allocated*
 bytes are pages held by live requests plus *stranded* free slots inside large pages already
 cut for a group.  Waste = allocated - needed, broken down by cause.
 
@@ -117,15 +120,16 @@ def collect_stats(mgr) -> CacheStats:
     # evictable large page are reclaimable at once, so they count as free, not waste)
     carved_free = sum(alloc.free_slots(g) * pb[g] for g in n)
     total = alloc.num_large * alloc.large_page_bytes
-    needed = partial = stale_bytes = padding = 0
+    partial = padding = 0
     for req in mgr.requests.values():
         held, need, stale, pad = mgr.request_accounting(req)
-        needed += need
-        stale_bytes += stale
         padding += pad
         partial += max(0, held - need - stale - pad)
-    shared, duplicate = mgr.sharing_accounting()
-    needed = max(0, needed - shared - duplicate)
+    _, duplicate = mgr.sharing_accounting()
+    # needed: a token several live requests hold counted once (from the page tables); out of the
+    # window: what the held pages keep beyond that, the tails, the padding and the copies
+    needed = max(0, mgr.needed_bytes() - duplicate)
+    stale_bytes = max(0, used - needed - partial - padding - duplicate)
     stats = CacheStats(total, used, cached, total - used - cached, needed, carved_free, partial, stale_bytes,
                        padding, mgr.prefix_hit_tokens, mgr.prefix_query_tokens, len(mgr.requests),
                        mgr.evictor.num_evicted_pages, group_used, duplicate, mgr.first_hit_tokens,
