@@ -22,9 +22,6 @@ KNOWN = {
     # a vision page's reference count grows with nobody holding it (check_integrity at the end of the
     # run: "page 2:50: refcount 65, held by 0 live references"), prefix caching on, under pressure
     ("tiny-gemma3-vision", "images"): (AssertionError, "vision pages: a reference held by no request"),
-    # "request 3: its tokens from 0 on are dropped, but page 0:2 they fill is already shared by a
-    # request looked up after its allocate" (the scheduler drops a hit another lookup already shares)
-    ("tiny-mllama", "images"): (Exception, "cross-attention images: a dropped hit already shared"),
     # a sliding or chunked group holds a page more with the draft slots than capacity.peak_pages
     # counts: a request RequestLimits admits does not fit alone ("needs pages for 49 tokens")
     **{(f, "spec"): (Exception, "draft slots on a window: capacity counts no lookahead")
@@ -84,3 +81,6 @@ def test_the_hit_ledger_flags_a_hit_across_salts_images_or_before_its_source():
     # a cross-attention model: text before an image reads it, so even that needs the same image
     assert lookups(False, (img, None, p, 0), (img, None, q, 4)) == []
     assert len(lookups(True, (img, None, p, 0), (img, None, q, 4))) == 1
+    # its placeholder is one token standing for encoder tokens outside the sequence (tiny Mllama: 40)
+    enc = (ImageRef(1, 40, "p"),)
+    assert lookups(True, ([5, 6, 7], None, enc, 0), ([5, 6, 7, 8], None, enc, 3)) == []
