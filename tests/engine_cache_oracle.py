@@ -150,10 +150,13 @@ class HitLedger:
         self.seen: dict = {}  # request id -> its live sequence, in admission order
         self.lookups: list[tuple] = []  # (request id, salt, hit, bound)
 
-    @staticmethod
-    def keys(seq) -> list:
-        """Token ids with each image placeholder replaced by (its image's content hash, position in it)."""
+    def keys(self, seq) -> list:
+        """Token ids with each image placeholder replaced by (its image's content hash, position in it);
+        a cross-attention model's placeholder stands for encoder tokens outside the sequence (its images
+        are compared whole: ``images_of``)."""
         out: list = list(seq.tokens)
+        if self.cross:
+            return out
         for ref in getattr(seq, "images", ()) or ():
             for j in range(ref.num_tokens):
                 out[ref.offset + j] = (ref.content_hash, j)

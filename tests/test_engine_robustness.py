@@ -191,3 +191,29 @@ def test_page_tables_unchanged_by_other_requests():
         assert t == before, f"request a's tables changed after a call for {rid}"
     mgr.append_tokens("a", [5])
     assert mgr.allocate("a", 1) is t  # same object, updated in place by a's own calls (documented)
+
+
+@pytest.mark.parametrize("where", ["forward", "schedule"])
+def test_failed_step_aborts_a_request_sharing_pages_registered_in_it(monkeypatch, where):
+    # a registers its prompt's full pages at allocate; b, admitted after it in the same step, hits them;
+    # the step fails (in the forward, or in the scheduler right after b's lookup): aborting a first
+    # would drop pages b holds, so the newest is aborted first and the step's own error comes out
+    llm = jenga.LLM("tiny-llama", kv_memory="4MiB", tokens_per_page=16)
+    shared = prompts(1, length=40)[0]
+    a, b = llm.add_request(shared, P), llm.add_request(shared + [7, 8, 9], P)
+    if where == "forward":
+        fail_forward_at(llm, monkeypatch, {0})
+    else:
+        enter = llm.scheduler._enter
+
+        def enter_then_fail(seq):
+            enter(seq)
+            if seq is b:
+                raise Boom("injected")
+
+        monkeypatch.setattr(llm.scheduler, "_enter", enter_then_fail)
+    with pytest.raises(Boom):
+        llm.step()
+    assert b.prefix_hit_tokens == 32  # b did share a's pages registered in the failed step
+    assert a.finish_reason == b.finish_reason == "abort"
+    assert_idle(llm)

@@ -334,6 +334,25 @@ def test_vision_embeddings_released_after_consumption_and_reused():
     mgr.check_integrity()
 
 
+def test_can_allocate_with_a_deferred_hit_and_cached_vision_pages_leaks_no_reference():
+    # b's lookup hit (tokens 0-2) is deferred; planning its image (cached by a) holds the image's
+    # pages inside the plan's log, and the hit is held first: each probe gives back all it held
+    spec = model(group("full", full(), 1), group("vis", vision(64), 1, first_layer=1))
+    mgr = make_manager(spec, 64)
+    serve(mgr, "a", list(range(8)), [8], images=[(4, 3, "cat")])
+    mgr.add_request("b", [0, 1, 2, 99, 4, 5, 6, 7], images=[(4, 3, "cat")])
+    assert mgr.lookup("b") == 3
+    for _ in range(3):
+        assert mgr.can_allocate("b", 5)
+        mgr.check_integrity()
+    t = mgr.allocate("b", 5)
+    assert t.groups[1].to_fill == set() and len(t.groups[1].pages[0]) == 3  # a's cached image pages
+    mgr.append_tokens("b", [1])
+    mgr.free("b")
+    mgr.check_integrity()
+    assert mgr.stats().used_bytes == 0
+
+
 def test_model_level_hit_is_the_longest_prefix_every_group_accepts():
     spec = model(group("full", full(), 1), group("swa", sliding(2), 1, first_layer=1),
                  group("mamba", mamba(4), 1, first_layer=2))

@@ -18,7 +18,7 @@ Online use (the server's loop thread; an ``LLM`` is not thread-safe, one thread 
 
 Failures: a step that raises (a failing forward, a ``KeyboardInterrupt``, a request that can
 never fit) aborts the requests it had scheduled -- their uncommitted allocation cannot be
-undone, so they are freed (finish reason ``"abort"``) -- and re-raises; every other request
+undone, so they are freed (finish reason ``"abort"``), the last scheduled first -- and re-raises; every other request
 is untouched and the engine stays usable.  ``generate`` aborts all of its own requests still
 live when it is interrupted.  A directory's ``generation_config.json`` adds its EOS ids and
 default sampling values (:mod:`jenga.engine.generation_config`); a directory without
@@ -294,8 +294,8 @@ class LLM:
         except BaseException:
             plan = self._plan
             hit = [it.seq for it in plan.scheduled] if plan is not None else list(self.scheduler.touched)
-            for seq in hit:
-                self.abort(seq.request_id)
+            for seq in reversed(hit):  # newest first: a request looked up after another's allocate may
+                self.abort(seq.request_id)  # share the pages it registered; it lets go of them first
             raise
         finally:
             self._plan = None

@@ -70,12 +70,14 @@ class PageLedger(PageOps):
 
     # ------------------------------------------------------------ hit, log and grant
     def settle(self) -> None:
-        """Hold the deferred hit for real, if any (``req.hit_holds`` gets the log to undo it)."""
+        """Hold the deferred hit for real, if any (``req.hit_holds`` gets the log to undo it).  A plan's
+        log open meanwhile stays open, without the hit's holds: undoing the plan leaves the hit held."""
         req = self.deferred
         if req is None:
             return
         self.deferred = None
-        self._log = log = []
+        outer, self._log = self._log, []
+        log = self._log
         try:
             for group, pages in req.deferred_holds:
                 if type(pages) is list:
@@ -83,7 +85,7 @@ class PageLedger(PageOps):
                 else:
                     self.hold(group, pages)
         finally:
-            self._log = None
+            self._log = outer
         req.hit_holds, req.deferred_holds = log, None
 
     def record_hit(self, req: Request, policies: list, hit_of) -> None:
