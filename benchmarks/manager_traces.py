@@ -139,11 +139,55 @@ def mamba_shared_prefix(n: int = 64, seed: int = 0) -> list[TraceRequest]:
             for i in range(n)]
 
 
+def agent_branches(sessions: int = 8, depth: int = 4, branches: int = 3, seed: int = 0) -> list[TraceRequest]:
+    """Agentic sessions that branch at tool calls: a 1,500-token system prompt shared by all,
+    a U(300, 1,500)-token task per session; at each of ``depth`` tool calls the agent tries
+    ``branches`` calls (each a U(200, 1,200)-token call and its output appended to the path so
+    far: one request per branch, 64 output tokens), then goes on from the first.  Sessions
+    interleaved, one arrival per step."""
+    rng = np.random.default_rng([seed, 12])
+    seg = Segments(seed)
+    system = seg.get(12, 0, 1500)
+    paths = [[system, seg.get(13, s, int(rng.integers(300, 1501)))] for s in range(sessions)]
+    reqs = []
+    for d in range(depth):
+        for s in range(sessions):
+            for b in range(branches):
+                call = seg.get(14, (s * depth + d) * branches + b, int(rng.integers(200, 1201)))
+                reqs.append(TraceRequest(f"b{s}d{d}x{b}", np.concatenate(paths[s] + [call]), 64,
+                                         arrival_step=len(reqs)))
+                if b == 0:
+                    chosen = call
+            paths[s].append(chosen)
+    return reqs
+
+
+def rag_prompts(n: int = 256, chunks: int = 48, per_prompt: int = 4, seed: int = 0) -> list[TraceRequest]:
+    """RAG prompts reusing retrieved chunks in other orders: a 600-token system prompt, then
+    ``per_prompt`` distinct chunks of U(300, 900) tokens drawn from ``chunks`` (Zipf-like
+    popularity: chunk i weighs 1 / (i + 1)), in the retriever's order (a prefix shared only up
+    to the first chunk that differs), then a U(30, 120)-token question; 48 output tokens, one
+    arrival per step."""
+    rng = np.random.default_rng([seed, 15])
+    seg = Segments(seed)
+    clen = rng.integers(300, 901, size=chunks)
+    w = 1.0 / np.arange(1, chunks + 1)
+    w /= w.sum()
+    out = []
+    for i in range(n):
+        picked = rng.choice(chunks, size=per_prompt, replace=False, p=w)
+        parts = [seg.get(15, 0, 600)] + [seg.get(16, int(c), int(clen[c])) for c in picked]
+        parts.append(seg.get(17, i, int(rng.integers(30, 121))))
+        out.append(TraceRequest(f"g{i}", np.concatenate(parts), 48, arrival_step=i))
+    return out
+
+
 TRACES = {
     "short": short_prompts, "articles16": lambda **kw: articles(16, **kw),
     "articles64": lambda **kw: articles(64, **kw), "long": long_prompts,
     "hybrid-short": short_hybrid_prompts, "round-robin": round_robin_sessions,
     "agent": agent_conversations, "mamba-prefix": mamba_shared_prefix, "chats64": growing_chats,
+    "agent-branch": agent_branches, "rag": rag_prompts,
 }
 
 

@@ -308,6 +308,24 @@ def _cache_oracle(*argv: str, sample: tuple[str, ...] | None = None) -> Block:
     return Block(_script_cmd("cache_oracle", argv), _script_table("cache_oracle", argv, keep=("|", "- ")), part)
 
 
+#: the vLLM 0.34 python the Makefile makes (``make vllm-envs``): vLLM's cache-aware admission is 0.34's
+VLLM_034 = ".vllm-envs/0.34.0/bin/python"
+
+
+def _vllm034_script(name: str, *argv: str) -> Block:
+    """The Markdown table ``benchmarks/NAME.py ARGV`` prints when run by vLLM 0.34's python (a
+    subprocess: this process's vLLM is another version); table lines only."""
+    cmd = f"VLLM_TARGET_DEVICE=cpu PYTHONPATH=src {VLLM_034} benchmarks/{name}.py " + " ".join(argv)
+
+    def render() -> str:
+        import subprocess
+        env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "PYTHONPATH": str(ROOT / "src")}
+        out = subprocess.run([str(ROOT / VLLM_034), str(ROOT / "benchmarks" / f"{name}.py"), *argv], cwd=ROOT,
+                             env=env, capture_output=True, text=True, check=True).stdout
+        return "\n".join(line for line in out.splitlines() if line.startswith("|"))
+    return Block(cmd, render)
+
+
 def _host_tier(traces: str, hosts: str, sample: tuple[str, str, str, str]) -> Block:
     """``host_tier.py``'s rows; sampled by one (model, trace, host, policy) row (each row runs alone)."""
     model, trace, host, policy = sample
@@ -388,6 +406,11 @@ BLOCKS: dict[str, Block] = {
     # jenga + 4x host alone (two engine starts, one run: about two minutes of CPU)
     "vllm-side-by-side-host": _script("vllm_side_by_side", "--rows", "many", "--markdown", "--outcome",
                                       sample=("--rows", "many", "--engines", "jenga4x", "--markdown", "--outcome")),
+
+
+    # vLLM 0.34's scheduler at its best against JengaScheduler, priced in time: minutes, -m slow only;
+    # tests/test_vs_vllm_sched.py pins a row (in the 0.34 tests of make test)
+    "vs-vllm-sched": _vllm034_script("vs_vllm_sched", "--rows", "quick", "--markdown", "--outcome"),
     # engine runs of tiny models, 6-13 s of CPU each: -m slow only, but for mllama's jenga row (~7 s of CPU);
     # the other two scripts run both of their configurations on every call (no row filter to sample by)
     "mllama-cross-pages": _script("mllama_cross_pages", "--markdown", "--outcome",

@@ -16,8 +16,10 @@ the highest req/s (ties: fewer steps); the table names it.  ``quick``: retention
 its defaults (its own admission order, most cached prefix first; chunk-end state checkpoints on
 hybrids; on hybrids ``prefix_match_unit`` 16 when that won vLLM's row, as a user would set it for
 both), and each policy switch (``--variants``): ``ordered`` (no protected-page hold on
-admissions), ``no-step-ends`` (no chunk-end state checkpoints), ``hits-first`` (queue order among
-hits), ``before`` (both of the last two: jenga's defaults before this benchmark).
+admissions), ``always`` (every page reused twice protected, not only the pages the next-use
+predictor keeps: ``jenga.core.evict.predicted``), ``no-step-ends`` (no chunk-end state
+checkpoints), ``hits-first`` (queue order among hits), ``fcfs`` (vLLM's queue order), ``before`` (the last three: jenga's
+defaults before this benchmark).
 
 Run with the 0.34 python (0.32 works too, without cache-aware admission)::
 
@@ -51,12 +53,20 @@ QUICK = ["gemma-3-12b:articles16:real", "gemma-3-12b:articles16:tight", "jamba-1
 MORE = ["gemma-3-12b:short:real", "jamba-1.5-mini:short:tight", "gemma-3-12b:round-robin:tight",
         "jamba-1.5-mini:mamba-prefix:tight", "gpt-oss-120b:articles16:tight", "llama-4-scout:articles16:tight",
         "qwen3-next-80b:articles16:tight", "nemotron-h-8b:short:tight", "falcon-h1-7b:articles16:tight"]
-ROWS = {"quick": QUICK, "more": MORE, "all": QUICK + MORE}
+#: the rows people care about: models deployed in late 2026 at their real sizes (Llama-3.1-8B the
+#: control) x the workloads users of vLLM and SGLang report x the GPU's real budget and a tight one
+WIDE_MODELS = ["gemma-3-27b", "gpt-oss-120b", "llama-4-scout", "ministral-8b", "qwen3-next-80b", "nemotron-h-8b",
+               "falcon-h1-7b", "jamba-1.5-mini", "llama-3.1-8b"]
+WIDE_TRACES = ["hybrid-short", "agent-branch", "round-robin", "articles16", "rag"]
+WIDE = [f"{m}:{t}:{b}" for m in WIDE_MODELS for t in WIDE_TRACES for b in ("real", "tight")]
+ROWS = {"quick": QUICK, "more": MORE, "all": QUICK + MORE, "wide": WIDE,
+        "wide-tight": [r for r in WIDE if r.endswith(":tight")]}
 CACHE_AWARE = dict(admission_window=2048, admission_threshold=0.0)
 #: jenga's policy switches measured beside its defaults (``--variants``): environment of JengaScheduler
-VARIANTS = {"ordered": {"JENGA_VLLM_PROTECT": "auto"}, "no-step-ends": {"JENGA_VLLM_STEP_CHECKPOINTS": "off"},
-            "hits-first": {"JENGA_VLLM_ADMISSION": "hits-first"},
-            "before": {"JENGA_VLLM_STEP_CHECKPOINTS": "off", "JENGA_VLLM_ADMISSION": "hits-first"}}
+VARIANTS = {"always": {"JENGA_VLLM_PROTECT": "always"}, "ordered": {"JENGA_VLLM_PROTECT": "auto"}, "no-step-ends": {"JENGA_VLLM_STEP_CHECKPOINTS": "off"},
+            "hits-first": {"JENGA_VLLM_ADMISSION": "hits-first"}, "fcfs": {"JENGA_VLLM_ADMISSION": "fcfs"},
+            "before": {"JENGA_VLLM_STEP_CHECKPOINTS": "off", "JENGA_VLLM_ADMISSION": "hits-first",
+                       "JENGA_VLLM_PROTECT": "always"}}
 
 
 def sweep(model, kind: str) -> list[VllmSettings]:
@@ -84,7 +94,8 @@ def setup_of(name: str):
 
 def trace_of(trace: str, scale: float):
     counts = {"short": ("n", 1000), "long": ("n", 20), "hybrid-short": ("n", 200), "mamba-prefix": ("n", 64),
-              "agent": ("sessions", 16), "round-robin": ("sessions", 8)}
+              "agent": ("sessions", 16), "round-robin": ("sessions", 8), "agent-branch": ("sessions", 8),
+              "rag": ("n", 256)}
     kw = {}
     if scale != 1.0 and trace in counts:
         k, v = counts[trace]
@@ -166,13 +177,27 @@ def fmt(res: dict) -> list[str]:
             pair("batch", lambda x: f"{x:.1f}"), pair("preempt", str), pair("rps", lambda x: f"{x:.3f}"),
             f"{j['rps'] / v['rps']:.2f}x", pair("ttft50", lambda x: f"{x:.1f}"),
             pair("ttft99", lambda x: f"{x:.1f}")] + [
-        f"{m['rps'] / v['rps']:.2f}x ({m['steps']} steps, batch {m['batch']:.1f}, hit {100 * m['hit']:.1f} %)"
+        f"{m['rps'] / v['rps']:.2f}x, p99 TTFT {m['ttft99'] / v['ttft99']:.2f}x ({m['steps']} steps, batch "
+        f"{m['batch']:.1f}, hit {100 * m['hit']:.1f} %)"
         for m in res["variants"].values()]
+
+
+OUTCOME = ["row", "GPU", "KV GiB", "vLLM best setting", "req/s vLLM / jenga", "jenga/vLLM", "TTFT p99 s vLLM / jenga",
+           "prompt tokens computed vLLM / jenga"]
+
+
+def outcome(res: dict) -> list[str]:
+    """The README's columns (``--outcome``): simulated time only, no wall-clock figure."""
+    v, j = res["vllm"], res["jenga"]
+    return [res["row"], res["gpu"], f"{res['memory'] / 2**30:.1f}", v["settings"].name(),
+            f"{v['rps']:.3f} / {j['rps']:.3f}", f"{j['rps'] / v['rps']:.2f}x", f"{v['ttft99']:.1f} / {j['ttft99']:.1f}",
+            f"{v['prefill'] / 1e6:.2f}M / {j['prefill'] / 1e6:.2f}M"]
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rows", default="quick", help="'quick' (4 models x articles16 x real/tight), 'more', 'all', "
+    p.add_argument("--rows", default="quick", help="'quick' (4 models x articles16 x real/tight), 'more', 'all', 'wide' "
+                   "(9 models x 5 workloads x real/tight), 'wide-tight', "
                    "or comma-separated model:trace:budget (budget real|tight; traces: " + ", ".join(TRACES) + ")")
     p.add_argument("--sweep", choices=("quick", "full"), default="quick", help="vLLM settings tried per row")
     p.add_argument("--tight", type=float, default=0.25, help="the tight budget as a share of the real one")
@@ -180,20 +205,22 @@ def main(argv=None) -> int:
     p.add_argument("--batched-tokens", type=int, default=8192, help="max_num_batched_tokens")
     p.add_argument("--max-seqs", type=int, default=1024, help="max_num_seqs")
     p.add_argument("--max-model-len", type=int, help="default: the trace's longest request, rounded up to 4,096")
-    p.add_argument("--variants", default="ordered,no-step-ends,hits-first,before", help="jenga policy switches also measured, comma-separated "
+    p.add_argument("--variants", default="always,ordered,no-step-ends,hits-first,before", help="jenga policy switches also measured, comma-separated "
                    f"({', '.join(VARIANTS)}; '' for none): jenga/vLLM req/s with each")
     p.add_argument("--markdown", action="store_true")
+    p.add_argument("--outcome", action="store_true", help="the README's columns only (req/s, p99 TTFT, prompt "
+                   "tokens computed) and no variants")
     p.add_argument("-v", "--verbose", action="store_true", help="every sweep point on stderr")
     a = p.parse_args(argv)
     rows = ROWS.get(a.rows) or a.rows.split(",")
-    a.variants = [v for v in a.variants.split(",") if v]
-    header = HEADER + [f"jenga/vLLM with {v}" for v in a.variants]
+    a.variants = [v for v in a.variants.split(",") if v] if not a.outcome else []
+    header = OUTCOME if a.outcome else HEADER + [f"jenga/vLLM with {v}" for v in a.variants]
     table, ratios = [], []
     if a.markdown:
         print("| " + " | ".join(header) + " |\n|" + "---|" * len(header), flush=True)
     for row in rows:
         res = run_row(row, a)
-        cells = fmt(res)
+        cells = outcome(res) if a.outcome else fmt(res)
         table.append(cells)
         ratios.append(res["jenga"]["rps"] / res["vllm"]["rps"])
         print(f"{row}: {res['jenga']['n']} requests, {res['gpu']}", file=sys.stderr, flush=True)
@@ -204,6 +231,8 @@ def main(argv=None) -> int:
         for r in [header] + table:
             print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
     geo = math.exp(statistics.fmean(math.log(x) for x in ratios))
+    if a.markdown and a.outcome:
+        print(f"| geo-mean over {len(ratios)} rows | | | | | {geo:.2f}x | | |")
     print(f"geo-mean jenga/vLLM-best req/s over {len(ratios)} rows: {geo:.2f}x")
     return 0
 

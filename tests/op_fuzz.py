@@ -104,7 +104,7 @@ def build(name: str, spec_name: str, rng: random.Random, host: bool):
     """A manager of kind ``name`` whose pool holds one ``MAX_LEN`` request alone, plus 0-4 large pages."""
     caching = rng.random() < 0.85
     kw = dict(tokens_per_page=TPP, enable_prefix_caching=caching, fit_pages=False, window_slack=0,
-              eviction=rng.choice(["lru", "reuse"]) if name == "jenga" else None)
+              eviction=rng.choice(["lru", "reuse", "predict"]) if name == "jenga" else None)
     n = min_large(name, spec_name, caching)
     lp = LARGE_PAGE[(name, spec_name)]
     n += rng.randrange(0, 5)

@@ -53,7 +53,7 @@ def test_recomputed_full_pages_take_over_the_cached_keys_and_a_third_request_hit
     mgr.check_integrity()
 
 
-@pytest.mark.parametrize("eviction", ["lru", "reuse"])
+@pytest.mark.parametrize("eviction", ["lru", "reuse", "predict"])
 def test_take_over_keeps_use_counts_and_events(eviction):
     mgr, a_full = first_request_with_sliding_pages_evicted(eviction=eviction)
     index = mgr.index

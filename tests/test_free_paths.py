@@ -69,7 +69,7 @@ def touch_then_add(self, group, ids, negs, last_access):
     self.add_run(group, ids, negs, last_access)
 
 
-@pytest.mark.parametrize("eviction", ["lru", "reuse"])
+@pytest.mark.parametrize("eviction", ["lru", "reuse", "predict"])
 @pytest.mark.parametrize("sliding_layers", [1, 2])
 def test_retime_in_place_equals_hold_and_drop(monkeypatch, eviction, sliding_layers):
     fresh = make_manager(swa_model(sliding_layers), 200, window_slack=4, out_of_window_age=1000, eviction=eviction)
@@ -84,7 +84,7 @@ def test_retime_in_place_equals_hold_and_drop(monkeypatch, eviction, sliding_lay
     assert trace(twin) == want
 
 
-@pytest.mark.parametrize("eviction", ["lru", "reuse"])
+@pytest.mark.parametrize("eviction", ["lru", "reuse", "predict"])
 @pytest.mark.parametrize("sliding_layers", [1, 2])
 def test_numpy_free_paths_equal_the_per_element_paths(monkeypatch, eviction, sliding_layers):
     """With ``BULK`` = 4 the frees above go through every numpy path (shared pages still held,
@@ -134,7 +134,7 @@ def test_long_drop_with_gaps_equals_the_per_element_path(monkeypatch, caching):
     assert scenario(twin) == want
 
 
-@pytest.mark.parametrize("eviction", ["lru", "reuse"])
+@pytest.mark.parametrize("eviction", ["lru", "reuse", "predict"])
 def test_retime_keys_skips_missing_and_held_pages_on_both_paths(monkeypatch, eviction):
     """``retime_keys`` with keys nobody holds (gone from the index), held pages and cached ones:
     only the cached pages change, the same on the numpy and the per-element path."""
@@ -214,7 +214,7 @@ def test_fresh_run_largest_keys_are_the_lexicographic_max_of_each_large_pages_ca
     assert set(looked_up) == {x for x in larges.tolist() if before[x * k:x * k + k].any()}
 
 
-@pytest.mark.parametrize("eviction", ["lru", "reuse"])
+@pytest.mark.parametrize("eviction", ["lru", "reuse", "predict"])
 @pytest.mark.parametrize("sliding_layers", [1, 2])
 def test_fresh_run_pushes_equal_the_per_element_paths(monkeypatch, eviction, sliding_layers):
     """``BULK`` = 4 and runs of more than 2 pushed as runs: the frees' runs go through

@@ -39,7 +39,14 @@ from vllm_support import model_dir
 from jenga.core.manager.ordered_admission import OrderedAdmission
 from jenga.errors import InvalidArgumentError
 from jenga.vllm import JengaScheduler
-from jenga.vllm.admission import ADMISSION_ENV, PROTECT_ENV, HitsFirst, admission_name, manager_admission
+from jenga.vllm.admission import (
+    ADMISSION_ENV,
+    PROTECT_ENV,
+    HitsFirst,
+    admission_name,
+    manager_admission,
+    manager_eviction,
+)
 from jenga.vllm.plan import rewrite_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -113,7 +120,11 @@ def test_admission_env(monkeypatch):
 
 def test_protect_env(monkeypatch):
     monkeypatch.delenv(PROTECT_ENV, raising=False)
-    assert [manager_admission(o) for o in (True, False)] == ["protect", "protect"]  # the default: always
+    assert [manager_admission(o) for o in (True, False)] == ["protect", "protect"]  # the default: predict
+    assert manager_eviction() == "predict"
+    monkeypatch.setenv(PROTECT_ENV, "always")
+    assert [manager_admission(o) for o in (True, False)] == ["protect", "protect"]
+    assert manager_eviction() is None
     monkeypatch.setenv(PROTECT_ENV, "auto")
     assert [manager_admission(o) for o in (True, False)] == ["ordered", "protect"]
     monkeypatch.setenv(PROTECT_ENV, "never")
@@ -219,6 +230,25 @@ def test_tight_rounds_need_the_protection_that_ordered_admission_drops(gemma3, m
         got[protect] = serve_rounds(sched, hash_block, rounds)
     assert sum(got["auto"]["hits"]) < sum(got["always"]["hits"]), got
     assert got["auto"]["computed"] > got["always"]["computed"], got
+
+
+def test_predicted_protection_keeps_the_rounds_that_need_it(gemma3, monkeypatch):
+    """The same rounds with the default ``JENGA_VLLM_PROTECT=predict``: no queued request hits
+    the articles of the next round, but each round's prefixes are seen to return after they
+    departed, so the predictor keeps them protected (as ``always`` does) and hits at least as
+    often as ``always``, computing no more."""
+    rounds = bench.articles(0, 6)
+    max_len = bench.longest(lambda: rounds)
+    got = {}
+    for protect in ("always", "predict"):
+        monkeypatch.setenv(PROTECT_ENV, protect)
+        sched, hash_block = _scheduler(gemma3, 2 * 6 * 14, max_len, True)
+        assert (sched.next_use is not None) == (protect == "predict")
+        got[protect] = serve_rounds(sched, hash_block, rounds)
+        if protect == "predict":
+            assert sched.next_use.keeps_departed() and sched.next_use.returns >= 6, got
+    assert sum(got["predict"]["hits"]) >= sum(got["always"]["hits"]), got
+    assert got["predict"]["computed"] <= got["always"]["computed"], got
 
 
 def test_growing_chats_jenga_computes_no_more_than_stock(gemma3):

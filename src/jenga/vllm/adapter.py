@@ -56,7 +56,7 @@ class JengaKVCacheAdapter:
     def __init__(self, plan: VllmPlan, kv_cache_config, *, max_model_len: int, enable_caching: bool,
                  log_stats: bool, enable_kv_cache_events: bool, hash_block_size: int | None = None,
                  host_memory_bytes: int | None = None, admission: str | None = None,
-                 max_step_tokens: int | None = None):
+                 max_step_tokens: int | None = None, eviction: str | None = None):
         self.plan = plan
         # the most tokens one step computes for a request (vLLM's max_num_batched_tokens): the
         # full-sequence admission check counts what steps of that size hold at once
@@ -66,7 +66,8 @@ class JengaKVCacheAdapter:
         # read-only facts vLLM's engine core reads off the manager's groups (block sizes, specs)
         self.manager = KVCacheManager(plan.model, plan.memory_bytes, tokens_per_page=plan.tokens_per_page,
                                       enable_prefix_caching=enable_caching, fit_pages=plan.fit_pages,
-                                      device="meta", host_memory_bytes=host_memory_bytes, admission=admission)
+                                      device="meta", host_memory_bytes=host_memory_bytes, admission=admission,
+                                      eviction=eviction)
         # state groups: vLLM's Mamba mode per group ("align" / "none"; None for token groups) and
         # its block (a block-table column covers that many tokens); per request, each state
         # group's block-table row as sent (vLLM's worker keeps it append-only)

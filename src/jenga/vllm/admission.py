@@ -19,12 +19,18 @@ admission orders so), queue order among equals; ``hits-first`` keeps queue order
 
 With the admissions ordered so (or by vLLM's own cache-aware admission), the pages jenga's
 evictor protects (reused at least twice) may still hold a miss back while others run
-(``KVCacheManager(admission="protect")``, the default).  ``JENGA_VLLM_PROTECT``: ``always`` (that),
+(``KVCacheManager(admission="protect")``).  ``JENGA_VLLM_PROTECT``: ``always`` (that, with every page
+reused twice protected),
 ``auto`` (``admission="ordered"`` whenever the admissions are ordered by cached prefix,
-:mod:`jenga.core.manager.ordered_admission`) or ``never``.  Neither wins every trace
-(``benchmarks/vs_vllm_sched.py``): with the questions on each article queued together, ``auto``
-keeps the hits at a larger batch; with rounds of questions arriving after the previous round is
-done (a cyclic working set larger than the pool), only the protection keeps a resident subset.
+:mod:`jenga.core.manager.ordered_admission`), ``never``, or ``predict`` (the default: the hold and
+the eviction order keep only the pages predicted to be read again: a request the scheduler holds
+will read them, or their prefix departed and departed prefixes have tended to return;
+``KVCacheManager(eviction="predict")``, :mod:`jenga.core.evict.predicted`).  Neither ``always`` nor ``auto``
+wins every trace (``benchmarks/vs_vllm_sched.py``): with the questions on each article queued
+together, ``auto`` keeps the hits at a larger batch; with rounds of questions arriving after the
+previous round is done (a cyclic working set larger than the pool), only the protection keeps a
+resident subset.  ``predict`` tells the two apart: the queued questions are known future uses,
+and the rounds' prefixes are seen to return after they departed.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from jenga.errors import InvalidArgumentError
 ADMISSION_ENV = "JENGA_VLLM_ADMISSION"
 ADMISSIONS = ("hits-first", "deepest-first", "fcfs")
 PROTECT_ENV = "JENGA_VLLM_PROTECT"
-PROTECTS = ("auto", "always", "never")
+PROTECTS = ("auto", "always", "never", "predict")
 
 
 def admission_name() -> str:
@@ -50,12 +56,20 @@ def admission_name() -> str:
 def manager_admission(ordered: bool) -> str:
     """The manager's admission rule (``KVCacheManager(admission=...)``) for a scheduler whose
     admissions are ``ordered`` by cached prefix or not, as ``JENGA_VLLM_PROTECT`` asks (module doc)."""
-    name = os.environ.get(PROTECT_ENV, "always") or "always"
+    name = os.environ.get(PROTECT_ENV, "predict") or "predict"
     if name not in PROTECTS:
         raise InvalidArgumentError(f"{PROTECT_ENV}={name!r}; choose one of {', '.join(PROTECTS)}")
     if name == "auto":
         return "ordered" if ordered else "protect"
-    return "protect" if name == "always" else "ordered"
+    return "ordered" if name == "never" else "protect"
+
+
+def manager_eviction() -> str | None:
+    """The manager's eviction order (``KVCacheManager(eviction=...)``) ``JENGA_VLLM_PROTECT`` asks
+    for: ``predict`` protects the pages a common-prefix predictor fed by this scheduler says will
+    be read again (``jenga.core.evict.predicted``); else the manager's default."""
+    name = os.environ.get(PROTECT_ENV, "predict") or "predict"
+    return "predict" if name == "predict" else None
 
 
 class HitsFirst:

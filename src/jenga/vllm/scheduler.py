@@ -17,7 +17,7 @@ from jenga.capacity import fits, max_context_tokens
 from jenga.errors import InsufficientMemoryError
 from jenga.vllm import compat
 from jenga.vllm.adapter import JengaKVCacheAdapter
-from jenga.vllm.admission import HitsFirst, admission_name, manager_admission
+from jenga.vllm.admission import HitsFirst, admission_name, manager_admission, manager_eviction
 from jenga.vllm.metrics import Snapshots, startup_line
 from jenga.vllm.offloading import uses_host_tier
 from jenga.vllm.plan import layout_name, uniform_plan
@@ -158,7 +158,8 @@ class JengaScheduler(Scheduler):
             plan, kv_cache_config, max_model_len=self.max_model_len, enable_caching=self.cache_config.enable_prefix_caching,
             log_stats=self.log_stats, enable_kv_cache_events=self.enable_kv_cache_events,
             hash_block_size=self.hash_block_size, host_memory_bytes=None if host is None else host.total_bytes,
-            admission=manager_admission(ordered), max_step_tokens=self.scheduler_config.max_num_batched_tokens)
+            admission=manager_admission(ordered), max_step_tokens=self.scheduler_config.max_num_batched_tokens,
+            eviction=manager_eviction())
         if host is not None:
             check_host_layout(self.kv_cache_manager.manager, host)
         if self.connector is not None:  # jenga's connector reads the copy plans off jenga's manager
@@ -181,16 +182,36 @@ class JengaScheduler(Scheduler):
         if self.snapshots is not None:
             self.snapshots.write(self.kv_cache_manager.manager, force=True)
         self.num_preemptions = 0
+        # the common-prefix predictor of JENGA_VLLM_PROTECT=predict: fed every request held and finished
+        self.next_use = getattr(self.kv_cache_manager.manager.evictor, "next_use", None)
+        if self.next_use is not None:  # admissions ordered by cached prefix serve the queued hits first
+            self.kv_cache_manager.manager.evictor.hold_live = not ordered
         self.admission = None
         if hits_first:
             self.admission = HitsFirst(self.kv_cache_manager.get_num_cached_tokens,
                                        window=2 * self.scheduler_config.max_num_seqs,
                                        deepest=admission_name() == "deepest-first")
 
+    def add_request(self, request, *args, **kwargs) -> None:
+        if self.next_use is not None and request.request_id not in self.requests:
+            self.next_use.arrive(request.request_id, request.block_hashes)
+        super().add_request(request, *args, **kwargs)
+
+    def _free_request(self, request, *args, **kwargs):
+        if self.next_use is not None:  # before its pages are released: they are no known future use
+            self.next_use.leave(request.request_id)
+        return super()._free_request(request, *args, **kwargs)
+
     def schedule(self, *args, **kwargs):
         if self.admission is not None:
             self.admission.reorder(self.waiting)
-        return super().schedule(*args, **kwargs)
+        out = super().schedule(*args, **kwargs)
+        nu = self.next_use
+        if nu is not None and nu.waiting:  # admitted (or resumed) this step: no future use of what they pass
+            for req in self.running:
+                if req.request_id in nu.waiting:
+                    nu.admitted(req.request_id)
+        return out
 
     def make_stats(self, *args, **kwargs):
         stats = super().make_stats(*args, **kwargs)
@@ -205,6 +226,8 @@ class JengaScheduler(Scheduler):
 
     def _preempt_request(self, request, *args, **kwargs) -> None:
         self.num_preemptions += 1  # counted for tests and benchmarks; jenga frees the pages in free()
+        if self.next_use is not None:  # it waits again: its prompt will be read again
+            self.next_use.arrive(request.request_id, request.block_hashes)
         super()._preempt_request(request, *args, **kwargs)
 
     @property

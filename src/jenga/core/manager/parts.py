@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from jenga.core.alloc.allocator import LargePageAllocator
 from jenga.core.evict.evictor import PrefixEvictor
+from jenga.core.evict.predicted import PredictedEvictor
 from jenga.core.evict.reuse import ReuseEvictor
 from jenga.core.manager.accounting import ByteAccounting
 from jenga.core.manager.admission import Admission
@@ -31,8 +32,9 @@ from jenga.core.specs import ModelSpec
 from jenga.core.tier.host_tier import HOST_POLICIES, HostTier, host_page_count
 from jenga.errors import InvalidArgumentError
 
-#: eviction orders: plain LRU by (release time, -prefix length), or use-count classes
-EVICTORS = {"lru": PrefixEvictor, "reuse": ReuseEvictor}
+#: eviction orders: plain LRU by (release time, -prefix length), use-count classes, or the classes
+#: of a next-use predictor (:mod:`jenga.core.evict.predicted`)
+EVICTORS = {"lru": PrefixEvictor, "reuse": ReuseEvictor, "predict": PredictedEvictor}
 
 
 def check_choices(eviction: str, host_policy: str) -> None:

@@ -1,0 +1,101 @@
+"""The next-use predictor (``jenga.core.prefix.next_use``) and the evictor it drives
+(``eviction="predict"``): pages a live request will read are protected whatever their use
+count; reused pages with no live user are protected only while departed prefixes have tended
+to return."""
+
+from __future__ import annotations
+
+from conftest import cached_keys, full, group, make_manager, model, serve
+
+from jenga.core.evict.predicted import DEPARTED
+from jenga.core.evict.reuse import PROTECTED
+from jenga.core.prefix.next_use import NextUse
+
+
+def test_return_rate_counts_departures_and_returns_per_block():
+    nu = NextUse()
+    assert nu.return_rate == 0.5 and nu.keeps_departed()  # no evidence: keep, as the reuse evictor does
+    nu.arrive("a", [b"p", b"q"])
+    nu.arrive("b", [b"p", b"r"])
+    assert nu.live == {b"p": 2, b"q": 1, b"r": 1}
+    nu.admitted("a")  # running: no future use of what it passes
+    assert nu.live == {b"p": 1, b"r": 1}
+    nu.leave("a")
+    assert nu.departures == 1  # q; b still holds p
+    nu.leave("b")
+    assert nu.live == {} and nu.departures == 3
+    nu.arrive("c", [b"p", b"s"])  # p comes back, s is new
+    assert nu.returns == 1
+    nu.leave("c")
+    assert (nu.returns, nu.departures) == (1, 5) and nu.return_rate == 2 / 7 and not nu.keeps_departed()
+    nu.leave("c")  # twice, or never arrived: nothing
+    nu.arrive("e", [])
+    assert nu.live == {}
+
+
+def test_a_preempted_request_waits_again():
+    nu = NextUse()
+    nu.arrive("a", [b"p"])
+    nu.admitted("a")
+    assert nu.live == {}
+    nu.arrive("a", [b"p", b"q"])  # preempted: its prompt's hashes as held, counted once
+    assert nu.live == {b"p": 1} and nu.departures == 0
+    nu.arrive("a", [b"p"])
+    assert nu.live == {b"p": 1}
+
+
+def _pages(mgr, pages):
+    return [mgr.index.keys[0][p] for p in pages]
+
+
+def test_reused_pages_of_a_departed_prefix_are_kept_only_while_departed_prefixes_return():
+    mgr = make_manager(model(group("full", full(), 1)), 8, eviction="predict")
+    nu = mgr.evictor.next_use
+    serve(mgr, "x", [1, 2, 3], [0])  # pages 0, 1, 2; released at time 1
+    serve(mgr, "x2", [1, 2, 4], [0])  # hits 0, 1: reused; the prior return rate keeps them
+    assert sorted(mgr.evictor.protected[0]) == [0, 1]
+    assert cached_keys(mgr, 0)[0] == (PROTECTED - DEPARTED - 2, -1)
+    for i in range(3):  # three blocks departed, none came back
+        nu.arrive(f"d{i}", [bytes([i])])
+        nu.leave(f"d{i}")
+    serve(mgr, "x3", [1, 2, 5], [0])
+    assert sorted(mgr.evictor.protected[0]) == []  # LRU with the one-off pages now
+    assert cached_keys(mgr, 0)[0] == (3, -1)
+    mgr.check_integrity()
+
+
+def test_a_page_a_live_request_will_read_is_protected_at_one_use_and_outlives_the_rest():
+    mgr = make_manager(model(group("full", full(), 1)), 8, eviction="predict")
+    nu = mgr.evictor.next_use
+    serve(mgr, "x", [1, 2, 3], [0], free=False)
+    nu.arrive("waiting", _pages(mgr, [0, 1]))  # a queued request starting with x's first two pages
+    mgr.free("x")
+    assert sorted(mgr.evictor.protected[0]) == [0, 1]
+    assert cached_keys(mgr, 0)[0] == (PROTECTED - 1, -1) and cached_keys(mgr, 0)[2] == (1, -3)
+    serve(mgr, "y", [7, 8], [0])  # pages 3, 4, one-off
+    mgr.add_request("z", [20, 21, 22, 23, 24, 25, 26])  # 7 pages: 3 free, then one-off, then the protected
+    assert mgr.lookup("z") == 0
+    assert mgr.allocate("z", 7).groups[0].page_ids == [5, 6, 7, 2, 4, 3, 1]  # alone, it may take one
+    mgr.check_integrity()
+
+
+def test_the_reuse_order_is_unchanged_without_a_predictor_fed():
+    keys = {}
+    for ev in ("reuse", "predict"):
+        mgr = make_manager(model(group("full", full(), 1)), 8, eviction=ev)
+        hits = [serve(mgr, f"a{a}q{r}", [10 * a, 10 * a + 1, 10 * a + 2, 100 + 10 * r + a], [1])
+                for r in range(4) for a in range(4)]
+        keys[ev] = hits
+    assert keys["predict"] == keys["reuse"]
+
+
+def test_without_hold_live_a_queued_readers_pages_are_evicted_last_but_hold_no_admission_back():
+    mgr = make_manager(model(group("full", full(), 1)), 8, eviction="predict")
+    mgr.evictor.hold_live = False  # the scheduler serves queued hits first
+    nu = mgr.evictor.next_use
+    serve(mgr, "x", [1, 2, 3], [0], free=False)
+    nu.arrive("waiting", _pages(mgr, [0, 1]))
+    mgr.free("x")
+    assert sorted(mgr.evictor.protected[0]) == []  # no hold
+    assert cached_keys(mgr, 0)[0] == (PROTECTED - 1, -1)  # still last to go
+    mgr.check_integrity()
