@@ -336,3 +336,26 @@ def test_salts_and_lora_keep_host_pages_apart(path, kind):
     print(f"\n{kind}: (prefix hit, host hit) tokens per phase {hits}")
     assert hits["b"] == (0, 0)
     assert hits["a again"][0] == hits["a again"][1] > 0
+
+
+def test_no_cache_salt_names_another_adapter():
+    """A client's cache salt is free text: none may spell another request's (salt, adapter),
+    or a base-model request would be served an adapter's pages (and learn its prompts): the salt
+    of jenga's own hashes (``JengaKVCacheAdapter.cache_salt``) tells every such request apart."""
+    from types import SimpleNamespace
+
+    from jenga.vllm.adapter import JengaKVCacheAdapter
+
+    def req(salt, lora=None, lora_id=1, path="/adapters/a"):
+        adapter = None if lora is None else SimpleNamespace(lora_name=lora, lora_int_id=lora_id, lora_path=path)
+        return SimpleNamespace(cache_salt=salt, lora_request=adapter)
+
+    salt = JengaKVCacheAdapter.cache_salt
+    cases = [req(None), req(""), req("t"), req(None, "a"), req("t", "a"), req("", "a"),
+             req("t", "a", lora_id=2), req("t", "a", path="/adapters/a2"), req("t", "b"),
+             # salts a client could send, spelling the ones above
+             req("t\x00lora:a"), req("\x00lora:a"), req("\x00"), req("\x00t"),
+             req(salt(req("t", "a"))), req(salt(req(None, "a")), "a")]
+    salts = [salt(r) for r in cases]
+    assert len(set(salts)) == len(cases), salts
+    assert salts[:3] == [None, "", "t"]  # neither adapter nor images: the salt itself

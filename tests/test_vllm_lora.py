@@ -88,3 +88,4 @@ def test_jengas_own_hashes_are_salted_by_the_adapter():
     salts = [JengaKVCacheAdapter.cache_salt(req(s, lr)) for s in (None, "t1") for lr in (None, "a", "b")]
     assert salts[0] is None and salts[3] == "t1"
     assert len(set(salts)) == 6
+

@@ -11,7 +11,14 @@ tokens, preemptions and evicted pages (with the host tier: host hit tokens).
 Features per family (:data:`FAMILIES`): ``plain``; ``salts`` (``cache_salt`` per request, three
 tenants); ``lora`` (two random rank-8 adapters and the base model, one per request: a page shared
 across adapters would change the tokens); ``spec`` (n-gram proposals, or a draft model where
-given); ``host`` (jenga's host tier through ``kv_offloading_size``).  Images run in the engine's
+given); ``host`` (jenga's host tier through ``kv_offloading_size``).
+
+LoRA leaves one adapter slot free (``max_loras`` one above the adapters): vLLM's CPU LoRA ops
+(``vllm.lora.ops.torch_ops``, 0.32) index the stacked weights with a token's slot, and a base-model
+token's slot is ``-1``, so in a batch that mixes adapters and the base model its tokens get the
+last slot's adapter.  Caching changes which requests share a batch, so with every slot loaded
+stock vLLM's own tokens differ between caching on and off (seed 0: 5 of 18 requests); the free
+last slot stays zeros and the base model's tokens are exact.  Images run in the engine's
 oracle (``tests/engine_cache_oracle.py``).
 """
 
@@ -26,6 +33,7 @@ from vllm_support import allow_engines_after_numba, close, draft_dir, engine, lo
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 DOC_LEN, MAX_TOKENS = (64, 128), (16, 32)
+ADAPTERS = {"a": 1, "b": 2}  # LoRA name -> id and weight seed
 
 #: family -> (engine kwargs, tight budget in vLLM blocks, features)
 FAMILIES: dict[str, tuple[dict, int, tuple[str, ...]]] = {
@@ -58,8 +66,8 @@ class VllmResult:
 
 
 def _feature_kw(family: str, feature: str, root: Path, path: str, blocks: int) -> dict:
-    if feature == "lora":
-        return dict(enable_lora=True, max_loras=2, max_lora_rank=8)
+    if feature == "lora":  # a spare slot, never loaded (module doc): base-model tokens read it, all zeros
+        return dict(enable_lora=True, max_loras=len(ADAPTERS) + 1, max_lora_rank=8)
     if feature == "spec":
         allow_engines_after_numba()
         spec = {"model": draft_dir(path, root), "num_speculative_tokens": 3} if family == "llama" else NGRAM
@@ -72,8 +80,7 @@ def _feature_kw(family: str, feature: str, root: Path, path: str, blocks: int) -
 def _adapters(path: str, root: Path) -> list:
     from vllm.lora.request import LoRARequest
 
-    return [None, LoRARequest("a", 1, lora_dir(path, root, "a", seed=1)),
-            LoRARequest("b", 2, lora_dir(path, root, "b", seed=2))]
+    return [None] + [LoRARequest(name, i, lora_dir(path, root, name, seed=i)) for name, i in ADAPTERS.items()]
 
 
 def run(family: str, trace, root: Path, *, caching: bool, feature: str, seed: int) -> tuple[list, dict]:

@@ -14,6 +14,7 @@ are jenga placeholders.
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 from vllm.distributed import kv_events as ve
@@ -196,19 +197,26 @@ class JengaKVCacheAdapter:
     @staticmethod
     def cache_salt(request) -> str | None:
         """The salt of jenga's own hashes for ``request`` (when vLLM's block hashes are not
-        used): its cache salt, its LoRA adapter and its images (each one's content hash and
-        position), so no page is shared across tenants, adapters or pictures behind the same
-        placeholder tokens.  vLLM's own block hashes carry all three as extra keys, per block:
-        there, the text before an image is shared whatever the image; here, only prompts with
-        the same images at the same places share pages."""
-        lora = getattr(request, "lora_request", None)
+        used): its cache salt, its LoRA adapter (name, id and path, as vLLM keys it) and its
+        images (each one's content hash and position), so no page is shared across tenants,
+        adapters or pictures behind the same placeholder tokens.  vLLM's own block hashes carry
+        all three as extra keys, per block: there, the text before an image is shared whatever
+        the image; here, only prompts with the same images at the same places share pages.
+
+        The encoding is injective: a request with neither adapter nor images keeps its cache
+        salt (``None`` stays ``None``) unless that salt starts with ``"\\x00"``; every other
+        request gets ``"\\x00"`` and the JSON of (salt, adapter, images).  So no cache salt a
+        client sends can name another request's (salt, adapter, images), e.g. a base-model
+        request salted ``"t\\x00lora:a"`` never shares adapter ``a``'s pages of tenant ``t``."""
         salt = request.cache_salt
-        if lora is not None:
-            salt = f"{salt or ''}\x00lora:{lora.lora_name}"
+        lora = getattr(request, "lora_request", None)
         images = getattr(request, "mm_features", None)
-        if images:
-            salt = f"{salt or ''}\x00mm:" + ",".join(f"{f.identifier}@{f.mm_position.offset}" for f in images)
-        return salt
+        if lora is None and not images and not (salt and salt.startswith("\x00")):
+            return salt
+        adapter = None if lora is None else [lora.lora_name, getattr(lora, "lora_int_id", None),
+                                              getattr(lora, "lora_path", None)]
+        pictures = [[f.identifier, f.mm_position.offset] for f in images or ()]
+        return "\x00" + json.dumps([salt, adapter, pictures], separators=(",", ":"))
 
     def _ensure(self, request):
         """The view of ``request``'s jenga record, added at its first sight."""
