@@ -53,7 +53,9 @@ def _expected(spec: ModelSpec, lens: list[int]) -> int:
     return out
 
 
-@pytest.mark.parametrize("name", ["jenga", "paged", "uniform"])
+# uniform is left out: with vLLM's rules its sliding group drops the out-of-window prefix blocks, so the
+# prefix is not shared whole and this hand count does not describe it
+@pytest.mark.parametrize("name", ["jenga", "paged"])
 def test_shared_prefix_needed_counts_each_token_once(name):
     spec, mgr, lens = _serve(name)
     st = mgr.stats()

@@ -241,7 +241,7 @@ def published(request, path):
     from vllm.distributed.kv_events import KVEventBatch
 
     ps, other = workloads()["pressure"], workloads(seed=1)["pressure"]
-    cfg = async_config(path, max_model_len=320, scheduler_cls=JENGA, kv_offloading_size=HOST_GIB,
+    cfg = async_config(path, max_model_len=320, scheduler_cls=JENGA, kv_offloading_size=HOST_GIB / 4,  # small: the host evicts too
                        kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"))
     kv = attach_host_layout(cfg, [rewrite_config(kv_config(cfg, LAYERS[request.param], 20),
                                                  cfg.model_config.max_model_len)])[0]
