@@ -14,7 +14,7 @@ VLLM_ENVS ?= .vllm-envs
 VLLM_STAMPS := $(VLLM_VERSIONS:%=$(VLLM_ENVS)/%/.installed)
 VLLM_VERSION_TESTS := tests/test_vllm_drift.py tests/test_vllm_compat.py tests/test_vllm_async.py \
   tests/test_vllm_sched_families.py tests/test_vllm_host_connector.py tests/test_vllm_no_stall.py tests/test_vllm_kv_bytes.py \
-  tests/test_vllm_adapter_fuzz.py tests/test_vllm_max_len_check.py tests/test_uniform_vs_vllm034.py \
+  tests/test_vllm_adapter_fuzz.py tests/test_uniform_vs_vllm034.py \
   tests/test_vs_vllm_sched.py
 
 # START_VLLM_VERSIONS launches one pytest per extra vLLM version in the background (niced: they take
