@@ -48,7 +48,10 @@ def server(tmp_path_factory):
            "--max-num-seqs", "8", "--served-model-name", "tiny"]
     log = open(tmp_path_factory.getbasetemp() / "vllm_server.log", "w")
     # The server's own snapshot folder: the pytest worker's (set by in-process engines) holds other engines' figures.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", DIR_ENV: str(tmp_path_factory.mktemp("vllm_metrics"))}
+    # INFO: the start-up line is an info record (a benchmark module imported by another test in this worker may
+    # have set VLLM_LOGGING_LEVEL=WARNING in os.environ)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", DIR_ENV: str(tmp_path_factory.mktemp("vllm_metrics")),
+           "VLLM_LOGGING_LEVEL": "INFO"}
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     base = f"http://127.0.0.1:{port}"
     try:
