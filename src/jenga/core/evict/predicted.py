@@ -33,7 +33,7 @@ import numpy as np
 
 from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.evict.reuse import PROTECTED, ReuseEvictor
-from jenga.core.flat_arrays import BULK, view
+from jenga.core.flat_arrays import BULK
 from jenga.core.policy.base import held_window_time
 from jenga.core.prefix.next_use import NextUse
 
@@ -65,12 +65,7 @@ class PredictedEvictor(ReuseEvictor):
         return out
 
     def priorities_of(self, group: int, ids, last_access: int):
-        if len(ids) > BULK:
-            view(self.times[group])[ids] = last_access
-        else:
-            times = self.times[group]
-            for page in ids:
-                times[page] = last_access
+        self.record_times(group, ids, last_access)
         if last_access < 0:
             return last_access
         t, held_window = held_window_time(last_access)

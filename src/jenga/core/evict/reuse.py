@@ -82,13 +82,17 @@ class ReuseEvictor(PrefixEvictor):
         self._prot_out[group] += (1 if on else -1) * int(counts[~e].sum())
         self._e_prot += int((e & (before == 0)).sum()) if on else -int((e & (after == 0)).sum())
 
-    def priorities_of(self, group: int, ids, last_access: int):
+    def record_times(self, group: int, ids, last_access: int) -> None:
+        """Each page's last access (per run: one numpy store past ``BULK`` pages)."""
         if len(ids) > BULK:
             view(self.times[group])[ids] = last_access
         else:
             times = self.times[group]
             for page in ids:
                 times[page] = last_access
+
+    def priorities_of(self, group: int, ids, last_access: int):
+        self.record_times(group, ids, last_access)
         if last_access < 0:
             return last_access
         page_uses = self.index.page_uses[group]
