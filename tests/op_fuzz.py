@@ -287,6 +287,22 @@ def configurations():
 STATE_SPECS = ("full+mamba",)
 
 
+def run_one(f, n: int, label: str, part: str, prefix: str, host, k: int, violations: list, seen: Counter) -> int:
+    """Run fuzz ``f`` for ``n`` operations; an exception out of it is a violation too (``label``
+    names the run); counts its runs and operations under ``part`` (and ``prefix`` + host tier /
+    lookahead); returns the operations it ran."""
+    try:
+        f.run(n)
+    except Exception as e:  # noqa: BLE001
+        violations.append(f"{label}: {type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
+    seen.update(f.seen)
+    seen[f"runs:{part}"] += 1
+    seen[f"ops:{part}"] += f.done
+    seen[f"ops:{prefix}host tier"] += f.done if host else 0
+    seen[f"ops:{prefix}lookahead"] += f.done if k else 0
+    return f.done
+
+
 def fuzz(total_ops: int, seed: int = 0, runs_of: int = 2000, deadline: float | None = None,
          report=None, state_drafts: bool = True) -> tuple[int, list[str], Counter]:
     """``total_ops`` operations over every configuration in runs of ``runs_of`` (a fresh manager
@@ -300,16 +316,7 @@ def fuzz(total_ops: int, seed: int = 0, runs_of: int = 2000, deadline: float | N
         run_seed = seed * 1_000_003 + i
         n = min(runs_of, total_ops - done)
         f = Fuzz(name, spec, run_seed, host=host, k=k, keep_drafts=state_drafts or spec not in STATE_SPECS)
-        try:
-            f.run(n)
-        except Exception as e:  # noqa: BLE001 (an exception out of the manager is a violation too)
-            violations.append(f"{name} {spec} host={host} k={k} seed={run_seed}: {type(e).__name__}: {e}\n{traceback.format_exc(limit=3)}")
-        seen.update(f.seen)
-        seen[f"runs:{name}"] += 1
-        seen[f"ops:{name}"] += f.done
-        seen["ops:host tier"] += f.done if host else 0
-        seen["ops:lookahead"] += f.done if k else 0
-        done += f.done
+        done += run_one(f, n, f"{name} {spec} host={host} k={k} seed={run_seed}", name, "", host, k, violations, seen)
         i += 1
         if report is not None and i % 50 == 0:
             report(done, violations, seen)

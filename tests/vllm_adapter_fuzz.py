@@ -43,12 +43,12 @@ import random
 import sys
 import tempfile
 import time
-import traceback
 from collections import Counter, deque
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from op_fuzz import run_one  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 from vllm.distributed import kv_events as ve  # noqa: E402
 from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
@@ -420,17 +420,8 @@ def fuzz(total_ops: int, seed: int = 0, runs_of: int = 500, deadline: float | No
         run_seed = seed * 1_000_003 + i
         n = min(runs_of, total_ops - done)
         f = AdapterFuzz(layout, run_seed, host=host, k=k)
-        try:
-            f.run(n)
-        except Exception as e:  # noqa: BLE001 (an exception out of the adapter is a violation too)
-            violations.append(f"vllm {layout} host={host} k={k} seed={run_seed}: {type(e).__name__}: {e}\n"
-                              f"{traceback.format_exc(limit=4)}")
-        seen.update(f.seen)
-        seen[f"runs:vllm {layout}"] += 1
-        seen[f"ops:vllm {layout}"] += f.done
-        seen["ops:vllm host tier"] += f.done if host else 0
-        seen["ops:vllm lookahead"] += f.done if k else 0
-        done += f.done
+        done += run_one(f, n, f"vllm {layout} host={host} k={k} seed={run_seed}", f"vllm {layout}", "vllm ",
+                        host, k, violations, seen)
         i += 1
         if report is not None and i % 20 == 0:
             report(done, violations, seen)
