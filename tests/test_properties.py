@@ -540,7 +540,7 @@ class ManagerMachine(RuleBasedStateMachine):
         for pol, gt in zip(self.mgr.policies, t.groups, strict=True):
             g = gt.group
             if isinstance(pol, FullPolicy):
-                lo = pol.first_needed(start)
+                lo = pol.footprint.first_needed(start)
                 if isinstance(pol, SlidingPolicy):
                     assert lo == max(0, start - pol.group.spec.window + 1)
                 elif isinstance(pol, ChunkedPolicy):

@@ -60,7 +60,7 @@ def releasing_at_next_allocate(base: type[FullPolicy]) -> type[FullPolicy]:
 
         def skipped(self, req: Request, gs: GroupState) -> range:
             """Page indices that left the window / chunk but are still held (freed at the next allocate)."""
-            return range(gs.released, min(self.keep_from(req.num_computed) // self.tpp, len(gs.pages)))
+            return range(gs.released, min(self.footprint.first_needed(req.num_computed) // self.tpp, len(gs.pages)))
 
         def freed_by_release(self, req: Request, gs: GroupState, ops: PageOps) -> int:
             """Pages that ``release_skipped`` gives back to the pool (held by nobody else)."""
@@ -77,7 +77,7 @@ def releasing_at_next_allocate(base: type[FullPolicy]) -> type[FullPolicy]:
         def limit(self, req: Request, gs: GroupState, ops: PageOps) -> int:
             """Also where a page leaves the window: vLLM releases it at every allocate, one that
             needs no new page included, so that allocate takes the manager's slow path."""
-            return min(super().limit(req, gs, ops), self.release_point(gs.released))
+            return min(super().limit(req, gs, ops), self.footprint.release_point(gs.released))
 
     ReleaseAtNextAllocate.__name__ = ReleaseAtNextAllocate.__qualname__ = f"ReleaseAtNextAllocate{base.__name__}"
     return ReleaseAtNextAllocate

@@ -44,13 +44,12 @@ class MambaPolicy(Policy):
     #: jenga's engine writes no K/V below ``TokenTable.write_from`` (``jenga.core.manager.junction``)
     recompute_under_shared = True
 
-    def __init__(self, gi: int, group: LayerGroup, block: int):
-        super().__init__(gi, group, block)
+    def __init__(self, gi: int, group: LayerGroup, block: int, window_slack: int | None = None):
+        super().__init__(gi, group, block, window_slack)
         self.every = group.spec.checkpoint_interval
         if self.every % block:
             raise InvalidArgumentError(f"group {group.name!r}: state checkpoint interval {self.every} is not a "
                                        f"multiple of tokens_per_page {block}; use a tokens_per_page dividing it")
-        self.token_bytes = 0
         self._tails_of: dict[int, tuple[int, ...]] = {}
         # checkpoint pages taken and not committed yet (live requests' steps write them): page ->
         # its key (None while the key's tokens are unknown), and how many pages write each key
@@ -288,21 +287,6 @@ class MambaPolicy(Policy):
             if start < m < nxt:
                 nxt = m
         return nxt
-
-    def needed_tokens(self, req: Request, gs: GroupState) -> int:
-        return 1 if gs.work is not None or gs.read is not None else 0
-
-    def needed_bytes(self, req: Request, gs: GroupState) -> int:
-        return self.group.useful_page_bytes * self.needed_tokens(req, gs)
-
-    def held_pages(self, gs: GroupState) -> int:
-        return (gs.work is not None) + (gs.read is not None) + len(gs.checkpoints)
-
-    def references(self, gs: GroupState, images: bool = True) -> list[int]:
-        return [p for p in (gs.work, gs.read) if p is not None] + list(gs.checkpoints.values())
-
-    def context_pages(self, length: int) -> int:
-        return 1  # the running state
 
 
 class CopyForwardMambaPolicy(MambaPolicy):
