@@ -4,7 +4,7 @@ A group's :class:`Footprint` answers read-only questions about a length or a req
 which tokens a step reads (``first_needed``, ``release_point``), how many pages a request of a
 length holds (``context_pages``, ``peak_pages``) and how many a record holds, needs or holds in
 vain (``held_pages``, ``needed_tokens``, ``stale_pages``, ``duplicate_pages``).  Accounting,
-capacity planning, admission's floors and the simulator's costing ask it; the group's policy
+capacity planning, admission's floors and the simulator's costing (``first_needed_array``) ask it; the group's policy
 asks it too (it owns one, chosen by ``FOOTPRINTS`` from the spec type) and never the other way.
 """
 
@@ -13,6 +13,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from math import lcm
+
+import numpy as np
 
 from jenga.core.request import GroupState, Request
 from jenga.core.specs import (
@@ -86,6 +88,10 @@ class TokenFootprint(Footprint):
     def first_needed(self, pos: int) -> int:
         return 0
 
+    def first_needed_array(self, pos: np.ndarray) -> np.ndarray:
+        """``first_needed`` of each position of an int array (the simulator's batch of requests)."""
+        return np.zeros_like(pos)
+
     def release_point(self, released: int) -> int:
         """Smallest computed length at which page ``released`` is no longer read."""
         return NEVER
@@ -152,6 +158,9 @@ class WindowFootprint(TokenFootprint):
     def first_needed(self, pos: int) -> int:
         return max(0, pos - self.group.spec.window + 1)
 
+    def first_needed_array(self, pos: np.ndarray) -> np.ndarray:
+        return np.maximum(pos - (self.group.spec.window - 1), 0)
+
     def release_point(self, released: int) -> int:
         # rounded up to a page end, so releases ride on the registration commit
         first = (released + 1) * self.tpp + self.group.spec.window - 1
@@ -166,6 +175,9 @@ class ChunkFootprint(TokenFootprint):
 
     def first_needed(self, pos: int) -> int:
         return pos - pos % self.group.spec.chunk
+
+    def first_needed_array(self, pos: np.ndarray) -> np.ndarray:
+        return self.first_needed(pos)  # the same arithmetic on an array
 
     def release_point(self, released: int) -> int:
         return -(-((released + 1) * self.tpp) // self.group.spec.chunk) * self.group.spec.chunk
