@@ -44,3 +44,30 @@ def test_the_costing_reads_the_token_range_the_footprint_names(spec):
     expect = [e - fp.first_needed(e - k) for e, k in zip(end.tolist(), q.tolist(), strict=True)]
     assert cost.reads(end, q, np.zeros_like(end)).tolist() == expect
 
+
+def _core_classes(module_names: list[str]) -> list[type]:
+    import importlib
+    import inspect
+    out = []
+    for name in module_names:
+        module = importlib.import_module(name)
+        out += [c for _, c in inspect.getmembers(module, inspect.isclass) if c.__module__ == name]
+    return out
+
+
+def test_baselines_override_no_private_method_of_a_core_class():
+    """The baselines compose: they inject a public rule (``Checkpoints``, a policy subclass of
+    public methods) and shadow no underscore method a ``jenga.core`` class defines."""
+    from pathlib import Path
+
+    import jenga.baselines
+    mods = [f"jenga.baselines.{p.stem}" for p in sorted(Path(jenga.baselines.__file__).parent.glob("*.py"))
+            if p.stem != "__init__"]
+    shadowed = []
+    for cls in _core_classes(mods):
+        core = [b for b in cls.__mro__[1:] if b.__module__.startswith("jenga.core.")]
+        for name in vars(cls):
+            if name.startswith("_") and not name.startswith("__") and callable(vars(cls)[name]) \
+                    and any(name in vars(b) for b in core):
+                shadowed.append(f"{cls.__name__}.{name}")
+    assert not shadowed, shadowed

@@ -362,7 +362,7 @@ class ManagerMachine(RuleBasedStateMachine):
             if type(pol) is not MambaPolicy:
                 continue
             g = pol.gi
-            for pos in set(pol._positions(req, start, start + n - 1)) - set(ckpts[g]):
+            for pos in set(pol.checkpoints.positions(req, start, start + n - 1)) - set(ckpts[g]):
                 key = pol.key(req, pos)
                 others = [o for o in self.mgr.requests.values() if o is not req
                           for p in o.groups[g].checkpoints if p // TPP <= len(o.hashes) and pol.key(o, p) == key]
