@@ -66,10 +66,11 @@ class PageOps(ABC):
         dropped them now; the others are left alone."""
 
     @abstractmethod
-    def age_keys(self, group: int, keys: list[bytes], ends: list[int], stamp: int) -> None:
+    def age_keys(self, group: int, keys: list[bytes], ends: list[int], stamp: int, max_uses: int | None = None) -> None:
         """Like ``retime_keys`` with the release time ``stamp``, but only for pages released
         later than ``stamp``: a page never becomes newer (pages that left the window keep
-        their own, older time)."""
+        their own, older time).  ``max_uses``: where use counts are kept, pages used (computed
+        or hit) that many times or more are left alone too."""
 
     @abstractmethod
     def register(self, group: int, page: int, key: bytes) -> bool:
