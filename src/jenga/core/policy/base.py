@@ -161,6 +161,13 @@ class Policy(ABC):
         only pages that serve a hit are ever registered)."""
         return release_times == release_times
 
+    def writing_keys(self):
+        """Keys of pages live steps are writing that join the index only at their commit (a
+        container answering ``in``): a scheduler asks what a lookup will find once the steps in
+        flight commit (``KVCacheManager.cached_tokens(..., in_flight=True)``).  Default: none
+        (token pages are registered at allocate: a request of the same step hits them already)."""
+        return ()
+
     def side_keys(self, req: Request) -> list[bytes]:
         """Keys a request may hit outside its text prefix, found at allocate rather than by
         ``lookup`` (an image's pages); a host tier promotes them at lookup.  Default: none."""
