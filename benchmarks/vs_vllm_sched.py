@@ -18,7 +18,8 @@ hybrids; on hybrids ``prefix_match_unit`` 16 when that won vLLM's row, as a user
 both), and each policy switch (``--variants``): ``ordered`` (no protected-page hold on
 admissions), ``always`` (every page reused twice protected, not only the pages the next-use
 predictor keeps: ``jenga.core.evict.predicted``), ``no-step-ends`` (no chunk-end state
-checkpoints), ``hits-first`` (queue order among hits), ``fcfs`` (vLLM's queue order), ``before`` (the last three: jenga's
+checkpoints), ``no-prefix-wait`` (no admission held for a prefix a step in flight computes:
+``jenga.vllm.prefix_wait``), ``hits-first`` (queue order among hits), ``fcfs`` (vLLM's queue order), ``before`` (the last three: jenga's
 defaults before this benchmark).
 
 Run with the 0.34 python (0.32 works too, without cache-aware admission)::
@@ -64,7 +65,7 @@ ROWS = {"quick": QUICK, "more": MORE, "all": QUICK + MORE, "wide": WIDE,
 CACHE_AWARE = dict(admission_window=2048, admission_threshold=0.0)
 #: jenga's policy switches measured beside its defaults (``--variants``): environment of JengaScheduler
 VARIANTS = {"always": {"JENGA_VLLM_PROTECT": "always"}, "ordered": {"JENGA_VLLM_PROTECT": "auto"}, "no-step-ends": {"JENGA_VLLM_STEP_CHECKPOINTS": "off"},
-            "hits-first": {"JENGA_VLLM_ADMISSION": "hits-first"}, "fcfs": {"JENGA_VLLM_ADMISSION": "fcfs"},
+            "no-prefix-wait": {"JENGA_VLLM_PREFIX_WAIT": "off"}, "hits-first": {"JENGA_VLLM_ADMISSION": "hits-first"}, "fcfs": {"JENGA_VLLM_ADMISSION": "fcfs"},
             "before": {"JENGA_VLLM_STEP_CHECKPOINTS": "off", "JENGA_VLLM_ADMISSION": "hits-first",
                        "JENGA_VLLM_PROTECT": "always"}}
 
@@ -205,7 +206,7 @@ def main(argv=None) -> int:
     p.add_argument("--batched-tokens", type=int, default=8192, help="max_num_batched_tokens")
     p.add_argument("--max-seqs", type=int, default=1024, help="max_num_seqs")
     p.add_argument("--max-model-len", type=int, help="default: the trace's longest request, rounded up to 4,096")
-    p.add_argument("--variants", default="always,ordered,no-step-ends,hits-first,before", help="jenga policy switches also measured, comma-separated "
+    p.add_argument("--variants", default="always,ordered,no-step-ends,no-prefix-wait,hits-first,before", help="jenga policy switches also measured, comma-separated "
                    f"({', '.join(VARIANTS)}; '' for none): jenga/vLLM req/s with each")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--outcome", action="store_true", help="the README's columns only (req/s, p99 TTFT, prompt "

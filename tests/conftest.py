@@ -159,7 +159,7 @@ def snapshot(mgr: KVCacheManager) -> dict:
             lookahead=r.num_lookahead, hit=r.hit, hit_holds=sorted(r.hit_holds, key=repr),
             # block hashes are a lazily filled cache of (tokens, salt, images): compare those
             salt=r.salt_root, images=r.images,
-            # each kind's record has its own fields (``Policy.new_state``): all of them but the table
+            # each kind's record has its own fields (``Policy.state_type``): all of them but the table
             groups=[{f.name: copy.deepcopy(getattr(gs, f.name)) for f in dataclasses.fields(gs) if f.name != "table"}
                     for gs in r.groups],
             tables=None if r.tables is None else (r.tables.num_computed, r.tables.num_new, r.tables.num_lookahead),

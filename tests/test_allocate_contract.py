@@ -36,7 +36,7 @@ def spec_of(name: str) -> ModelSpec:
 
 
 def snapshot(mgr) -> tuple:
-    # token groups' pages (each kind's record has its own fields: ``Policy.new_state``)
+    # token groups' pages (each kind's record has its own fields: ``Policy.state_type``)
     tables = {rid: (r.num_computed, [list(getattr(gs, "pages", ())) for gs in r.groups])
               for rid, r in mgr.requests.items()}
     return mgr.stats(), mgr.alloc.supply(), len(mgr.index), tables

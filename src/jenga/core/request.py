@@ -13,7 +13,7 @@ from jenga.core.tables import GroupTable, PageTables
 @dataclass(slots=True)
 class GroupState:
     """One request's pages in one group.  Each kind's policy makes its own subclass
-    (``Policy.new_state``): only the fields that kind uses."""
+    (``Policy.state_type``): only the fields that kind uses."""
 
     table: GroupTable | None = None  # what ``allocate`` returns for the group (made at the first one)
 

@@ -354,16 +354,22 @@ class JengaKVCacheAdapter:
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         return self.get_blocks(request_id).get_block_ids()
 
-    def get_num_cached_tokens(self, request) -> int:
+    def get_num_cached_tokens(self, request, in_flight: bool = False) -> int:
         """Tokens of ``request``'s prompt jenga has cached now (vLLM >= 0.34's cache-aware
         admission; jenga's own ``HitsFirst``).  Read only: no page held, no hit or miss counted,
         no KV event (``KVCacheManager.cached_tokens``); a request jenga has not seen yet gets
         its record (tokens and vLLM's block hashes, no pages), as its first scheduling would
-        give it, and vLLM frees every request it finishes or aborts, waiting or not."""
+        give it, and vLLM frees every request it finishes or aborts, waiting or not.
+        ``in_flight``: once the steps allocated so far commit (``jenga.vllm.prefix_wait``)."""
         if not self.enable_caching or not compat.reads_prefix_cache(request):
             return 0
         self._add(request)
-        return self.manager.cached_tokens(request.request_id, max_tokens=compat.max_cache_hit_length(request))
+        return self.manager.cached_tokens(request.request_id, max_tokens=compat.max_cache_hit_length(request),
+                                          in_flight=in_flight)
+
+    def writes_in_flight(self) -> bool:
+        """Whether a step in flight writes pages that join the cache at its commit (state checkpoints)."""
+        return any(pol.writing_keys() for pol in self.manager.policies)
 
     def estimate_cached_tokens(self, request) -> int:
         req = self.manager.view(request.request_id)

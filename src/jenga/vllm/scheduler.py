@@ -21,6 +21,7 @@ from jenga.vllm.admission import HitsFirst, admission_name, manager_admission, m
 from jenga.vllm.metrics import Snapshots, startup_line
 from jenga.vllm.offloading import uses_host_tier
 from jenga.vllm.plan import layout_name, uniform_plan
+from jenga.vllm.prefix_wait import PrefixWait, prefix_wait_name
 from jenga.vllm.specs import UnsupportedInVllm
 
 logger = init_logger("vllm.jenga")  # under vLLM's logger: its handlers and level
@@ -187,6 +188,14 @@ class JengaScheduler(Scheduler):
         self.next_use = getattr(self.kv_cache_manager.manager.evictor, "next_use", None)
         if self.next_use is not None:  # admissions ordered by cached prefix serve the queued hits first
             self.kv_cache_manager.manager.evictor.hold_live = not ordered
+        # a waiting request whose prefix a step in flight computes waits for it (jenga.vllm.prefix_wait)
+        wait = prefix_wait_name()
+        self.prefix_wait = None
+        if wait != "off" and self.cache_config.enable_prefix_caching:
+            adapter = self.kv_cache_manager
+            self.prefix_wait = PrefixWait(adapter.get_num_cached_tokens, adapter.writes_in_flight,
+                                          step_tokens=self.scheduler_config.max_num_batched_tokens,
+                                          priced=wait == "priced")
         self.admission = None
         if hits_first:
             self.admission = HitsFirst(self.kv_cache_manager.get_num_cached_tokens,
@@ -201,7 +210,16 @@ class JengaScheduler(Scheduler):
     def _free_request(self, request, *args, **kwargs):
         if self.next_use is not None:  # before its pages are released: they are no known future use
             self.next_use.leave(request.request_id)
+        if self.prefix_wait is not None:
+            self.prefix_wait.forget(request.request_id)
         return super()._free_request(request, *args, **kwargs)
+
+    def _handle_blocked_waiting_request(self, request) -> bool:
+        """vLLM's check of a waiting request at the head of its queue (False: skipped this step),
+        and jenga's: it waits while a step in flight computes its prefix (``jenga.vllm.prefix_wait``)."""
+        if not super()._handle_blocked_waiting_request(request):
+            return False
+        return self.prefix_wait is None or not self.prefix_wait.holds(request, len(self.requests))
 
     def schedule(self, *args, **kwargs):
         if self.admission is not None:

@@ -49,16 +49,21 @@ class PredictedEvictor(ReuseEvictor):
         self.next_use = next_use if next_use is not None else NextUse()
         self.hold_live = hold_live  # class 4 pages hold admissions back too (module doc)
 
-    def classes(self, group: int, ids) -> list[int]:
-        """Per page of ``ids``: 4 (a live request reads it), 3 (kept on the return rate) or 0."""
+    def classes(self, group: int, ids, held_window: bool = False) -> list[int]:
+        """Per page of ``ids``: 4 (a live request reads it), 3 (kept on the return rate) or 0.
+        Class 3 is for departed prefixes: a page whose block a request the scheduler holds still
+        holds (a Mamba checkpoint a running request passed) is no departed prefix, and no future
+        use of that request (``NextUse``); ``held_window``: the window before a branch point of a
+        prefix its holder still holds, kept with that prefix whatever its holders."""
         live = self.next_use.live
         keys, uses = self.index.keys[group], self.index.page_uses[group]
         departed = self.next_use.keeps_departed()
+        running = self.next_use.holders if not held_window else ()
         out = []
         for page in ids:
             if live and keys[page] in live:
                 out.append(4)
-            elif departed and uses[page] >= 2:
+            elif departed and uses[page] >= 2 and keys[page] not in running:
                 out.append(3)
             else:
                 out.append(0)
@@ -69,7 +74,7 @@ class PredictedEvictor(ReuseEvictor):
         if last_access < 0:
             return last_access
         t, held_window = held_window_time(last_access)
-        cls = self.classes(group, ids.tolist() if type(ids) is np.ndarray else ids)
+        cls = self.classes(group, ids.tolist() if type(ids) is np.ndarray else ids, held_window)
         if 3 not in cls and 4 not in cls:
             return t
         live = PROTECTED if held_window else PROTECTED - t  # a window its holder's prefix needs: last of all

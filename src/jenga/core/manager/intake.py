@@ -61,7 +61,7 @@ class RequestIntake:
         repeat = self.hits.is_repeat(request_id)
         if self.caching and block_hashes is None:
             hashes = self.hasher.memo.recall(request_id, tokens, root, self.block, refs)  # the rest: lazily
-        req = Request(request_id, tokens, len(tokens), refs, hashes, [pol.new_state() for pol in self.policies])
+        req = Request(request_id, tokens, len(tokens), refs, hashes, [pol.state_type() for pol in self.policies])
         req.salt_root, req.repeat = root, repeat
         req.source_hashes, req.hash_step = block_hashes, step
         return req

@@ -358,10 +358,14 @@ class PageLedger(PageOps):
         if free.any():
             self.evictor.retime_run(group, ids[free], negs[free], last_access)
 
-    def age_keys(self, group: int, keys: list[bytes], ends: list[int], stamp: int) -> None:
+    def age_keys(self, group: int, keys: list[bytes], ends: list[int], stamp: int, max_uses: int | None = None) -> None:
         ref = self.ref[group]
         picked = [(page, -end) for page, end in zip(map(self.index.table[group].get, keys), ends, strict=True)
                   if page is not None and not ref[page]]
+        uses = self.index.page_uses
+        if picked and max_uses is not None and uses is not None:
+            uses = uses[group]
+            picked = [(page, neg) for page, neg in picked if uses[page] < max_uses]
         if not picked:
             return
         pages, negs = zip(*picked, strict=True)

@@ -39,6 +39,34 @@ class IndexReads:
         return self.index.table[group]
 
 
+class _Either:
+    """``in`` either of two key containers (the index table, the keys steps in flight write)."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def __contains__(self, key) -> bool:
+        return key in self.a or key in self.b
+
+
+class InFlightReads(IndexReads):
+    """``IndexReads`` as the index will be once the steps in flight commit: each group's table
+    also answers the keys its policy's live steps are writing (``Policy.writing_keys``), so a
+    state checkpoint another request computes right now counts as cached (nothing evicted meanwhile)."""
+
+    __slots__ = ("policies",)
+
+    def __init__(self, index: PrefixIndex, policies: list[Policy]):
+        super().__init__(index)
+        self.policies = policies
+
+    def index_table(self, group: int):
+        table, writing = self.index.table[group], self.policies[group].writing_keys()
+        return _Either(table, writing) if writing else table
+
+
 class PrefixLookup:
     """Finds and holds a request's hit.  Owns the junction finder (it iterates the same fixed
     point over the full-attention groups) and the miss classifier (why a lookup missed what it
@@ -54,6 +82,7 @@ class PrefixLookup:
         self.junction = Junction(policies, block, caching, hasher.bound, ledger)
         self.misses = MissReasons(block)
         self.reads = IndexReads(index)
+        self.in_flight_reads = InFlightReads(index, policies)
 
     def find(self, req: Request, max_tokens: int | None) -> int:
         """Let go of the last hit, then find and record the new one (``KVCacheManager.lookup``)."""
@@ -72,13 +101,14 @@ class PrefixLookup:
         self.ledger.record_hit(req, self.policies, self.junction.hit_of)  # held once anything else happens
         return cand
 
-    def peek(self, req: Request, max_tokens: int | None) -> int:
+    def peek(self, req: Request, max_tokens: int | None, in_flight: bool = False) -> int:
         """What ``find`` would answer now, read only: nothing held, recorded or counted (device
         tier only: a hit on host pages needs a promotion, which ``find`` plans).  It reads the
         index tables only (``IndexReads``), so another request's deferred hit stays deferred: a
         scheduler probing its waiting queue each step does not hold, then let go of, the hit of
-        the request it could not admit the step before."""
-        ops = self.reads
+        the request it could not admit the step before.  ``in_flight``: what it will answer
+        once the steps in flight commit (``InFlightReads``)."""
+        ops = self.in_flight_reads if in_flight else self.reads
         reach = self.hasher.for_lookup(req, self.top(req, max_tokens), ops)
         return self.fixed_point(req, reach, self.policies, self.hasher.bound, ops)
 
@@ -98,7 +128,7 @@ class PrefixLookup:
         """Let go of the hit the last lookup found (deferred or held); fresh group states."""
         self.unhold_hit(req)
         req.hit_holds = []
-        req.groups = [pol.new_state() for pol in self.policies]
+        req.groups = [pol.state_type() for pol in self.policies]
         req.hit = req.num_computed = 0
 
     def unhold_hit(self, req: Request) -> bool:

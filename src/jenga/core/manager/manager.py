@@ -180,13 +180,16 @@ class KVCacheManager:
         self._settle(req)
         return self.prefix_lookup.find(req, max_tokens)
 
-    def cached_tokens(self, request_id: object, *, max_tokens: int | None = None) -> int:
+    def cached_tokens(self, request_id: object, *, max_tokens: int | None = None, in_flight: bool = False) -> int:
         """What ``lookup`` would answer now, read only: no page held, no hit recorded, nothing
-        counted (a scheduler ordering its waiting queue by cached prefix).  0 once allocated."""
+        counted (a scheduler ordering its waiting queue by cached prefix).  0 once allocated.
+        ``in_flight``: what it will answer once the steps allocated and not committed yet are
+        (their state checkpoints join the index at the commit; ``Policy.writing_keys``), if
+        nothing is evicted meanwhile."""
         req = self._req(request_id)
         if not self.caching or req.tables is not None or req.num_scheduled:
             return 0
-        return self.prefix_lookup.peek(req, max_tokens)  # reads the index: a deferred hit stays deferred
+        return self.prefix_lookup.peek(req, max_tokens, in_flight)  # reads the index: a deferred hit stays deferred
 
     def allocate(self, request_id: object, num_new_tokens: int, *, num_lookahead: int = 0,
                  num_placeholders: int = 0) -> PageTables | None:

@@ -69,10 +69,11 @@ class PageOps(ABC):
         dropped them now; the others are left alone."""
 
     @abstractmethod
-    def age_keys(self, group: int, keys: list[bytes], ends: list[int], stamp: int) -> None:
+    def age_keys(self, group: int, keys: list[bytes], ends: list[int], stamp: int, max_uses: int | None = None) -> None:
         """Like ``retime_keys`` with the release time ``stamp``, but only for pages released
         later than ``stamp``: a page never becomes newer (pages that left the window keep
-        their own, older time)."""
+        their own, older time).  ``max_uses``: where use counts are kept, pages used (computed
+        or hit) that many times or more are left alone too."""
 
     @abstractmethod
     def register(self, group: int, page: int, key: bytes) -> bool:
@@ -147,12 +148,9 @@ class Policy(ABC):
         self.footprint = footprint_for(gi, group, block)
         self.tier_rules = tier_rules_for(group)
 
-    #: the kind's per-request record (a ``GroupState`` subclass with only the fields it uses)
+    #: the kind's per-request record (a ``GroupState`` subclass with only the fields it uses);
+    #: ``state_type()`` is a request's empty record in this group (before any lookup or allocate)
     state_type: type[GroupState] = GroupState
-
-    def new_state(self) -> GroupState:
-        """A request's empty record in this group (before any lookup or allocate)."""
-        return self.state_type()
 
     @abstractmethod
     def longest_prefix(self, req: Request, cand: int, ops: PageOps) -> int:
@@ -160,6 +158,13 @@ class Policy(ABC):
 
     def hit(self, req: Request, gs: GroupState, p: int, ops: PageOps) -> None:
         """Hold the cached pages a hit of ``p`` tokens reuses; record them in ``gs``."""
+
+    def writing_keys(self):
+        """Keys of pages live steps are writing that join the index only at their commit (a
+        container answering ``in``): a scheduler asks what a lookup will find once the steps in
+        flight commit (``KVCacheManager.cached_tokens(..., in_flight=True)``).  Default: none
+        (token pages are registered at allocate: a request of the same step hits them already)."""
+        return ()
 
     @abstractmethod
     def plan(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> int:

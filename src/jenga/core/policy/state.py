@@ -119,6 +119,11 @@ class MambaPolicy(Policy):
         n, hashes, writers = len(req.hashes), req.hashes, self._writers
         return [p for p in pos if p // self.block > n or hashes[p // self.block - 1] not in writers]
 
+    def writing_keys(self):
+        """The keys of the checkpoint pages live steps are writing (registered at their commit).
+        Not a step's end state that its work page becomes at the commit (``Checkpoints.work_becomes_checkpoint``)."""
+        return self._writers
+
     def _track(self, req: Request, pos: int, page: int) -> None:
         key = self.key(req, pos) if pos // self.block <= len(req.hashes) else None
         self._writing[page] = key

@@ -159,13 +159,23 @@ class SlidingPolicy(FullPolicy):
         pages and outlive it (six growing chats in ``benchmarks/vllm_side_by_side.py``
         evicted every chat's newest tail first and computed 1.4x the prompt tokens of stock
         vLLM).  A request that branches at the same point as others (another question on the
-        same article) hits at that point and ages nothing it needs."""
+        same article) hits at that point and ages nothing it needs.
+
+        Except a window that two requests or more hit (``SHARED_BRANCH_USES`` uses: its compute
+        and two hits, where use counts are kept): a branch point many prompts leave at, not a
+        chain's passed turn (a RAG system prompt before the retrieved chunks, where every prompt
+        whose first chunk is new branches off: aged on each deeper hit, gpt-oss-120b RAG prompts at a
+        quarter of the H100 budget hit 37.0 % of their tokens against vLLM-best's 38.5 %, the
+        system prompt's window evicted while its full-attention pages stayed)."""
         super().hit(req, gs, p, ops)
         lo = self.footprint.first_needed(p) // self.tpp
         if ops.caching and lo:
             m, tpp = self.tpp // self.block, self.tpp
             ops.age_keys(self.gi, req.hashes[m - 1:lo * m:m], range(tpp, (lo + 1) * tpp, tpp),
-                         ops.now - ops.out_of_window_age)
+                         ops.now - ops.out_of_window_age, self.SHARED_BRANCH_USES)
+
+    #: uses (compute and hits) from which a window below a hit is a shared branch point (``hit``)
+    SHARED_BRANCH_USES = 3
 
     def release_range(self, req: Request, gs: GroupState, stop: int, ops: PageOps) -> None:
         """Like the base class, except the window before a branch point (``retained_spans``):

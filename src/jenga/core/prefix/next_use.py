@@ -104,6 +104,11 @@ class NextUse:
             departed.popitem(last=False)
 
     @property
+    def holders(self) -> dict[bytes, int]:
+        """Block hash -> requests the scheduler holds (waiting or running) whose prompt holds it."""
+        return self._holders
+
+    @property
     def return_rate(self) -> float:
         """Returns per departure so far, prior one in two (module doc)."""
         return (self.returns + 1) / (self.departures + 2)

@@ -28,7 +28,7 @@ def _record_hit(lookup, req: Request, top: int, view: TierView) -> int:
     req.hit = cand
     for pol, gs in zip(policies, req.groups, strict=True):
         pol.hit(req, gs, junction.hit_of(pol, req), view)
-    req.groups = [pol.new_state() for pol in policies]
+    req.groups = [pol.state_type() for pol in policies]
     req.hit, req.junction = 0, saved_junction
     return cand
 

@@ -51,9 +51,9 @@ class TierView:
     now = property(lambda self: self.device.now)
     out_of_window_age = property(lambda self: self.device.out_of_window_age)
 
-    def age_keys(self, group: int, keys: list[bytes], ends, stamp: int) -> None:
+    def age_keys(self, group: int, keys: list[bytes], ends, stamp: int, max_uses: int | None = None) -> None:
         """The device ledger's ``age_keys`` (host pages keep their keys)."""
-        self.device.age_keys(group, keys, ends, stamp)
+        self.device.age_keys(group, keys, ends, stamp, max_uses)
 
     def index_table(self, group: int) -> ChainMap:
         return ChainMap(self.device.index_table(group), self.host[group])
@@ -87,5 +87,5 @@ class DeviceHitView(TierView):
     def __init__(self, device: PageLedger):
         super().__init__(device, [{} for _ in device.ref])
 
-    def age_keys(self, group: int, keys: list[bytes], ends, stamp: int) -> None:
+    def age_keys(self, group: int, keys: list[bytes], ends, stamp: int, max_uses: int | None = None) -> None:
         pass
