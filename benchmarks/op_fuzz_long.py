@@ -12,10 +12,15 @@ Parts (each a seeded, deterministic subprocess; ``--jobs`` of them at once):
   operations, split evenly over the vLLM pythons found (``.venv``'s vLLM 0.32 and the 0.33 / 0.34
   scheduler-level venvs under ``.vllm-envs``).
 
-It prints the operations and violations per manager and feature (``--markdown``: the tables of
-docs/reproduction.md), then the violations themselves; exit status 1 when there is any.
+Each fuzz is cut into slices of ``--slice-ops`` / ``--vllm-slice-ops`` operations (whole runs,
+``--start``: together they are the one fuzz), the streams taken in turn so that a run stopped early
+(``--hours``: no slice starts after) has covered every part; each finished slice is logged on
+stderr (operations, violations, CPU seconds, host-tier counts).  It prints the operations and
+violations per manager and feature (``--markdown``: the tables of docs/reproduction.md), then the
+violations themselves; exit status 1 when there is any, or when a run of 10^5 operations or more
+never demoted, promoted or evicted a host page.
 
-    python benchmarks/op_fuzz_long.py --ops 10000000 --markdown
+    nice -n 15 python benchmarks/op_fuzz_long.py --ops 10000000 --jobs 2 --markdown
     python benchmarks/op_fuzz_long.py --ops 20000 --parts managers --markdown   # seconds
 """
 
