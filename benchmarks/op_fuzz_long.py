@@ -12,10 +12,15 @@ Parts (each a seeded, deterministic subprocess; ``--jobs`` of them at once):
   operations, split evenly over the vLLM pythons found (``.venv``'s vLLM 0.32 and the 0.33 / 0.34
   scheduler-level venvs under ``.vllm-envs``).
 
-It prints the operations and violations per manager and feature (``--markdown``: the tables of
-docs/reproduction.md), then the violations themselves; exit status 1 when there is any.
+Each fuzz is cut into slices of ``--slice-ops`` / ``--vllm-slice-ops`` operations (whole runs,
+``--start``: together they are the one fuzz), the streams taken in turn so that a run stopped early
+(``--hours``: no slice starts after) has covered every part; each finished slice is logged on
+stderr (operations, violations, CPU seconds, host-tier counts).  It prints the operations and
+violations per manager and feature (``--markdown``: the tables of docs/reproduction.md), then the
+violations themselves; exit status 1 when there is any, or when a run of 10^5 operations or more
+never demoted, promoted or evicted a host page.
 
-    python benchmarks/op_fuzz_long.py --ops 10000000 --markdown
+    nice -n 15 python benchmarks/op_fuzz_long.py --ops 10000000 --jobs 2 --markdown
     python benchmarks/op_fuzz_long.py --ops 20000 --parts managers --markdown   # seconds
 """
 
@@ -53,31 +58,58 @@ def vllm_pythons() -> dict[str, str]:
     return out
 
 
-def jobs(ops: int, seed: int, parts: str, vllm_share: float) -> list[tuple[str, list[str]]]:
-    """(label, command) of every subprocess."""
-    managers = ops if parts == "managers" else round(ops * (1 - vllm_share))
-    out = []
-    for i, n in enumerate((managers - managers // 2, managers // 2)):
-        out.append(("managers", [sys.executable, str(TESTS / "op_fuzz.py"), "--ops", str(n), "--seed",
-                                 str(seed + i), "--json"]))
-    if parts == "managers":
-        return out
-    pys = vllm_pythons()
-    left = ops - managers
-    for i, (version, py) in enumerate(pys.items()):
-        n = left // (len(pys) - i)
-        left -= n
-        out.append((f"vLLM {version}", [py, str(TESTS / "vllm_adapter_fuzz.py"), "--ops", str(n), "--seed",
-                                        str(seed + 10 + i), "--json"]))
+#: operations per run (a fresh manager or adapter each): each fuzz's default
+RUNS_OF = {"managers": 2000, "vllm": 500}
+
+
+def _slices(n: int, size: int, runs_of: int) -> list[tuple[int, int]]:
+    """``n`` operations as (first run, operations) slices of about ``size`` operations (whole runs
+    of ``runs_of``), in order: the slices together are the one fuzz of ``n`` operations."""
+    size = max(runs_of, size - size % runs_of)
+    out, run = [], 0
+    while n > 0:
+        m = min(size, n)
+        out.append((run, m))
+        run += -(-m // runs_of)
+        n -= m
     return out
 
 
-def run(commands: list[tuple[str, list[str]]], parallel: int, log=None) -> list[tuple[str, dict]]:
+def jobs(ops: int, seed: int, parts: str, vllm_share: float, slice_ops: int = 100_000,
+         vllm_slice_ops: int = 200_000) -> list[tuple[str, list[str]]]:
+    """(label, command) of every subprocess: the manager fuzz (seed ``seed``) and each vLLM's adapter
+    fuzz (seed ``seed + 10 + i``), each cut into slices (``--start``), taken in turn."""
+    managers = ops if parts == "managers" else round(ops * (1 - vllm_share))
+    streams = [[("managers", [sys.executable, str(TESTS / "op_fuzz.py"), "--ops", str(n), "--seed", str(seed),
+                              "--start", str(first), "--json"])
+                for first, n in _slices(managers, slice_ops, RUNS_OF["managers"])]]
+    if parts != "managers":
+        pys = vllm_pythons()
+        left = ops - managers
+        for i, (version, py) in enumerate(pys.items()):
+            n = left // (len(pys) - i)
+            left -= n
+            streams.append([(f"vLLM {version}", [py, str(TESTS / "vllm_adapter_fuzz.py"), "--ops", str(m), "--seed",
+                                                 str(seed + 10 + i), "--start", str(first), "--json"])
+                            for first, m in _slices(n, vllm_slice_ops, RUNS_OF["vllm"])])
+    # in turn, in proportion to each stream's length: a run cut short has covered every part
+    out, taken = [], [0] * len(streams)
+    while any(t < len(st) for t, st in zip(taken, streams, strict=True)):
+        i = min((j for j, st in enumerate(streams) if taken[j] < len(st)), key=lambda j: taken[j] / len(streams[j]))
+        out.append(streams[i][taken[i]])
+        taken[i] += 1
+    return out
+
+
+def run(commands: list[tuple[str, list[str]]], parallel: int, log=None,
+        deadline: float | None = None) -> list[tuple[str, dict]]:
+    """Run ``commands``, ``parallel`` at once; (label, result) of each that ran, in order.  None
+    starts after ``deadline`` (``time.time()``)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
                VLLM_LOGGING_LEVEL="ERROR", VLLM_TARGET_DEVICE="cpu", PYTHONHASHSEED="0")
     pending, running, results = list(enumerate(commands)), [], {}
-    while pending or running:
-        while pending and len(running) < parallel:
+    while running or (pending and (deadline is None or time.time() < deadline)):
+        while pending and len(running) < parallel and (deadline is None or time.time() < deadline):
             i, (label, cmd) = pending.pop(0)
             running.append((i, label, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                                        text=True, env=env, cwd=ROOT)))
@@ -94,8 +126,17 @@ def run(commands: list[tuple[str, list[str]]], parallel: int, log=None) -> list[
                     f"{label}: {' '.join(commands[i][1])} printed no result (exit {proc.returncode})"]})
             results[i] = (label, json.loads(line))
             if log:
-                log(f"{label}: {results[i][1]['ops']:,} ops, {len(results[i][1]['violations'])} violations")
+                r, cmd = results[i][1], commands[i][1]
+                seen, cpu = r["seen"], r.get("cpu_s") or 0
+                host = " ".join(f"{k.split()[1]} {seen.get(k, 0):,}" for k in HOST_EVENTS)
+                log(f"slice {i + 1}/{len(commands)} {label} (seed {cmd[cmd.index('--seed') + 1]}, first run "
+                    f"{cmd[cmd.index('--start') + 1]}): {r['ops']:,} ops, {len(r['violations'])} violations, "
+                    f"{cpu:,.0f} CPU-s ({r['ops'] / max(cpu, 1e-9):,.0f} ops/CPU-s); host tier: {host}")
     return [results[i] for i in sorted(results)]
+
+
+#: what the host tier did (the fuzzes' counters): each must be > 0 in a long run
+HOST_EVENTS = ("host demoted", "host promoted", "host evicted")
 
 
 def tables(results: list[tuple[str, dict]]) -> tuple[list[tuple], list[tuple]]:
@@ -146,7 +187,9 @@ def tables(results: list[tuple[str, dict]]) -> tuple[list[tuple], list[tuple]]:
                      sum(v for (_, _, k), v in b.items() if k)))
         events += [(f"{label}: scheduler steps' tokens", s["scheduled tokens"]), (f"{label}: preemptions", s["preempted"]),
                    (f"{label}: drafts rejected", s["drafts rejected"]), (f"{label}: shared blocks seen", s["shared blocks"]),
-                   (f"{label}: KV events stored / removed", f"{s['events stored']:,} / {s['events removed']:,}")]
+                   (f"{label}: KV events stored / removed", f"{s['events stored']:,} / {s['events removed']:,}"),
+                   (f"{label}: host tier pages demoted / promoted / host pages evicted",
+                    " / ".join(f"{s[k]:,}" for k in HOST_EVENTS))]
     return rows, events
 
 
@@ -166,14 +209,27 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", choices=("all", "managers"), default="all")
     ap.add_argument("--vllm-share", type=float, default=0.2, help="of the operations, the vLLM adapter's")
     ap.add_argument("--jobs", type=int, default=2, help="subprocesses at once (the results do not depend on it)")
+    ap.add_argument("--slice-ops", type=int, default=100_000, help="operations per manager fuzz subprocess")
+    ap.add_argument("--vllm-slice-ops", type=int, default=200_000, help="operations per adapter fuzz subprocess")
+    ap.add_argument("--hours", type=float, default=None,
+                    help="start no slice after this long (the tables then count the slices that ran)")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)
     t0 = time.time()
     log = lambda msg: print(f"{time.time() - t0:8.0f}s {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    results = run(jobs(int(args.ops), args.seed, args.parts, args.vllm_share), args.jobs, log)
+    commands = jobs(int(args.ops), args.seed, args.parts, args.vllm_share, args.slice_ops, args.vllm_slice_ops)
+    results = run(commands, args.jobs, log, None if args.hours is None else t0 + args.hours * 3600)
     rows, events = tables(results)
     total = sum(r["ops"] for _, r in results)
     violations = [v for _, r in results for v in r["violations"]]
+    if len(results) < len(commands):
+        log(f"stopped at the deadline: {len(results)} of {len(commands)} slices ran, {total:,} of {int(args.ops):,} ops")
+    seen = Counter()
+    for label, r in results:
+        if label == "managers":
+            seen.update(r["seen"])
+    missing = [k for k in HOST_EVENTS if not seen[k]]
+    log("host tier (manager fuzz): " + ", ".join(f"{k} {seen[k]:,}" for k in HOST_EVENTS))
     if args.markdown:
         print(markdown(rows, events, total, len(violations)))
     else:
@@ -184,6 +240,9 @@ def main(argv=None) -> int:
             print(f"  {e}: {n:,}" if isinstance(n, int) else f"  {e}: {n}")
     for v in violations[:20]:
         print(v, file=sys.stderr)
+    if missing and total >= 100_000:  # a long run that never demoted, promoted or evicted a host page
+        print(f"the host tier was not covered: no {', '.join(missing)}", file=sys.stderr)
+        return 1
     return 1 if violations else 0
 
 

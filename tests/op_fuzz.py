@@ -108,7 +108,7 @@ def build(name: str, spec_name: str, rng: random.Random, host: bool):
     n = min_large(name, spec_name, caching)
     lp = LARGE_PAGE[(name, spec_name)]
     n += rng.randrange(0, 5)
-    if host:
+    if host:  # 1-5 large pages: small enough that the host evicts too
         kw["host_memory_bytes"] = rng.randrange(1, 6) * lp
     return make(name, spec_name, (n + 1) * lp, **kw)
 
@@ -215,11 +215,7 @@ class Fuzz:
     def copies(self, plan):
         """Count the host tier's work: plans with copies, pages demoted / promoted, host pages evicted."""
         self.seen["copies"] += not plan.empty
-        host = self.mgr.host
-        for what, now in (("demoted", host.demotions), ("promoted", host.promotions),
-                          ("host evicted", host.evictor.num_evicted_pages)):
-            self.seen[f"host {what}"] += now - self._host_seen.get(what, 0)
-            self._host_seen[what] = now
+        count_host(self.mgr.host, self._host_seen, self.seen)
 
     def free(self, rid):
         self.mgr.free(rid)
@@ -267,6 +263,16 @@ class Fuzz:
         return ops
 
 
+def count_host(host, last: dict, seen: Counter) -> None:
+    """Add what ``host`` (a ``HostTier``) did since ``last`` (its counters then, updated) to ``seen``:
+    ``host demoted`` / ``host promoted`` (pages copied down / up), ``host evicted`` (host pages
+    evicted to make room)."""
+    for key, now in (("host demoted", host.demotions), ("host promoted", host.promotions),
+                     ("host evicted", host.evictor.num_evicted_pages)):
+        seen[key] += now - last.get(key, 0)
+        last[key] = now
+
+
 def configurations():
     """(manager, spec name, host tier, lookahead k): every manager on every spec (the multi-model
     pool: that spec and a second model, ``MULTI_OTHER``), the host tier (jenga's; the multi-model
@@ -304,13 +310,14 @@ def run_one(f, n: int, label: str, part: str, prefix: str, host, k: int, violati
 
 
 def fuzz(total_ops: int, seed: int = 0, runs_of: int = 2000, deadline: float | None = None,
-         report=None, state_drafts: bool = True) -> tuple[int, list[str], Counter]:
+         report=None, state_drafts: bool = True, start: int = 0) -> tuple[int, list[str], Counter]:
     """``total_ops`` operations over every configuration in runs of ``runs_of`` (a fresh manager
     each); returns (operations run, violations, what happened).  Stops early at ``deadline``.
-    ``state_drafts``: kept drafts on state layer mixes too (``STATE_SPECS``; on by default)."""
+    ``state_drafts``: kept drafts on state layer mixes too (``STATE_SPECS``; on by default).
+    ``start``: the first run's number (its configuration and seed): a slice of a longer fuzz."""
     confs = configurations()
     done, violations, seen = 0, [], Counter()
-    i = 0
+    i = start
     while done < total_ops and (deadline is None or time.time() < deadline):
         name, spec, host, k = confs[i % len(confs)]
         run_seed = seed * 1_000_003 + i
@@ -318,7 +325,7 @@ def fuzz(total_ops: int, seed: int = 0, runs_of: int = 2000, deadline: float | N
         f = Fuzz(name, spec, run_seed, host=host, k=k, keep_drafts=state_drafts or spec not in STATE_SPECS)
         done += run_one(f, n, f"{name} {spec} host={host} k={k} seed={run_seed}", name, "", host, k, violations, seen)
         i += 1
-        if report is not None and i % 50 == 0:
+        if report is not None and (i - start) % 50 == 0:
             report(done, violations, seen)
     return done, violations, seen
 
@@ -327,6 +334,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", type=float, default=1e7)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--start", type=int, default=0, help="the first run's number (a slice of a longer fuzz)")
     ap.add_argument("--hours", type=float, default=None, help="stop after this long")
     ap.add_argument("--no-state-drafts", action="store_true", help="no kept drafts on state layer mixes")
     ap.add_argument("--json", action="store_true", help="print one JSON object: ops, violations, what happened")
@@ -338,9 +346,9 @@ def main(argv=None) -> int:
         print(f"{time.time() - t0:8.0f}s {done:>11,} ops, {len(violations)} violations; {dict(seen)}", flush=True)
 
     done, violations, seen = fuzz(int(args.ops), args.seed, deadline=deadline, report=None if args.json else report,
-                                  state_drafts=not args.no_state_drafts)
+                                  state_drafts=not args.no_state_drafts, start=args.start)
     if args.json:
-        print(json.dumps({"ops": done, "violations": violations, "seen": dict(seen)}))
+        print(json.dumps({"ops": done, "violations": violations, "seen": dict(seen), "cpu_s": time.process_time()}))
         return 1 if violations else 0
     report(done, violations, seen)
     for v in violations[:20]:

@@ -8,9 +8,12 @@ the vLLM adapter fuzz's 10,000, ``tests/test_vllm_adapter_fuzz.py``, 10^5 in ``m
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
-from op_fuzz import MANAGERS, configurations, fuzz
+from op_fuzz import MANAGERS, Fuzz, configurations, fuzz, run_one
+
+from jenga.core.tier.host_tier import HostTier
 
 OPS = int(float(os.environ.get("JENGA_FUZZ_OPS", "90000")))
 
@@ -23,11 +26,51 @@ def test_seeded_operation_fuzz(seed):
     # what the slice exercised: every manager, hits, failed allocations, host copies, kept drafts
     assert all(seen[f"runs:{m}"] > 0 for m in MANAGERS), dict(seen)
     assert seen["hit"] > 0 and seen["none"] > 0 and seen["copies"] > 0 and seen["kept drafts"] > 0, dict(seen)
-    # the host tier's moves both ways
-    assert seen["host demoted"] > 0 and seen["host promoted"] > 0, dict(seen)
+    # the host tier's moves both ways, and its own evictions
+    assert seen["host demoted"] > 0 and seen["host promoted"] > 0 and seen["host evicted"] > 0, dict(seen)
 
 
 def test_the_configurations_cover_every_manager_the_host_tier_and_lookahead():
     confs = configurations()
     assert {c[0] for c in confs} == set(MANAGERS)
     assert any(c[2] for c in confs) and any(c[3] for c in confs)
+
+
+def _break_host_eviction(host, how: str) -> None:
+    """Make ``host``'s own evictions (``HostTier``: a host page evicted to make room) skip a step:
+    ``"hash"`` keeps the evicted page's key in the host index, ``"slot"`` never frees its slot."""
+    ev = host.evictor
+    if how == "hash":
+        drop = ev._drop_pages
+
+        def keep_keys(group, pages):
+            ev.index.drop_many = lambda g, ps: None
+            try:
+                drop(group, pages)
+            finally:
+                del ev.index.drop_many
+        ev._drop_pages = keep_keys
+    else:
+        host.alloc.evict_cached = lambda g, p: None
+        host.alloc.evict_whole_many = lambda g, larges: None
+
+
+@pytest.mark.parametrize("how", ["hash", "slot"])
+def test_the_host_fuzz_sees_a_broken_host_eviction(monkeypatch, how):
+    """The host-tier runs evict host pages; a host eviction that keeps its key or its slot is a violation."""
+    def host_runs():
+        violations, seen = [], Counter()
+        for i, (name, spec, host, k) in enumerate(c for c in configurations() if c[2]):
+            run_one(Fuzz(name, spec, i, host=host, k=k), 300, f"{name} {spec} k={k}", name, "", host, k, violations, seen)
+        return violations, seen
+
+    violations, seen = host_runs()
+    assert not violations and seen["host evicted"] > 0, (violations[:1], dict(seen))
+    init = HostTier.__init__
+
+    def broken(self, *args, **kw):
+        init(self, *args, **kw)
+        _break_host_eviction(self, how)
+    monkeypatch.setattr(HostTier, "__init__", broken)
+    violations, _ = host_runs()
+    assert violations, f"a host eviction that keeps its {how} went unseen"

@@ -48,7 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from op_fuzz import run_one  # noqa: E402
+from op_fuzz import count_host, run_one  # noqa: E402
 from vllm import SamplingParams  # noqa: E402
 from vllm.distributed import kv_events as ve  # noqa: E402
 from vllm.utils.hashing import get_hash_fn_by_name  # noqa: E402
@@ -152,6 +152,7 @@ class AdapterFuzz:
         self.next_id = 0
         self.seen: Counter = Counter()
         self.done = 0
+        self._host_seen: dict[str, int] = {}
 
     # ------------------------------------------------------------------ requests
     def add(self):
@@ -276,6 +277,7 @@ class AdapterFuzz:
         a.take_kv_cache_block_copies()
         if self.host:
             self.seen["copies"] += not self.mgr.take_copy_plan().empty
+            count_host(self.mgr.host, self._host_seen, self.seen)
         for rid, n in scheduled.items():  # _update_after_schedule
             self.req(rid).num_computed_tokens += n
         self.seen["scheduled tokens"] += sum(scheduled.values())
@@ -399,6 +401,7 @@ class AdapterFuzz:
             self._free(self.waiting.popleft())
         if self.host:
             self.mgr.take_copy_plan()
+            count_host(self.mgr.host, self._host_seen, self.seen)
         self.events()
         self.mgr.check_integrity()
         assert not self.mgr.requests, f"requests left in jenga: {list(self.mgr.requests)}"
@@ -409,12 +412,13 @@ class AdapterFuzz:
 
 
 def fuzz(total_ops: int, seed: int = 0, runs_of: int = 500, deadline: float | None = None,
-         report=None) -> tuple[int, list[str], Counter]:
+         report=None, start: int = 0) -> tuple[int, list[str], Counter]:
     """``total_ops`` operations over every configuration in runs of ``runs_of`` (a fresh adapter
-    each); returns (operations run, violations, what happened).  Stops early at ``deadline``."""
+    each); returns (operations run, violations, what happened).  Stops early at ``deadline``.
+    ``start``: the first run's number (its configuration and seed): a slice of a longer fuzz."""
     confs = configurations()
     done, violations, seen = 0, [], Counter()
-    i = 0
+    i = start
     while done < total_ops and (deadline is None or time.time() < deadline):
         layout, host, k = confs[i % len(confs)]
         run_seed = seed * 1_000_003 + i
@@ -423,7 +427,7 @@ def fuzz(total_ops: int, seed: int = 0, runs_of: int = 500, deadline: float | No
         done += run_one(f, n, f"vllm {layout} host={host} k={k} seed={run_seed}", f"vllm {layout}", "vllm ",
                         host, k, violations, seen)
         i += 1
-        if report is not None and i % 20 == 0:
+        if report is not None and (i - start) % 20 == 0:
             report(done, violations, seen)
     return done, violations, seen
 
@@ -432,12 +436,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ops", type=float, default=1e5)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--start", type=int, default=0, help="the first run's number (a slice of a longer fuzz)")
     ap.add_argument("--json", action="store_true", help="print one JSON object: ops, violations, what happened")
     args = ap.parse_args(argv)
     t0 = time.time()
-    done, violations, seen = fuzz(int(args.ops), args.seed)
+    done, violations, seen = fuzz(int(args.ops), args.seed, start=args.start)
     if args.json:
-        print(json.dumps({"ops": done, "violations": violations, "seen": dict(seen)}))
+        print(json.dumps({"ops": done, "violations": violations, "seen": dict(seen), "cpu_s": time.process_time()}))
         return 1 if violations else 0
     print(f"{time.time() - t0:.0f}s {done:,} ops, {len(violations)} violations; {dict(seen)}")
     for v in violations[:20]:
