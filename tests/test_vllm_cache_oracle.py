@@ -1,7 +1,8 @@
 """The cache-correctness oracle inside vLLM 0.32 (``tests/vllm_cache_oracle.py``): jenga's scheduler
 with prefix caching on gives the greedy tokens it gives with caching off, for every family and
-feature the integration supports (text families, salts, LoRA, speculative decoding, the host tier),
-over a seeded trace whose caching-on run hits, preempts and evicts.
+feature the integration supports (text and state families, salts, LoRA, speculative decoding, the
+host tier, images on the two VLMs), over a seeded trace whose caching-on run hits, preempts and
+evicts at a budget tuned per case.
 
 Each case starts two engines (a minute or more of CPU): one small case runs in ``make test``, the
 rest under ``-m slow`` and in ``benchmarks/cache_oracle.py``.
@@ -13,12 +14,13 @@ import pytest
 from vllm_cache_oracle import ADAPTERS, FAMILIES, _feature_kw, check
 
 FAST = ("llama", "plain")
+FAST_TRACE = dict(doc_len=(64, 128), max_tokens=(16, 32))  # shorter answers: it preempts at 16 blocks, one budget
 CASES = [(f, x) for f, (_, _, feats) in FAMILIES.items() for x in feats]
 
 
 @pytest.mark.xdist_group("vllm-cache-oracle")
 def test_caching_on_equals_off_inside_vllm(tmp_path_factory):
-    res = check(*FAST, seed=0, root=tmp_path_factory.getbasetemp())
+    res = check(*FAST, seed=0, root=tmp_path_factory.getbasetemp(), **FAST_TRACE)
     assert res.equal == res.total
 
 
