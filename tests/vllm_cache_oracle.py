@@ -61,11 +61,11 @@ FAMILIES: dict[str, tuple[dict, int, tuple[str, ...]]] = {
     "gemma2": (FP32, 28, TEXT),
     "ministral": (FP32, 45, TEXT),
     "gptoss": (FP32, 40, TEXT),
-    "llama4": (FP32, 40, TEXT),
+    "llama4": (FP32, 50, TEXT),
     "falcon_h1": (FP32, 24, STATE),
     "qwen3_next": (dict(dtype="bfloat16", mamba_ssm_cache_dtype="bfloat16"), 36, STATE),
     "idefics3": (dict(FP32, limit_mm_per_prompt={"image": 1}), 45, ("images",)),
-    "gemma3_vision": (dict(FP32, limit_mm_per_prompt={"image": 1}), 36, ("images",)),
+    "gemma3_vision": (dict(FP32, limit_mm_per_prompt={"image": 1}), 45, ("images",)),
 }
 FEATURES = ("plain", "salts", "lora", "spec", "host", "images")
 #: family -> the image marker of its prompts, picture size (pixels), tokens per picture, image token id
