@@ -156,9 +156,10 @@ def _image_prompt(family: str, ids: list[int], images: list) -> dict:
 
 
 def run(family: str, trace, root: Path, *, caching: bool, feature: str, seed: int,
-        blocks: int | None = None) -> tuple[list, dict]:
+        blocks: int | None = None, jenga: bool = True) -> tuple[list, dict]:
     """``trace`` round by round through one jenga engine of ``blocks`` vLLM blocks (default: the
-    family's first budget); the tokens and the scheduler's counts."""
+    family's first budget); the tokens and the scheduler's counts (``jenga=False``: stock vLLM's
+    scheduler, the tokens only)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -166,7 +167,7 @@ def run(family: str, trace, root: Path, *, caching: bool, feature: str, seed: in
     blocks = blocks or first
     images = feature == "images"
     with _model(family, root) as path:
-        llm = engine(path, jenga=True, num_blocks=blocks, max_model_len=320,
+        llm = engine(path, jenga=jenga, num_blocks=blocks, max_model_len=320,
                      enable_prefix_caching=caching, **kw, **_feature_kw(family, feature, root, path, blocks))
         adapters = _adapters(path, root) if feature == "lora" else None
         pick = random.Random(f"lora:{seed}")
@@ -198,6 +199,8 @@ def run(family: str, trace, root: Path, *, caching: bool, feature: str, seed: in
                     prev = [p["prompt"] + "".join(f" w{t}" for t in g) for p, g in zip(prompts, got, strict=True)]
                 else:
                     prev = [p["prompt_token_ids"] + g for p, g in zip(prompts, got, strict=True)]
+            if not jenga:
+                return tokens, {}
             sched = scheduler(llm)
             st = sched.jenga.stats()
             counts = dict(hits=st.prefix_hit_tokens, preemptions=sched.num_preemptions, evicted=st.evicted_pages,
@@ -211,11 +214,16 @@ def run(family: str, trace, root: Path, *, caching: bool, feature: str, seed: in
     return tokens, counts
 
 
+def oracle_trace(family: str, feature: str, seed: int, **trace_kw):
+    """The seeded trace of one case (``trace_kw``: :func:`engine_cache_oracle.make_trace`'s sizes)."""
+    doc_len = IMAGE_DOC_LEN if feature == "images" else DOC_LEN
+    return make_trace(family, seed, feature if feature in ("salts", "images") else "plain",
+                      **{"doc_len": doc_len, "max_tokens": MAX_TOKENS, **trace_kw})
+
+
 def compare(family: str, feature: str, seed: int, root: Path, **trace_kw) -> VllmResult:
     """Caching on vs off over one seeded trace (``trace_kw``: :func:`engine_cache_oracle.make_trace`'s sizes)."""
-    doc_len = IMAGE_DOC_LEN if feature == "images" else DOC_LEN
-    trace = make_trace(family, seed, feature if feature in ("salts", "images") else "plain",
-                       **{"doc_len": doc_len, "max_tokens": MAX_TOKENS, **trace_kw})
+    trace = oracle_trace(family, feature, seed, **trace_kw)
     blocks, accepted = FAMILIES[family][1], None
     for _ in range(TRIES):
         try:
