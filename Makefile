@@ -14,8 +14,9 @@ VLLM_ENVS ?= .vllm-envs
 VLLM_STAMPS := $(VLLM_VERSIONS:%=$(VLLM_ENVS)/%/.installed)
 VLLM_VERSION_TESTS := tests/test_vllm_drift.py tests/test_vllm_compat.py tests/test_vllm_async.py \
   tests/test_vllm_sched_families.py tests/test_vllm_host_connector.py tests/test_vllm_no_stall.py tests/test_vllm_kv_bytes.py \
-  tests/test_vllm_adapter_fuzz.py tests/test_uniform_vs_vllm034.py \
-  tests/test_vs_vllm_sched.py
+  tests/test_vllm_adapter_fuzz.py tests/test_vs_vllm_sched.py
+# uniform against vLLM 0.34's real manager within 1 % (a minute and a half of CPU): in test-vllm-slow
+VLLM_034_SLOW_TESTS := tests/test_uniform_vs_vllm034.py
 
 # START_VLLM_VERSIONS launches one pytest per extra vLLM version in the background (niced: they take
 # the cores the main pytest leaves idle, e.g. its last long vLLM group); WAIT_VLLM_VERSIONS waits for
@@ -79,7 +80,7 @@ test: $(STAMP) $(VLLM_STAMPS)
 	$(VENV)/bin/ruff check src tests benchmarks tools
 	$(PY) -m mkdocs build --strict
 	@$(START_CHECK_INSTALL); $(START_VLLM_VERSIONS); \
-	$(PY) -m pytest -n 2 --dist loadgroup -m 'not slow' tests; main=$$?; \
+	$(PY) -m pytest -n 2 --dist loadgroup -m 'not slow' --durations=25 tests; main=$$?; \
 	$(WAIT_VLLM_VERSIONS); $(WAIT_CHECK_INSTALL); [ $$main -eq 0 ] && [ $$rc -eq 0 ] && [ $$ci -eq 0 ]
 
 # the docs site (mkdocs.yml, pages in docs/) into build/site; --strict: a broken link or anchor fails
@@ -106,9 +107,10 @@ lock: $(STAMP)
 test-vllm-versions: $(VLLM_STAMPS)
 	@$(START_VLLM_VERSIONS); $(WAIT_VLLM_VERSIONS); exit $$rc
 
-test-vllm-slow: $(STAMP)
+test-vllm-slow: $(STAMP) $(VLLM_ENVS)/0.34.0/.installed
 	$(PY) -m pytest -n 2 --dist loadgroup tests/test_vllm_server.py tests/test_vllm_tp.py tests/test_vllm_spec_decode.py tests/test_vllm_spec_hybrid.py \
 	  tests/test_vllm_host_tier.py tests/test_vllm_host_isolation.py
+	VLLM_TARGET_DEVICE=cpu $(VLLM_ENVS)/0.34.0/bin/python -m pytest -n 0 -p no:randomly $(VLLM_034_SLOW_TESTS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/manager_overhead.py

@@ -33,9 +33,9 @@ def test_peak_pages_over_steps_is_the_most_any_step_holds(tpp):
     for pol in _policies(tpp):
         for length in list(range(0, 200, 7)) + [255, 256, 257, 1000]:
             for step in (1, 3, 8, 16, 47, 64, 100, 2048):
-                brute = max(pol.step_pages(s, min(s + step, length + 1)) for s in range(length + 1))
-                assert pol.peak_pages(length, step) == brute, (pol.group.name, length, step)
-            assert pol.peak_pages(length) == max(pol.context_pages(n) for n in range(length + 1))
+                brute = max(pol.footprint.step_pages(s, min(s + step, length + 1)) for s in range(length + 1))
+                assert pol.footprint.peak_pages(length, step) == brute, (pol.group.name, length, step)
+            assert pol.footprint.peak_pages(length) == max(pol.footprint.context_pages(n) for n in range(length + 1))
 
 
 def _run_in_steps(mgr, rid: str, length: int, step: int) -> bool:

@@ -144,7 +144,7 @@ def _trace(host_policy: str, seed: int) -> Counter:
         for gt in t.groups:  # what this step reads, then what it writes
             assert isinstance(gt, TokenTable)
             g, pol = gt.group, mgr.policies[gt.group]
-            for pos in range(pol.first_needed(hit), hit):
+            for pos in range(pol.footprint.first_needed(hit), hit):
                 got = dev[g][gt.page_ids[pos // TPP], pos % TPP]
                 assert got == prompt[pos], f"request {rid} group {g} token {pos}: page holds {got}, not {prompt[pos]}"
             for pos in range(max(hit, gt.write_from), len(prompt)):

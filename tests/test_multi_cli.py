@@ -64,6 +64,37 @@ def test_bench_runs_both_engines_on_the_same_work(capsys, scenario):
     assert res["ratio"]["tokens_per_s"] == pytest.approx(res["shared"]["tokens_per_s"] / res["static"]["tokens_per_s"])
 
 
+def test_bench_repeats_keep_each_engines_fastest_run_and_refuse_differing_counts(monkeypatch):
+    """``--repeats``: the engines alternate, each keeps its lowest CPU time, and a repeat whose counts
+    differ from the first run's is an error (the clock may differ between repeats, the work may not)."""
+    import argparse
+
+    from jenga import multi_bench
+
+    calls: list[str] = []
+    cpu = {"shared": iter([3.0, 1.0, 2.0]), "static": iter([5.0, 6.0, 4.0])}
+
+    def fake(kind, models, work, args, max_len):
+        calls.append(kind)
+        c = next(cpu[kind])
+        return {"cpu_s": c, "output_tokens": 10, "forwards": 4, "preemptions": 0, "preemptions_by_model": {},
+                "decode_batch_mean": 2.0}
+
+    monkeypatch.setattr(multi_bench, "run_scenario", fake)
+    best = multi_bench._fastest(["a", "b"], [], argparse.Namespace(repeats=3), 8)
+    assert calls == ["shared", "static"] * 3
+    assert (best["shared"]["cpu_s"], best["static"]["cpu_s"]) == (1.0, 4.0)
+
+    def drifting(kind, models, work, args, max_len):
+        drifting.n += 1
+        return {"cpu_s": 1.0, "output_tokens": 10, "forwards": 4 + drifting.n // 3, "preemptions": 0,
+                "preemptions_by_model": {}, "decode_batch_mean": 2.0}
+    drifting.n = 0
+    monkeypatch.setattr(multi_bench, "run_scenario", drifting)
+    with pytest.raises(RuntimeError, match="served the same work differently"):
+        multi_bench._fastest(["a", "b"], [], argparse.Namespace(repeats=2), 8)
+
+
 def test_simulate_two_models_at_real_sizes(capsys):
     rc, out, _ = run_cli(capsys, "simulate", "--model", ",".join(MODELS), "--requests", "30", "--output-len", "8",
                          "--json")

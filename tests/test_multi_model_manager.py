@@ -65,7 +65,7 @@ def test_requests_touch_only_their_models_groups():
     for rid, own in (("x", "a"), ("y", "b")):
         req = mgr.requests[rid]
         for g, gs in zip(mgr.model.groups, req.groups, strict=True):
-            held = mgr.policies[mgr.model.groups.index(g)].references(gs)
+            held = mgr.policies[mgr.model.groups.index(g)].footprint.references(gs)
             assert bool(held) == g.name.startswith(own + "/"), (rid, g.name, held)
     assert mgr.model_used_bytes("a") > 0 and mgr.model_used_bytes("b") > 0
     assert mgr.model_used_bytes("a") + mgr.model_used_bytes("b") == mgr.used_bytes

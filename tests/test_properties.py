@@ -362,7 +362,7 @@ class ManagerMachine(RuleBasedStateMachine):
             if type(pol) is not MambaPolicy:
                 continue
             g = pol.gi
-            for pos in set(pol._positions(req, start, start + n - 1)) - set(ckpts[g]):
+            for pos in set(pol.checkpoints.positions(req, start, start + n - 1)) - set(ckpts[g]):
                 key = pol.key(req, pos)
                 others = [o for o in self.mgr.requests.values() if o is not req
                           for p in o.groups[g].checkpoints if p // TPP <= len(o.hashes) and pol.key(o, p) == key]
@@ -540,7 +540,7 @@ class ManagerMachine(RuleBasedStateMachine):
         for pol, gt in zip(self.mgr.policies, t.groups, strict=True):
             g = gt.group
             if isinstance(pol, FullPolicy):
-                lo = pol.first_needed(start)
+                lo = pol.footprint.first_needed(start)
                 if isinstance(pol, SlidingPolicy):
                     assert lo == max(0, start - pol.group.spec.window + 1)
                 elif isinstance(pol, ChunkedPolicy):

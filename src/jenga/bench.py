@@ -156,6 +156,7 @@ def check_args(args) -> None:
     for field in ("requests", "prompt_min", "prompt_max", "output_len", "max_num_batched_tokens", "threads"):
         checked_int(getattr(args, field), "--" + field.replace("_", "-"))
     checked_int(args.shared_prefix, "--shared-prefix", minimum=0)
+    checked_int(getattr(args, "repeats", 1), "--repeats")
     parse_bytes(args.kv_memory)
     if getattr(args, "host_kv_memory", None) is not None:
         parse_bytes(args.host_kv_memory)
@@ -294,6 +295,9 @@ def add_bench_parser(subparsers) -> None:
                    "static even split of the same bytes")
     p.add_argument("--scenarios", default="skewed,balanced",
                    help="with --model A,B: skewed (80/20 then swapped), balanced")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="with --model A,B: serve each scenario N times per engine, alternating, and keep "
+                        "each engine's fastest CPU time (the counts must match)")
     p.add_argument("--kv-memory", default=d["kv_memory"], help="KV cache budget, e.g. 24MiB")
     p.add_argument("--host-kv-memory", default=None, metavar="SIZE",
                    help="a host-memory KV tier behind the device pool, e.g. 48MiB (default: none)")

@@ -18,8 +18,8 @@ from jenga.core.policy.registry import cdiv
 
 def pages_for_context(mgr, length: int) -> list[int]:
     """Small pages each group of ``mgr`` holds for one request of ``length`` tokens that is
-    about to compute its next token (``Policy.context_pages``)."""
-    return [pol.context_pages(length) for pol in mgr.policies]
+    about to compute its next token (``Footprint.context_pages``)."""
+    return [pol.footprint.context_pages(length) for pol in mgr.policies]
 
 
 def peak_pages(mgr, length: int, lookahead: int = 0, model_max_len: int | None = None) -> list[int]:
@@ -33,9 +33,9 @@ def peak_pages(mgr, length: int, lookahead: int = 0, model_max_len: int | None =
     sliding group, ``lcm(chunk, page)`` for a chunked one), so the last ``P`` lengths hold the
     peak; within one chunk the count only grows, so a chunked group's peak is at ``length`` or
     a chunk's last token.  Summed over groups whose peaks may fall on different lengths, this
-    is an upper bound on what one step holds (exact for one windowed kind; ``Policy.peak_pages``)."""
+    is an upper bound on what one step holds (exact for one windowed kind; ``Footprint.peak_pages``)."""
     last = length + lookahead if model_max_len is None else min(length + lookahead, max(length, model_max_len - 1))
-    return [pol.peak_pages(last, 1 + lookahead) for pol in mgr.policies]
+    return [pol.footprint.peak_pages(last, 1 + lookahead) for pol in mgr.policies]
 
 
 def fits(mgr, pages: list[int]) -> bool:

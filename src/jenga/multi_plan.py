@@ -56,7 +56,7 @@ def multi_plan_data(args) -> dict:
         gs = shared.scopes.groups[m]
         others = sum(f for i, f in enumerate(shared.floor_pages) if i != m)
         room = pool.num_large_pages - others
-        short = [shared.policies[g].peak_pages(args.short_tokens) for g in gs]
+        short = [shared.policies[g].footprint.peak_pages(args.short_tokens) for g in gs]
         static = KVCacheManager(spec, memory // len(specs), tokens_per_page=args.tokens_per_page)
         ctx = max_context_tokens(static)
         models.append({

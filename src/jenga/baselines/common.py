@@ -108,8 +108,8 @@ class TrueNeedsManager(KVCacheManager):
                 continue  # outside the KV pool in these baselines
             make, keeps_tokens = record
             gs = make(req, started)
-            needed += pol.needed_bytes(req, gs)
+            needed += pol.footprint.needed_bytes(req, gs)
             if keeps_tokens:
-                stale += (req.num_computed - pol.needed_tokens(req, gs)) * pol.token_bytes
+                stale += (req.num_computed - pol.footprint.needed_tokens(req, gs)) * pol.footprint.token_bytes
         stale = min(stale, max(0, held - needed - padding))
         return held, needed, stale, padding

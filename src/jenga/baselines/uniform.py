@@ -194,11 +194,11 @@ class UniformRules(TrueNeedsRules):
             if any(g.spec.per_token for g in um.groups) else tokens_per_page
         return um
 
-    def policy(self, gi: int, group: LayerGroup, block: int) -> Policy:
+    def policy(self, gi: int, group: LayerGroup, block: int, window_slack: int | None = None) -> Policy:
         table = UNIFORM_POLICIES if self.settings.junctions else UNIFORM_032_POLICIES
         for cls in type(group.spec).__mro__:  # exact type first, then its bases (as ``policy_for``)
             if cls in table:
-                return table[cls](gi, group, block, self)
+                return table[cls](gi, group, block, self, window_slack)
         raise AssertionError(f"uniform: no rule for {type(group.spec).__name__}")
 
     def waits_on(self, pol: RetainingMambaPolicy) -> RetainingMambaPolicy:
@@ -243,20 +243,20 @@ class Uniform032Manager(UniformManager):
 
 
 #: spec type -> the uniform manager's policy under vLLM 0.32's rules (``rules``: the ``UniformRules``,
-#: its ``align`` the Mamba checkpoint alignment)
+#: its ``align`` the Mamba checkpoint alignment; ``slack``: the manager's ``window_slack``)
 UNIFORM_032_POLICIES = {
-    SlidingWindowSpec: lambda gi, group, block, rules: UniformSlidingPolicy(gi, group, block),
-    ChunkedLocalSpec: lambda gi, group, block, rules: UniformChunkedPolicy(gi, group, block),
-    MambaSpec: lambda gi, group, block, rules: UniformMambaPolicy(gi, group, block, rules.align),
-    CrossAttentionSpec: lambda gi, group, block, rules: UncachedImagePolicy(gi, group, block),
-    FullAttentionSpec: lambda gi, group, block, rules: FullPolicy(gi, group, block),
+    SlidingWindowSpec: lambda gi, group, block, rules, slack: UniformSlidingPolicy(gi, group, block, slack),
+    ChunkedLocalSpec: lambda gi, group, block, rules, slack: UniformChunkedPolicy(gi, group, block),
+    MambaSpec: lambda gi, group, block, rules, slack: UniformMambaPolicy(gi, group, block, rules.align),
+    CrossAttentionSpec: lambda gi, group, block, rules, slack: UncachedImagePolicy(gi, group, block),
+    FullAttentionSpec: lambda gi, group, block, rules, slack: FullPolicy(gi, group, block),
 }
 #: the same under vLLM 0.34's rules (``rules.settings``: retention interval, junctions)
 UNIFORM_POLICIES = {
     **UNIFORM_032_POLICIES,
-    SlidingWindowSpec: lambda gi, group, block, rules: RetainingSlidingPolicy(gi, group, block, rules.settings,
+    SlidingWindowSpec: lambda gi, group, block, rules, slack: RetainingSlidingPolicy(gi, group, block, rules.settings,
                                                                               rules.free_queue),
-    MambaSpec: lambda gi, group, block, rules: rules.waits_on(RetainingMambaPolicy(gi, group, block, rules.align,
+    MambaSpec: lambda gi, group, block, rules, slack: rules.waits_on(RetainingMambaPolicy(gi, group, block, rules.align,
                                                                                rules.settings, rules.free_queue)),
-    FullAttentionSpec: lambda gi, group, block, rules: FreeQueueFullPolicy(gi, group, block, rules.free_queue),
+    FullAttentionSpec: lambda gi, group, block, rules, slack: FreeQueueFullPolicy(gi, group, block, rules.free_queue),
 }

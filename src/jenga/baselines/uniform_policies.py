@@ -4,6 +4,7 @@ prompt's end only, one Mamba checkpoint at the prompt's last block, cross attent
 
 from __future__ import annotations
 
+from jenga.core.policy.checkpoints import Checkpoints
 from jenga.core.policy.registry import (
     ChunkedPolicy,
     FullPolicy,
@@ -60,7 +61,7 @@ def releasing_at_next_allocate(base: type[FullPolicy]) -> type[FullPolicy]:
 
         def skipped(self, req: Request, gs: GroupState) -> range:
             """Page indices that left the window / chunk but are still held (freed at the next allocate)."""
-            return range(gs.released, min(self.keep_from(req.num_computed) // self.tpp, len(gs.pages)))
+            return range(gs.released, min(self.footprint.first_needed(req.num_computed) // self.tpp, len(gs.pages)))
 
         def freed_by_release(self, req: Request, gs: GroupState, ops: PageOps) -> int:
             """Pages that ``release_skipped`` gives back to the pool (held by nobody else)."""
@@ -77,7 +78,7 @@ def releasing_at_next_allocate(base: type[FullPolicy]) -> type[FullPolicy]:
         def limit(self, req: Request, gs: GroupState, ops: PageOps) -> int:
             """Also where a page leaves the window: vLLM releases it at every allocate, one that
             needs no new page included, so that allocate takes the manager's slow path."""
-            return min(super().limit(req, gs, ops), self.release_point(gs.released))
+            return min(super().limit(req, gs, ops), self.footprint.release_point(gs.released))
 
     ReleaseAtNextAllocate.__name__ = ReleaseAtNextAllocate.__qualname__ = f"ReleaseAtNextAllocate{base.__name__}"
     return ReleaseAtNextAllocate
@@ -113,28 +114,30 @@ class UniformChunkedPolicy(releasing_at_next_allocate(ChunkedPolicy)):
     pass
 
 
-class UniformMambaPolicy(MambaPolicy):
-    """v1 "align" mode with retention 0: one state kept, at the prompt's last block end."""
+class V1Checkpoints(Checkpoints):
+    """v1 "align" mode with retention 0: one state kept, at the prompt's last block end (every
+    ``align`` tokens), in a block of its own; the block a step reads stays held until its commit;
+    a checkpoint is written whatever another request writes."""
 
-    recompute_under_shared = False  # v1 recomputes a state hit's gap into fresh attention blocks
+    work_becomes_checkpoint = False
+    releases_read_at_allocate = False
+    shares_writes = False
 
-    def __init__(self, gi: int, group: LayerGroup, block: int, align: int):
-        super().__init__(gi, group, block)
-        self.every = align
-
-    def _release_read(self, req: Request, gs: GroupState, ops: PageOps) -> None:
-        pass  # held until the step's commit, as v1 holds the block it reads
-
-    def _take_work_as_checkpoint(self, req: Request, gs: GroupState, ops: PageOps) -> None:
-        pass  # v1 writes its one checkpoint into a block of its own
-
-    def _new_checkpoints(self, req: Request, end: int) -> range:
+    def new_checkpoints(self, req: Request, end: int) -> range:
         pos = req.prompt_len - req.prompt_len % self.every
         ok = req.start < pos <= end - req.num_lookahead
         return range(pos, pos + 1) if ok and pos > 0 else range(0)
 
-    def _fresh_checkpoints(self, req: Request, end: int) -> range:
-        return self._new_checkpoints(req, end)  # v1 writes its checkpoint whatever another request writes
+
+class UniformMambaPolicy(MambaPolicy):
+    """v1 "align" mode with retention 0 (``V1Checkpoints``, unless ``checkpoints`` gives another
+    rule every ``align`` tokens)."""
+
+    recompute_under_shared = False  # v1 recomputes a state hit's gap into fresh attention blocks
+
+    def __init__(self, gi: int, group: LayerGroup, block: int, align: int, checkpoints: Checkpoints | None = None):
+        super().__init__(gi, group, block, checkpoints=V1Checkpoints(group, block, align) if checkpoints is None
+                         else checkpoints)
 
     def limit(self, req: Request, gs: GroupState, ops: PageOps) -> int:
         if gs.work is None:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from jenga.baselines.uniform_policies import UniformMambaPolicy, releasing_at_next_allocate
+from jenga.baselines.uniform_policies import UniformMambaPolicy, V1Checkpoints, releasing_at_next_allocate
 from jenga.baselines.uniform_settings import UniformSettings
-from jenga.core.policy.registry import FullPolicy, MambaPolicy, PageOps, SlidingPolicy, cdiv
+from jenga.core.policy.registry import FullPolicy, PageOps, SlidingPolicy, cdiv
 from jenga.core.request import GroupState, Request
 from jenga.core.specs import LayerGroup
 
@@ -112,6 +112,35 @@ class RetainingSlidingPolicy(releasing_at_next_allocate(SlidingPolicy)):
         return False
 
 
+class RetainingCheckpoints(V1Checkpoints):
+    """vLLM 0.34's "align" checkpoints (``RetainingMambaPolicy``): a step's state lives in the block
+    of its end, so no extra checkpoint page; the work page of a step ending on a kept position
+    (``retains``) becomes that checkpoint; vLLM ages no state block."""
+
+    work_becomes_checkpoint = True
+
+    def __init__(self, group: LayerGroup, block: int, align: int, retention: int | None):
+        super().__init__(group, block, align)
+        self.retention = retention
+
+    def retains(self, req: Request, pos: int) -> bool:
+        """A reachable boundary (``prompt_len - 1`` or the junction, floored to the block), or a
+        multiple of the retention interval ``N > 0``; ``retention=None`` keeps every one."""
+        every, interval = self.every, self.retention
+        if interval is None or (interval and (interval <= every or pos % interval == 0)):
+            return True
+        return pos in ((req.prompt_len - 1) // every * every, req.junction // every * every)
+
+    def is_checkpoint(self, req: Request, pos: int) -> bool:
+        return pos > 0 and pos % self.every == 0 and self.retains(req, pos)
+
+    def new_checkpoints(self, req: Request, end: int) -> range:
+        return range(0)  # the step's own block is its checkpoint
+
+    def aged(self, req: Request, pos: int) -> bool:
+        return False
+
+
 class RetainingMambaPolicy(UniformMambaPolicy):
     """vLLM 0.34's "align" Mamba group (``MambaManager.reachable_block_mask`` and the scheduler's
     ``_mamba_block_aligned_split``, no EAGLE, no sub-block hits).  A step's state lives in the
@@ -121,29 +150,14 @@ class RetainingMambaPolicy(UniformMambaPolicy):
     of a step ending on a kept position becomes that checkpoint (the next step copies it into
     a fresh page, both held until its commit).  A position ``p`` is kept when it is a reachable
     boundary (``prompt_len - 1`` or the junction, floored to the block), or a multiple of the
-    retention interval ``N > 0``; ``retention=None`` keeps every one."""
+    retention interval ``N > 0``; ``retention=None`` keeps every one (``RetainingCheckpoints``)."""
 
     def __init__(self, gi: int, group: LayerGroup, block: int, align: int, settings: UniformSettings,
                  queue: FreeQueue):
-        super().__init__(gi, group, block, align)
-        self.retention, self.queue = settings.retention, queue
+        super().__init__(gi, group, block, align, RetainingCheckpoints(group, block, align, settings.retention))
+        self.queue = queue
         self._pending: dict[object, bytes] = {}  # request -> the state key its running step writes
         self._pending_keys: Counter = Counter()
-
-    def retains(self, req: Request, pos: int) -> bool:
-        every, interval = self.every, self.retention
-        if interval is None or (interval and (interval <= every or pos % interval == 0)):
-            return True
-        return pos in ((req.prompt_len - 1) // every * every, req.junction // every * every)
-
-    def _is_checkpoint(self, req: Request, pos: int) -> bool:
-        return pos > 0 and pos % self.every == 0 and self.retains(req, pos)
-
-    def _take_work_as_checkpoint(self, req: Request, gs: GroupState, ops: PageOps) -> None:
-        MambaPolicy._take_work_as_checkpoint(self, req, gs, ops)
-
-    def _new_checkpoints(self, req: Request, end: int) -> range:
-        return range(0)  # the step's own block is its checkpoint
 
     def _new_block(self, req: Request, end: int) -> bool:
         """Whether a step ending at ``end`` ends in a later block than the request's state."""
@@ -160,7 +174,7 @@ class RetainingMambaPolicy(UniformMambaPolicy):
             gs.table.read_page = gs.read
         super().grow(req, gs, end, ops)
         pos = end - req.num_lookahead
-        if ops.caching and req.start < pos <= len(req.hashes) * self.block and self._is_checkpoint(req, pos):
+        if ops.caching and req.start < pos <= len(req.hashes) * self.block and self.checkpoints.is_checkpoint(req, pos):
             self._untrack_step(req)
             key = self._pending[req.request_id] = self.key(req, pos)
             self._pending_keys[key] += 1
@@ -179,9 +193,6 @@ class RetainingMambaPolicy(UniformMambaPolicy):
     def free(self, req: Request, gs: GroupState, ops: PageOps) -> None:
         self._untrack_step(req)
         super().free(req, gs, FreeQueueTimes(ops, self.queue.freed(ops.now, self.gi)))
-
-    def _stamp(self, req: Request, pos: int, ops: PageOps) -> int:
-        return ops.now  # vLLM ages no state block
 
     def step_end(self, req: Request, stop: int) -> int:
         start, every = req.start, self.every

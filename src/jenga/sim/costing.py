@@ -5,9 +5,9 @@ a sliding-window layer reads only its window even when a baseline keeps older to
 (that is memory waste, not extra reads).  Per scheduled request with context end ``c``
 (tokens attended after the step) and ``q`` new tokens, each group of ``L`` layers reads:
 
-* full / cross-attention-free text layers: ``c`` tokens;
-* sliding window ``W``: ``min(c, W + q - 1)`` tokens;
-* chunked local ``C``: the tokens of the current chunk(s) the new tokens fall in;
+* attention over text (full, sliding window, chunked local): the tokens from where the group's
+  footprint says the first new token reads (``Footprint.first_needed_array``: ``0``, the window's
+  start, the chunk's start) to ``c``;
 * Mamba / state: one state (``state_bytes x L``), independent of ``c``;
 * cross-attention: the request's image tokens; vision embeddings: nothing (read at prefill).
 
@@ -27,34 +27,37 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from jenga.core.policy.footprint import Footprint, footprint_for
 from jenga.core.specs import (
     CacheSpec,
-    ChunkedLocalSpec,
     CrossAttentionSpec,
+    LayerGroup,
     MambaSpec,
     ModelSpec,
-    SlidingWindowSpec,
     VisionEmbeddingSpec,
 )
 
 
 @dataclass(frozen=True, slots=True)
 class GroupCost:
-    """A group's cost record; the class is the kind's rule of what a step reads (``GROUP_COST``
-    picks it by spec type).  The base is full attention: each request reads its whole context."""
+    """A group's cost record; the class is how a kind's reads turn into bytes and FLOPs
+    (``GROUP_COST`` picks it by spec type).  The base is attention over a token range: each
+    request reads the tokens from where its group's footprint says its first new token reads
+    (``Footprint.first_needed_array``: the whole context, a window, a chunk) to its end."""
 
     kind: str  # full | sliding | chunked | mamba | cross | vision
     bytes_per_token: int  # all layers of the group (0 for states)
     state_bytes: int  # all layers of the group (states only)
     num_layers: int
-    window: int = 0  # sliding window or chunk size
+    window: int = 0  # sliding window or chunk size (the closed forms of ``jenga.sim.reproduce``)
+    footprint: Footprint | None = None  # the group's, as its policy holds it
 
     #: the group's queries read image tokens (cross attention), not the text context
     reads_images = False
 
     def reads(self, end: np.ndarray, q: np.ndarray, img: np.ndarray) -> np.ndarray:
         """Tokens each request reads in this group (``end`` = context after the step)."""
-        return end
+        return end - self.footprint.first_needed_array(end - q)
 
     def step(self, qf: float, end: np.ndarray, q: np.ndarray, img: np.ndarray) -> tuple[float, float]:
         """``(kv_bytes_read, attention_flops)`` of this group for the step (``qf``: 4 x H_q x D)."""
@@ -66,25 +69,6 @@ class GroupCost:
         """Bytes live requests hold usefully in this group (``one``: ones like ``end``); ``None``:
         not in the memory timeline."""
         return float(self.reads(end, one, img).sum()) * self.bytes_per_token
-
-
-class WindowCost(GroupCost):
-    """Sliding window ``W``: ``min(c, W + q - 1)`` tokens."""
-
-    __slots__ = ()
-
-    def reads(self, end, q, img):
-        return np.minimum(end, self.window + q - 1)
-
-
-class ChunkCost(GroupCost):
-    """Chunked local attention: the tokens of the chunk(s) the new tokens fall in."""
-
-    __slots__ = ()
-
-    def reads(self, end, q, img):
-        first = ((end - q) // self.window) * self.window  # start of the chunk of the first new token
-        return end - first
 
 
 class ImageCost(GroupCost):
@@ -124,26 +108,32 @@ class NoCost(GroupCost):
         return None
 
 
-#: spec type -> the cost record of a group of ``n`` layers of it (a kind's nearest registered base
-#: is used; any other cache kind reads its whole context, like full attention)
-GROUP_COST: dict[type, Callable[[CacheSpec, int], GroupCost]] = {
-    CacheSpec: lambda s, n: GroupCost("full", s.bytes_per_token() * n, 0, n),
-    MambaSpec: lambda s, n: StateCost("mamba", 0, s.state_bytes() * n, n),
-    VisionEmbeddingSpec: lambda s, n: NoCost("vision", 0, 0, n),
-    CrossAttentionSpec: lambda s, n: ImageCost("cross", s.bytes_per_token() * n, 0, n),
-    SlidingWindowSpec: lambda s, n: WindowCost("sliding", s.bytes_per_token() * n, 0, n, s.window),
-    ChunkedLocalSpec: lambda s, n: ChunkCost("chunked", s.bytes_per_token() * n, 0, n, s.chunk),
+def _span(spec: CacheSpec) -> int:
+    return next((x for x in spec.span() if x), 0)
+
+
+#: spec type -> the cost record of group ``g`` (``n`` layers of spec ``s``; ``fp``: its footprint).
+#: A kind's nearest registered base is used: every attention kind reads the token range its
+#: footprint names.
+GROUP_COST: dict[type, Callable[[CacheSpec, int, Footprint], GroupCost]] = {
+    CacheSpec: lambda s, n, fp: GroupCost(s.kind, s.bytes_per_token() * n, 0, n, _span(s), fp),
+    MambaSpec: lambda s, n, fp: StateCost(s.kind, 0, s.state_bytes() * n, n, 0, fp),
+    VisionEmbeddingSpec: lambda s, n, fp: NoCost(s.kind, 0, 0, n, 0, fp),
+    CrossAttentionSpec: lambda s, n, fp: ImageCost(s.kind, s.bytes_per_token() * n, 0, n, 0, fp),
 }
 
 
-def group_cost(spec: CacheSpec, num_layers: int) -> GroupCost:
-    """``GROUP_COST``'s record for ``num_layers`` layers of ``spec`` (exact type first, then its bases)."""
-    return next(GROUP_COST[cls] for cls in type(spec).__mro__ if cls in GROUP_COST)(spec, num_layers)
+def group_cost(gi: int, group: LayerGroup) -> GroupCost:
+    """``GROUP_COST``'s record for group ``gi`` (exact spec type first, then its bases), with the
+    footprint its policy holds (``jenga.core.policy.footprint.footprint_for``)."""
+    spec = group.spec
+    make = next(GROUP_COST[cls] for cls in type(spec).__mro__ if cls in GROUP_COST)
+    return make(spec, group.num_layers, footprint_for(gi, group, group.tokens_per_page))
 
 
 def group_costs(model: ModelSpec) -> list[GroupCost]:
     """One :class:`GroupCost` per group of ``model`` (whole model, not per TP rank)."""
-    return [group_cost(g.spec, g.num_layers) for g in model.groups]
+    return [group_cost(gi, g) for gi, g in enumerate(model.groups)]
 
 
 class StepCoster:

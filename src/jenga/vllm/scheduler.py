@@ -84,10 +84,10 @@ def check_max_model_len_fits(mgr, max_model_len: int, step: int = 1) -> None:
     never be allocated (vLLM's own start-time check counts vLLM's blocks, not jenga's pages);
     otherwise the scheduler would wait for memory forever.  ``step``: the most tokens one step
     computes for a request (vLLM's ``max_num_batched_tokens`` plus its speculative lookahead): a
-    group holds the most pages it holds at once over steps of that size (``Policy.peak_pages``: a
+    group holds the most pages it holds at once over steps of that size (``Footprint.peak_pages``: a
     sliding window or a chunk plus a step's tokens, not the window alone), as ``allocate_slots``
     will ask for them."""
-    pages = [pol.peak_pages(max_model_len, step) for pol in mgr.policies]
+    pages = [pol.footprint.peak_pages(max_model_len, step) for pol in mgr.policies]
     pages = [p + (STATE_PAGES_PER_STEP - 1) * (not g.spec.per_token) for p, g in zip(pages, mgr.model.groups,
                                                                                    strict=True)]
     if not fits(mgr, pages):

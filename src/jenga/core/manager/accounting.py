@@ -47,10 +47,10 @@ class ByteAccounting:
         held = needed = stale = padding = 0
         for pol, gs in zip(self.policies, req.groups, strict=True):
             grp = pol.group
-            n = pol.held_pages(gs)
-            k = pol.stale_pages(req, gs)
+            n = pol.footprint.held_pages(gs)
+            k = pol.footprint.stale_pages(req, gs)
             held += n * grp.page_bytes
-            needed += pol.needed_bytes(req, gs)
+            needed += pol.footprint.needed_bytes(req, gs)
             stale += k * grp.page_bytes
             padding += (n - k) * (grp.page_bytes - grp.useful_page_bytes)
         return held, needed, stale, padding
@@ -81,19 +81,19 @@ class ByteAccounting:
         total = 0
         for grp in real:
             pol = grp.policy
-            token = pol.first_needed(0) is not None and grp.parts
+            token = pol.footprint.first_needed(0) is not None and grp.parts
             if not token:
                 for req in requests:
-                    total += pol.needed_bytes(req, grp.record(req))
+                    total += pol.footprint.needed_bytes(req, grp.record(req))
                 if grp.parts == ((pol.gi, pol.group.num_layers),) and pol.group is groups[pol.gi]:
                     r = ref[pol.gi]
                     total -= max(0, sum(r) - self.ledger.alloc.used_pages(pol.gi)) * groups[pol.gi].page_bytes
                 continue
-            per_layer = pol.token_bytes // max(1, pol.group.num_layers)
+            per_layer = pol.footprint.token_bytes // max(1, pol.group.num_layers)
             shared: dict[tuple[int, int], list[tuple[int, int]]] = {}
             for req in requests:
                 n = req.num_computed
-                a = pol.first_needed(n)
+                a = pol.footprint.first_needed(n)
                 if n <= a:
                     continue
                 for gi, layers in grp.parts:
@@ -129,5 +129,5 @@ class ByteAccounting:
         dup = 0
         for req in requests:
             for pol, gs in zip(self.policies, req.groups, strict=True):
-                dup += pol.duplicate_pages(req, gs, self.ledger) * pol.group.page_bytes
+                dup += pol.footprint.duplicate_pages(req, gs, self.ledger) * pol.group.page_bytes
         return dup

@@ -135,7 +135,7 @@ class Admission:
         """Whether some group reads less than ``req``'s whole prompt (a window shorter than it):
         then a prefix like it hits only with the window at its end, all or nothing."""
         p = req.prompt_len
-        return any((first := pol.first_needed(p)) is not None and first > 0 for pol in self.policies)
+        return any((first := pol.footprint.first_needed(p)) is not None and first > 0 for pol in self.policies)
 
     def seen_before(self, req: Request) -> bool:
         """Whether ``req``'s first page was computed or hit before (a use count, kept after
@@ -158,10 +158,10 @@ class Admission:
             return [0] * len(self.policies)
         out = []
         for pol, st in zip(self.policies, self.state_group, strict=True):
-            if st or pol.first_needed(stop) is None:  # token policies only (state, image: none)
+            if st or pol.footprint.first_needed(stop) is None:  # token policies only (state, image: none)
                 out.append(0)
                 continue
-            tpp, first = pol.tpp, pol.first_needed
+            tpp, first = pol.tpp, pol.footprint.first_needed
             out.append(max(0, cdiv(stop, tpp) - first(stop) // tpp - cdiv(end, tpp) + first(end) // tpp))
         return out
 

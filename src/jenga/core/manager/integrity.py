@@ -16,7 +16,7 @@ def held_pages(mgr, req, *, images: bool = True) -> list[tuple[int, int]]:
     """
     out = []
     for pol, gs in zip(mgr.policies, req.groups, strict=True):
-        out.extend((pol.gi, p) for p in pol.references(gs, images))
+        out.extend((pol.gi, p) for p in pol.footprint.references(gs, images))
     return out
 
 

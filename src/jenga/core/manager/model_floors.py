@@ -81,14 +81,14 @@ class FloorAdmission(Admission):
         small = [0] * len(k)
         for pol, gs in zip(self.policies, req.groups, strict=True):
             if pol.scope == scope and pol.group.spec.per_token:
-                small[pol.gi] += max(0, pol.context_pages(req.prompt_len - 1) - pol.held_pages(gs))
+                small[pol.gi] += max(0, pol.footprint.context_pages(req.prompt_len - 1) - pol.footprint.held_pages(gs))
         for rid, other in self.live.items():
             if other.tables is None or other.num_computed + other.num_scheduled >= other.prompt_len:
                 continue
             end = other.prompt_len - 1  # context_pages(n): n tokens and the one being computed
             for pol, gs in zip(self.policies, other.groups, strict=True):
                 if pol.scope == self.scopes.of[rid] and pol.group.spec.per_token:
-                    small[pol.gi] += max(0, pol.context_pages(end) - pol.held_pages(gs))
+                    small[pol.gi] += max(0, pol.footprint.context_pages(end) - pol.footprint.held_pages(gs))
         sup = alloc.supply()
         large = sum(cdiv(max(0, x - f - c), kg) for x, f, c, kg in
                     zip(small, sup.free_small, sup.cached_small, k, strict=True))

@@ -15,6 +15,7 @@ Keys stay apart on top of that: a model's requests hash under a root that names 
 from __future__ import annotations
 
 from jenga.core.policy.base import NEVER, PageOps, Policy
+from jenga.core.policy.footprint import Footprint
 from jenga.core.request import GroupState, Request
 
 
@@ -51,9 +52,10 @@ class ScopedPolicy:
     counts of a length, a record's pages, the group's facts) is ``inner``'s."""
 
     def __init__(self, inner: Policy, scope: int, scopes: ModelScopes):
+        # tier_rules stay inner's: a pool of several models has no host tier
         self.inner, self.scope, self._of = inner, scope, scopes.of
         self.gi, self.group, self.block, self.tpp = inner.gi, inner.group, inner.block, inner.tpp
-        self.token_bytes = inner.token_bytes
+        self.footprint, self.tier_rules = ScopedFootprint(inner.footprint, self.mine), inner.tier_rules
         for flag in ("recompute_under_shared", "bounds_hit", "miss_reason", "needs_junction", "per_image",
                      "releases_at_next_allocate", "state_type"):
             setattr(self, flag, getattr(inner, flag))
@@ -102,6 +104,20 @@ class ScopedPolicy:
     def next_event(self, req: Request, gs: GroupState, ops: PageOps) -> int:
         return self.inner.next_event(req, gs, ops) if self.mine(req) else NEVER
 
+    def check(self, requests) -> None:
+        self.inner.check([r for r in requests if self.mine(r)])
+
+
+class ScopedFootprint:
+    """``inner`` (a group's footprint) for the requests ``mine`` accepts; another model's request
+    needs and holds nothing in vain there.  Questions about a length or a record are ``inner``'s."""
+
+    def __init__(self, inner: Footprint, mine):
+        self.inner, self.mine = inner, mine
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
     def needed_tokens(self, req: Request, gs: GroupState) -> int:
         return self.inner.needed_tokens(req, gs) if self.mine(req) else 0
 
@@ -113,9 +129,3 @@ class ScopedPolicy:
 
     def duplicate_pages(self, req: Request, gs: GroupState, ops: PageOps) -> int:
         return self.inner.duplicate_pages(req, gs, ops) if self.mine(req) else 0
-
-    def side_keys(self, req: Request) -> list[bytes]:
-        return self.inner.side_keys(req) if self.mine(req) else []
-
-    def check(self, requests) -> None:
-        self.inner.check([r for r in requests if self.mine(r)])

@@ -68,8 +68,8 @@ class ModelScopeRules(ManagerRules):
         self.scopes = scopes
         self.admission_class = functools.partial(FloorAdmission, scopes=scopes)
 
-    def policy(self, gi: int, group: LayerGroup, block: int):
-        return ScopedPolicy(super().policy(gi, group, block), self.scopes.group_scope[gi], self.scopes)
+    def policy(self, gi: int, group: LayerGroup, block: int, window_slack: int | None = None):
+        return ScopedPolicy(super().policy(gi, group, block, window_slack), self.scopes.group_scope[gi], self.scopes)
 
 
 class MultiModelManager(KVCacheManager):
@@ -154,7 +154,7 @@ class MultiModelManager(KVCacheManager):
     def peak_large_pages(self, scope: int, length: int) -> int:
         """Large pages one request of model ``scope`` holds at its peak over ``length`` tokens."""
         k = self.pool.small_per_large
-        return sum(cdiv(self.policies[g].peak_pages(length), k[g]) for g in self.scopes.groups[scope])
+        return sum(cdiv(self.policies[g].footprint.peak_pages(length), k[g]) for g in self.scopes.groups[scope])
 
     def _longest_within(self, scope: int, pages: int, cap: int) -> int:
         """The longest request (<= ``cap``) of model ``scope`` whose peak fits ``pages`` large pages."""
@@ -265,7 +265,7 @@ class MultiModelManager(KVCacheManager):
         for rid, req in self.requests.items():
             scope = self.scopes.of[rid]
             for pol, gs in zip(self.policies, req.groups, strict=True):
-                assert pol.scope == scope or not pol.references(gs), \
+                assert pol.scope == scope or not pol.footprint.references(gs), \
                     f"request {rid!r} of {self.scopes.names[scope]} holds pages of group {pol.group.name}"
         held = self.admission.held_large()
         assert sum(max(h, f) for h, f in zip(held, self.floor_pages, strict=True)) <= self.pool.num_large_pages, \

@@ -82,9 +82,7 @@ def build_parts(model: ModelSpec, source_model: ModelSpec, memory_bytes: int, ho
     evictor = EVICTORS[eviction](alloc, index)
     alloc.evictor = evictor
     ledger = PageLedger(alloc, index, evictor, caching=caching, out_of_window_age=out_of_window_age)
-    policies = [rules.policy(i, g, block) for i, g in enumerate(model.groups)]
-    for pol in policies:
-        pol.set_window_slack(window_slack)
+    policies = [rules.policy(i, g, block, window_slack) for i, g in enumerate(model.groups)]
     admission = rules.admission_class(policies, alloc, index, evictor, ledger, block)
     hasher = PromptHasher(policies, block)  # bounds how far a lookup hashes
     host = None  # the host tier (:mod:`jenga.core.tier.host_tier`): told of every eviction

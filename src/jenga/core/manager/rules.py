@@ -40,9 +40,10 @@ class ManagerRules:
         self.page_plan = manager_page_plan(model, max_ratio)
         return self.page_plan.model
 
-    def policy(self, gi: int, group: LayerGroup, block: int) -> Policy:
-        """The cache policy of group ``gi`` (``block``: the hash block)."""
-        return policy_for(gi, group, block)
+    def policy(self, gi: int, group: LayerGroup, block: int, window_slack: int | None = None) -> Policy:
+        """The cache policy of group ``gi`` (``block``: the hash block; ``window_slack``: see
+        :class:`jenga.core.policy.base.Policy`)."""
+        return policy_for(gi, group, block, window_slack)
 
     def caps(self, model: ModelSpec, num_large: int) -> list[int] | None:
         """Per-group caps on the large pages a group may own at once (``None``: none)."""

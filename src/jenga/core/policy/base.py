@@ -17,6 +17,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from jenga.core.policy.footprint import NEVER as NEVER  # re-exported: the policies use it
+from jenga.core.policy.footprint import footprint_for
+from jenga.core.policy.tier_rules import tier_rules_for
 from jenga.core.request import GroupState, Request
 from jenga.core.specs import LayerGroup
 
@@ -90,7 +93,6 @@ class PageOps(ABC):
         """The group's ``key -> page`` index (read only; for scans over many pages)."""
 
 
-NEVER = 1 << 62
 #: Default age of pages released because they left the window / chunk: stamped this much
 #: older than "now", they are evicted before any page a request still held when it finished.
 OUT_OF_WINDOW_AGE = 1 << 40
@@ -112,7 +114,13 @@ def cdiv(a: int, b: int) -> int:
 
 
 class Policy(ABC):
-    """Behaviour of one group.  ``gi`` is the group index, ``block`` the hash block size."""
+    """The page lifecycle of one group: what a lookup may hit, what an allocate takes, what a
+    commit registers and releases, what a free drops.  ``gi`` is the group index, ``block`` the
+    hash block size.  The kind's other capabilities are parts it owns, chosen by spec type:
+    ``footprint`` (:mod:`jenga.core.policy.footprint`: the window rule and page counts) and
+    ``tier_rules`` (:mod:`jenga.core.policy.tier_rules`: what a host tier keeps and promotes).
+    ``window_slack``: tokens below a prompt's end whose window a sliding kind keeps (``None``: its
+    default; other kinds ignore it)."""
 
     #: a hit of this kind below the full-attention groups' cached prefix may leave those groups
     #: holding that prefix while the tokens between are recomputed (their engine writes no K/V
@@ -133,10 +141,11 @@ class Policy(ABC):
     #: policies, which then answer ``skipped`` / ``freed_by_release`` / ``release_skipped``)
     releases_at_next_allocate = False
 
-    def __init__(self, gi: int, group: LayerGroup, block: int):
+    def __init__(self, gi: int, group: LayerGroup, block: int, window_slack: int | None = None):
         self.gi, self.group, self.block = gi, group, block
         self.tpp = group.tokens_per_page
-        self.token_bytes = group.useful_page_bytes // group.tokens_per_page
+        self.footprint = footprint_for(gi, group, block)
+        self.tier_rules = tier_rules_for(group)
 
     #: the kind's per-request record (a ``GroupState`` subclass with only the fields it uses)
     state_type: type[GroupState] = GroupState
@@ -144,31 +153,6 @@ class Policy(ABC):
     def new_state(self) -> GroupState:
         """A request's empty record in this group (before any lookup or allocate)."""
         return self.state_type()
-
-    def set_window_slack(self, slack: int | None) -> None:
-        """Tokens below a prompt's end whose window a sliding group keeps (``None``: its default)."""
-
-    def duplicate_pages(self, req: Request, gs: GroupState, ops: PageOps) -> int:
-        """Held pages of ``req`` whose content another held page has (duplicate prefix copies)."""
-        return 0
-
-    def demotable(self, release_times, aged_below: int):
-        """Which of this group's evicted cached pages (released at ``release_times``, an int
-        array) can still serve a hit, so a host tier keeps them (a bool array).  Pages released
-        before ``aged_below`` left a window or chunk while their request ran on (no hit reads them
-        except one ending right there).  Default: every page (a state checkpoint, an image's pages:
-        only pages that serve a hit are ever registered)."""
-        return release_times == release_times
-
-    def side_keys(self, req: Request) -> list[bytes]:
-        """Keys a request may hit outside its text prefix, found at allocate rather than by
-        ``lookup`` (an image's pages); a host tier promotes them at lookup.  Default: none."""
-        return []
-
-    def first_needed(self, pos: int) -> int | None:
-        """Token kinds: the lowest token position a token at ``pos`` reads (a window's or chunk's
-        start).  Other kinds (state, image): ``None``."""
-        return None
 
     @abstractmethod
     def longest_prefix(self, req: Request, cand: int, ops: PageOps) -> int:
@@ -182,68 +166,6 @@ class Policy(ABC):
         """New pages needed so the request covers tokens ``[0, end)``.  May hold cached
         pages (recorded by the manager for rollback)."""
 
-    @abstractmethod
-    def grow(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> None:
-        """Take the pages ``plan`` counted."""
-
-    @abstractmethod
-    def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
-        """``req.num_computed`` advanced: register full pages, release what left range."""
-
-    def step_end(self, req: Request, stop: int) -> int:
-        """Where a step from ``req.start`` the scheduler proposes to end at ``stop`` should
-        end instead (``req.start < result <= stop``; asked through ``jenga.core.manager.cache_control``).
-        Most kinds: ``stop``."""
-        return stop
-
-    def unfilled(self, req: Request, gs: GroupState, computed: int, ops: PageOps) -> list[int]:
-        """Registered pages of this request whose fill was aborted (tokens from ``computed``
-        on will not be written); the manager unregisters them, then calls ``rewind``."""
-        return []
-
-    def rewind(self, req: Request, gs: GroupState, computed: int) -> None:
-        """Forget registrations past ``computed`` (after ``unfilled``'s pages left the index)."""
-
-    def check(self, requests) -> None:
-        """``check_integrity``: recount what the policy tracks across live ``requests``."""
-
-    @abstractmethod
-    def free(self, req: Request, gs: GroupState, ops: PageOps) -> None:
-        """Drop every page the request holds, keyed by its last access."""
-
-    @abstractmethod
-    def limit(self, req: Request, gs: GroupState, ops: PageOps) -> int:
-        """Allocations ending strictly below this need no new page in this group."""
-
-    @abstractmethod
-    def next_event(self, req: Request, gs: GroupState, ops: PageOps) -> int:
-        """``commit`` has work once ``req.num_computed`` reaches this position."""
-
-    @abstractmethod
-    def needed_tokens(self, req: Request, gs: GroupState) -> int:
-        """Tokens (or states) of this group the next step really reads."""
-
-    @abstractmethod
-    def held_pages(self, gs: GroupState) -> int:
-        """Pages the record holds (one per reference)."""
-
-    @abstractmethod
-    def references(self, gs: GroupState, images: bool = True) -> list[int]:
-        """Every page the record holds a reference to, once per reference (``check_integrity``);
-        ``images=False`` leaves out per-image pages (a request showing an image twice holds its
-        cached pages once per occurrence)."""
-
-    def context_pages(self, length: int) -> int:
-        """Small pages this group holds for one text-only request of ``length`` tokens that is
-        about to compute its next token (``jenga.capacity``).  Image kinds: 0."""
-        return 0
-
-    def peak_pages(self, length: int, step: int = 1) -> int:
-        """Most small pages this group holds at any step of a request computing its tokens
-        ``0 .. length`` in steps of at most ``step`` tokens (one token a step: ``context_pages``
-        of each length up to ``length``)."""
-        return self.context_pages(length)
-
     def peak_plan(self, req: Request, gs: GroupState, end: int, step: int, ops: PageOps) -> int:
         """New pages ``req`` holds at most at once while it computes its tokens up to ``end`` in
         steps of at most ``step`` tokens (an admission that must hold a whole sequence, counted as
@@ -254,9 +176,39 @@ class Policy(ABC):
     def forget_plan(self, gs: GroupState) -> None:
         """A ``plan`` will not be followed by ``grow``: drop what it noted in ``gs`` (admission's rollback)."""
 
-    def needed_bytes(self, req: Request, gs: GroupState) -> int:
-        return self.needed_tokens(req, gs) * self.token_bytes
+    @abstractmethod
+    def grow(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> None:
+        """Take the pages ``plan`` counted."""
 
-    def stale_pages(self, req: Request, gs: GroupState) -> int:
-        """Pages held although no token of the next step reads them."""
-        return 0
+    @abstractmethod
+    def limit(self, req: Request, gs: GroupState, ops: PageOps) -> int:
+        """Allocations ending strictly below this need no new page in this group."""
+
+    def step_end(self, req: Request, stop: int) -> int:
+        """Where a step from ``req.start`` the scheduler proposes to end at ``stop`` should
+        end instead (``req.start < result <= stop``; asked through ``jenga.core.manager.cache_control``).
+        Most kinds: ``stop``."""
+        return stop
+
+    @abstractmethod
+    def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
+        """``req.num_computed`` advanced: register full pages, release what left range."""
+
+    @abstractmethod
+    def next_event(self, req: Request, gs: GroupState, ops: PageOps) -> int:
+        """``commit`` has work once ``req.num_computed`` reaches this position."""
+
+    def unfilled(self, req: Request, gs: GroupState, computed: int, ops: PageOps) -> list[int]:
+        """Registered pages of this request whose fill was aborted (tokens from ``computed``
+        on will not be written); the manager unregisters them, then calls ``rewind``."""
+        return []
+
+    def rewind(self, req: Request, gs: GroupState, computed: int) -> None:
+        """Forget registrations past ``computed`` (after ``unfilled``'s pages left the index)."""
+
+    @abstractmethod
+    def free(self, req: Request, gs: GroupState, ops: PageOps) -> None:
+        """Drop every page the request holds, keyed by its last access."""
+
+    def check(self, requests) -> None:
+        """``check_integrity``: recount what the policy tracks across live ``requests``."""

@@ -21,10 +21,6 @@ class ImagePolicy(Policy):
     def longest_prefix(self, req: Request, cand: int, ops: PageOps) -> int:
         return cand  # independent of the text prefix
 
-    def side_keys(self, req: Request) -> list[bytes]:
-        """Every page key of every image of the request."""
-        return [image_key(req.salt_root, img, i) for img in req.images for i in range(cdiv(img.num_tokens, self.tpp))]
-
     def image_len(self, img: ImageRef) -> int:
         """One prefix length for every page of an image: the text position where the image
         ends, so images line up with the text around them and leave whole."""
@@ -82,19 +78,6 @@ class ImagePolicy(Policy):
 
     def next_event(self, req: Request, gs: GroupState, ops: PageOps) -> int:
         return 0 if gs.to_fill else NEVER
-
-    def needed_tokens(self, req: Request, gs: GroupState) -> int:
-        return sum(req.images[j].num_tokens for j in gs.image_pages)
-
-    def held_pages(self, gs: GroupState) -> int:
-        return sum(len(p) for p in gs.image_pages.values())
-
-    def references(self, gs: GroupState, images: bool = True) -> list[int]:
-        if not images:
-            return []
-        out = [p for pages in gs.image_pages.values() for p in pages]
-        out.extend(p for pages in gs.pending.values() for p in pages or ())
-        return out
 
     def forget_plan(self, gs: GroupState) -> None:
         gs.pending.clear()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from jenga.core.policy.base import NEVER, PageOps, Policy
+from jenga.core.policy.checkpoints import Checkpoints, CopyForwardCheckpoints
 from jenga.core.request import CheckpointState, GroupState, Request
 from jenga.core.specs import LayerGroup
 from jenga.core.tables import StateTable
@@ -31,11 +32,15 @@ class MambaPolicy(Policy):
       page (``_take_work_as_checkpoint``); a step ends on the prompt-end checkpoint, and on
       the junction after a state hit below it (``step_end``);
     * periodic checkpoints where they can still pay: a long prompt (8+ intervals; tail
-      checkpoints where its uncached part is that long too, ``_marks``) gets only the last
+      checkpoints where its uncached part is that long too, ``Checkpoints.marks``) gets only the last
       periodic position of each step, a short prompt that
       continues a cached prefix (a hit or a junction) none (its junction and prompt end
       are the branch points), a short prompt of which nothing was cached every one (where
-      a later request leaves it is not known yet)."""
+      a later request leaves it is not known yet).
+
+    Where checkpoints lie and how a step treats its state pages is the ``checkpoints`` rule
+    (:mod:`jenga.core.policy.checkpoints`), handed in at construction (``checkpoint_rule`` builds
+    one when none is given); ``window_slack`` is ignored."""
 
     needs_junction = True
     state_type = CheckpointState
@@ -44,14 +49,18 @@ class MambaPolicy(Policy):
     #: jenga's engine writes no K/V below ``TokenTable.write_from`` (``jenga.core.manager.junction``)
     recompute_under_shared = True
 
-    def __init__(self, gi: int, group: LayerGroup, block: int):
-        super().__init__(gi, group, block)
-        self.every = group.spec.checkpoint_interval
-        if self.every % block:
-            raise InvalidArgumentError(f"group {group.name!r}: state checkpoint interval {self.every} is not a "
+    #: the checkpoint rule built when none is given
+    checkpoint_rule: type[Checkpoints] = Checkpoints
+
+    def __init__(self, gi: int, group: LayerGroup, block: int, window_slack: int | None = None,
+                 checkpoints: Checkpoints | None = None):
+        super().__init__(gi, group, block, window_slack)
+        interval = group.spec.checkpoint_interval
+        if interval % block:
+            raise InvalidArgumentError(f"group {group.name!r}: state checkpoint interval {interval} is not a "
                                        f"multiple of tokens_per_page {block}; use a tokens_per_page dividing it")
-        self.token_bytes = 0
-        self._tails_of: dict[int, tuple[int, ...]] = {}
+        self.checkpoints = self.checkpoint_rule(group, block) if checkpoints is None else checkpoints
+        self.every = self.checkpoints.every
         # checkpoint pages taken and not committed yet (live requests' steps write them): page ->
         # its key (None while the key's tokens are unknown), and how many pages write each key
         self._writing: dict[int, bytes | None] = {}
@@ -74,37 +83,6 @@ class MambaPolicy(Policy):
             ops.hold(self.gi, page)
             gs.read, gs.read_pos = page, p
 
-    #: a prompt with an uncached part of at least this many checkpoint intervals also gets
-    #: tail checkpoints
-    TAIL_FROM = 8
-
-    def _marks(self, req: Request) -> tuple[int, ...]:
-        """The junction and prompt-end checkpoint positions (block multiples); a prompt whose
-        uncached part (after its hit or junction) is long adds checkpoints 1, 2, 4, ... blocks
-        before its end (below one interval): a later prompt that branches off shortly before
-        this one's end (another question on the same document) then resumes within a factor
-        of two of its branch point, not up to an interval before it.  Short new parts skip
-        them (a state page is large next to them; a prompt continuing a cached prefix, such as
-        the next turn of a conversation, is branched off at its junction or its end)."""
-        end = req.prompt_len // self.block * self.block
-        if req.prompt_len - max(req.hit, req.junction) < self.TAIL_FROM * self.every:
-            return req.junction, end
-        return (req.junction, end) + self._tails(end)
-
-    def _tails(self, end: int) -> tuple[int, ...]:
-        """``end - d`` for ``d`` = 1, 2, 4, ... blocks below one interval (kept per ``end``: a
-        long prompt asks at every allocate and commit)."""
-        tails = self._tails_of.get(end)
-        if tails is None:
-            if len(self._tails_of) >= 4096:
-                self._tails_of.clear()
-            tails, d = [], self.block
-            while d < self.every:
-                tails.append(end - d)
-                d *= 2
-            tails = self._tails_of[end] = tuple(tails)
-        return tails
-
     def step_end(self, req: Request, stop: int) -> int:
         """A step crossing the prompt-end checkpoint ends on it (vLLM's scheduler does the
         same, ``_mamba_block_aligned_split``): its work page then *is* that checkpoint
@@ -124,41 +102,19 @@ class MambaPolicy(Policy):
         prefix computed in this step or the one before, and the budget a shorter step leaves
         goes to admissions that cannot hit that prefix yet (measured: hits -1.2 points on
         jamba hybrid-short, -2.1 on mamba-prefix); so does a long prompt (-0.6 on articles16)."""
-        if req.hit and self.recompute_under_shared and req.prompt_len < self.TAIL_FROM * self.every:
+        if req.hit and self.recompute_under_shared and req.prompt_len < self.checkpoints.TAIL_FROM * self.every:
             return req.junction
         return 0
 
-    def _new_checkpoints(self, req: Request, end: int) -> list[int] | range:
-        """Checkpoint positions that get a page: ``(start, end - lookahead)``; the one at the
-        step's end is the work page itself (``_take_work_as_checkpoint``)."""
-        return self._positions(req, req.start, end - req.num_lookahead - 1)
-
-    def _positions(self, req: Request, start: int, stop: int) -> list[int] | range:
-        """Checkpoint positions in ``(start, stop]``."""
-        first = start // self.every + 1
-        periodic = self._periodic(req, range(first * self.every, stop + 1, self.every))
-        extra = [m for m in self._marks(req) if start < m <= stop and m % self.every]
-        if not extra:
-            return periodic
-        return sorted(set(periodic).union(extra))
-
-    def _periodic(self, req: Request, periodic: range) -> range:
-        """Which of a step's periodic positions get a checkpoint (see the class doc)."""
-        if req.prompt_len >= self.TAIL_FROM * self.every:
-            return periodic[-1:]  # a long prompt: the step's last one (tails or a branch point cover the end)
-        if req.hit or req.junction:
-            return periodic[:0]  # a short prompt continuing a cached prefix: its branch points only
-        return periodic
-
     def _fresh_checkpoints(self, req: Request, end: int) -> list[int] | range:
-        """``_new_checkpoints`` less the positions whose state another live request's step
-        already writes into a page of its own (same key, not committed yet): one copy of a
-        state is enough (several requests of a step continuing the same new prefix each had
-        a junction checkpoint there).  If that step is dropped the state is simply not cached
-        (a later request recomputes it).  A state the index holds is not skipped: this very
-        allocate may evict its page."""
-        pos = self._new_checkpoints(req, end)
-        if not pos or not self._writers:
+        """The rule's ``new_checkpoints``, less (where it ``shares_writes``) the positions whose
+        state another live request's step already writes into a page of its own (same key, not
+        committed yet): one copy of a state is enough (several requests of a step continuing the
+        same new prefix each had a junction checkpoint there).  If that step is dropped the state
+        is simply not cached (a later request recomputes it).  A state the index holds is not
+        skipped: this very allocate may evict its page."""
+        pos = self.checkpoints.new_checkpoints(req, end)
+        if not pos or not self._writers or not self.checkpoints.shares_writes:
             return pos
         n, hashes, writers = len(req.hashes), req.hashes, self._writers
         return [p for p in pos if p // self.block > n or hashes[p // self.block - 1] not in writers]
@@ -205,7 +161,7 @@ class MambaPolicy(Policy):
             for pos in self._fresh_checkpoints(req, end):
                 page = gs.checkpoints[pos] = ops.take(self.gi)
                 self._track(req, pos, page)
-        if gs.read is not None:
+        if gs.read is not None and self.checkpoints.releases_read_at_allocate:
             self._release_read(req, gs, ops)
 
     def _release_read(self, req: Request, gs: GroupState, ops: PageOps) -> None:
@@ -216,21 +172,16 @@ class MambaPolicy(Policy):
         gs.read = None
 
     def _stamp(self, req: Request, pos: int, ops: PageOps) -> int:
-        """Last access of a checkpoint at ``pos`` let go of now: a periodic one that is no
-        branch point goes before other cached pages."""
-        aged = pos % self.every == 0 and pos not in self._marks(req) \
-            and pos < req.prompt_len // self.block * self.block
-        return ops.now - ops.out_of_window_age if aged else ops.now
-
-    def _is_checkpoint(self, req: Request, pos: int) -> bool:
-        return pos > 0 and (pos % self.every == 0 or pos in self._marks(req))
+        """Last access of a checkpoint at ``pos`` let go of now: older where the rule ages it."""
+        return ops.now - ops.out_of_window_age if self.checkpoints.aged(req, pos) else ops.now
 
     def _take_work_as_checkpoint(self, req: Request, gs: GroupState, ops: PageOps) -> None:
         """The step ended on a checkpoint position: the work page holds exactly that state, so
         it is registered as the checkpoint and becomes the read page of the next step (which
         copies it into a fresh work page).  Not when the key is taken or not hashed yet."""
         pos = req.num_computed
-        if gs.work is None or not ops.caching or not self._is_checkpoint(req, pos) \
+        if not self.checkpoints.work_becomes_checkpoint or gs.work is None or not ops.caching \
+                or not self.checkpoints.is_checkpoint(req, pos) \
                 or pos // self.block > len(req.hashes) or not ops.register(self.gi, gs.work, self.key(req, pos)):
             return
         gs.read, gs.read_pos, gs.work = gs.work, pos, None
@@ -270,39 +221,15 @@ class MambaPolicy(Policy):
             return 0
         if not ops.caching:
             return NEVER
-        return self._next_position(req)
+        return self.checkpoints.next_position(req)
 
     def next_event(self, req: Request, gs: GroupState, ops: PageOps) -> int:
         if gs.read is not None or (gs.table is not None and gs.table.read_page is not None):
             return 0
         nxt = min(gs.checkpoints, default=NEVER)
         if gs.work is not None and ops.caching:
-            nxt = min(nxt, self._next_position(req))
+            nxt = min(nxt, self.checkpoints.next_position(req))
         return nxt
-
-    def _next_position(self, req: Request) -> int:
-        """The first checkpoint position after ``req.start``."""
-        start = req.start
-        nxt = (start // self.every + 1) * self.every
-        for m in self._marks(req):
-            if start < m < nxt:
-                nxt = m
-        return nxt
-
-    def needed_tokens(self, req: Request, gs: GroupState) -> int:
-        return 1 if gs.work is not None or gs.read is not None else 0
-
-    def needed_bytes(self, req: Request, gs: GroupState) -> int:
-        return self.group.useful_page_bytes * self.needed_tokens(req, gs)
-
-    def held_pages(self, gs: GroupState) -> int:
-        return (gs.work is not None) + (gs.read is not None) + len(gs.checkpoints)
-
-    def references(self, gs: GroupState, images: bool = True) -> list[int]:
-        return [p for p in (gs.work, gs.read) if p is not None] + list(gs.checkpoints.values())
-
-    def context_pages(self, length: int) -> int:
-        return 1  # the running state
 
 
 class CopyForwardMambaPolicy(MambaPolicy):
@@ -319,30 +246,7 @@ class CopyForwardMambaPolicy(MambaPolicy):
     this kind's hit (:mod:`jenga.core.manager.junction`)."""
 
     recompute_under_shared = False
-
-    def _periodic(self, req: Request, periodic: range) -> range:
-        return periodic
-
-    def _new_checkpoints(self, req: Request, end: int) -> list[int] | range:
-        pos = self._positions(req, req.start, end - req.num_lookahead)
-        stop = end - req.num_lookahead
-        if self._keeps_step_end(req, stop) and stop not in pos:
-            return sorted([*pos, stop])
-        return pos
-
-    def _keeps_step_end(self, req: Request, stop: int) -> bool:
-        """Whether a step ending at ``stop`` keeps its end state (``CopyForwardMambaSpec.step_end_from``):
-        a chunk end on a page boundary inside the prompt, below its last block, far enough in for
-        the recompute it saves a later prompt sharing that prefix to outweigh a state page."""
-        first = self.group.spec.step_end_from
-        return 0 < first <= stop and stop % self.block == 0 and req.start < stop < req.prompt_len // self.block * \
-            self.block
-
-    def _fresh_checkpoints(self, req: Request, end: int) -> list[int] | range:
-        return self._new_checkpoints(req, end)  # the worker writes each step's end state into a page of its own
-
-    def _release_read(self, req: Request, gs: GroupState, ops: PageOps) -> None:
-        pass  # the worker copies it when the next step starts: held until the next commit
+    checkpoint_rule = CopyForwardCheckpoints
 
     def commit(self, req: Request, gs: GroupState, ops: PageOps) -> None:
         if gs.read is not None:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from math import lcm
-
 from jenga.core.policy.base import NEVER, UNTIL_FREE, PageOps, Policy
 from jenga.core.request import GroupState, Request, TokenState
+from jenga.core.specs import LayerGroup
 from jenga.core.tables import TokenTable
 
 
@@ -15,19 +14,6 @@ class FullPolicy(Policy):
     state_type = TokenState
 
     bounds_hit = True
-
-    def first_needed(self, pos: int) -> int:
-        """Lowest token position a token at ``pos`` reads."""
-        return 0
-
-    def demotable(self, release_times, aged_below: int):
-        """Pages released while their request still ran (a window before a branch point, every
-        full-attention page) serve hits; pages aged out of a window or chunk do not."""
-        return release_times >= aged_below
-
-    def keep_from(self, pos: int) -> int:
-        """Lowest token position a request that computed ``pos`` tokens still holds."""
-        return self.first_needed(pos)
 
     def page_key(self, req: Request, i: int) -> bytes:
         return req.hashes[(i + 1) * (self.tpp // self.block) - 1]
@@ -41,7 +27,7 @@ class FullPolicy(Policy):
             found = list(map(table.__contains__, hashes[m - 1:j * m:m]))
             return (found.index(False) if not all(found) else j) * tpp
         while j > 0:
-            lo = self.first_needed(j * tpp) // tpp
+            lo = self.footprint.first_needed(j * tpp) // tpp
             i = j - 1
             while i >= lo and hashes[(i + 1) * m - 1] in table:
                 i -= 1
@@ -52,7 +38,7 @@ class FullPolicy(Policy):
 
     def hit(self, req: Request, gs: GroupState, p: int, ops: PageOps) -> None:
         n = p // self.tpp
-        lo = self.first_needed(p) // self.tpp
+        lo = self.footprint.first_needed(p) // self.tpp
         table, m, hashes = ops.index_table(self.gi), self.tpp // self.block, req.hashes
         found = list(map(table.get, hashes[lo * m + m - 1:n * m:m]))
         assert None not in found, f"group {self.gi}: a hit page vanished"
@@ -107,7 +93,7 @@ class FullPolicy(Policy):
         tpp, pages = self.tpp, gs.pages
         if ops.caching:
             self.register_upto(req, gs, req.num_computed, ops)
-        lo = self.keep_from(req.num_computed) // tpp
+        lo = self.footprint.first_needed(req.num_computed) // tpp
         if lo > gs.released:  # out of window / chunk: the first pages to be evicted
             self.release_range(req, gs, min(lo, len(pages)), ops)
             gs.released = lo
@@ -123,75 +109,18 @@ class FullPolicy(Policy):
     def limit(self, req: Request, gs: GroupState, ops: PageOps) -> int:
         return len(gs.pages) * self.tpp + 1
 
-    def release_point(self, released: int) -> int:
-        """Smallest computed length at which page ``released`` is no longer read."""
-        return NEVER
-
     def next_event(self, req: Request, gs: GroupState, ops: PageOps) -> int:
         reg = (gs.registered + 1) * self.tpp if ops.caching else NEVER
-        return min(reg, self.release_point(gs.released))
-
-    def needed_tokens(self, req: Request, gs: GroupState) -> int:
-        return req.num_computed - self.first_needed(req.num_computed)
-
-    def held_pages(self, gs: GroupState) -> int:
-        return len(gs.pages) - gs.released  # pages below ``released`` are None, the rest held
-
-    def references(self, gs: GroupState, images: bool = True) -> list[int]:
-        return [p for p in gs.pages if p is not None]
-
-    def step_pages(self, start: int, stop: int) -> int:
-        """Pages a request holds while one step computes its tokens ``[start, stop)``
-        (``stop > start``): from the page of the first position ``start`` reads to the page of
-        ``stop - 1`` (pages below left at the commit before the step)."""
-        return (stop - 1) // self.tpp - self.keep_from(start) // self.tpp + 1
-
-    def context_pages(self, length: int) -> int:
-        return self.step_pages(length, length + 1)  # up to the next token's page
-
-    def peak_pages(self, length: int, step: int = 1) -> int:
-        """Over the steps of at most ``step`` tokens (``step_pages``), the count at a step
-        starting at ``l + P`` is at least the count at ``l`` (``P``: the page for a full or
-        sliding group, ``lcm(chunk, page)`` for a chunked one) while a whole step fits before
-        ``length + 1``, and past the last such start ``last`` only the start moves up (the count
-        only falls): so ``last`` and the starts ``peak_candidates(last)`` names hold the peak."""
-        last = max(0, length + 1 - step)
-        out = self.step_pages(last, min(last + step, length + 1))
-        for n in self.peak_candidates(last):
-            out = max(out, self.step_pages(n, n + step))
-        return out
-
-    def peak_candidates(self, length: int) -> range:
-        """Step starts below ``length`` where a step's count may exceed the count of the step
-        starting at ``length`` (every token stays: none)."""
-        return range(0)
+        return min(reg, self.footprint.release_point(gs.released))
 
     def peak_plan(self, req: Request, gs: GroupState, end: int, step: int, ops: PageOps) -> int:
         """``plan`` capped by the most pages the request holds at once over steps of at most
         ``step`` tokens (``peak_pages``) less those it holds now (a hit's pages: they stay held
         or, once out of the window or chunk, go back to the pool before the peak needs them)."""
         need = self.plan(req, gs, end, ops)
-        return min(need, max(0, self.peak_pages(end - 1, step) - self.held_pages(gs))) if need else 0
+        fp = self.footprint
+        return min(need, max(0, fp.peak_pages(end - 1, step) - fp.held_pages(gs))) if need else 0
 
-    def stale_pages(self, req: Request, gs: GroupState) -> int:
-        lo = min(self.first_needed(req.num_computed) // self.tpp, len(gs.pages))
-        return max(0, lo - gs.released)
-
-    def duplicate_pages(self, req: Request, gs: GroupState, ops) -> int:
-        """Held pages that are a second copy of a prefix page another live request holds
-        (the request recomputed a prefix whose cached copy it could not use)."""
-        if not gs.pages:
-            return 0
-        pages, m = gs.pages, self.tpp // self.block
-        table, registered, ref = ops.index_table(self.gi), ops.index.flags[self.gi], ops.ref[self.gi]
-        hashes, n = req.hashes, 0
-        for i in range(gs.released, min(len(pages), len(hashes) // m, req.num_computed // self.tpp)):
-            page = pages[i]
-            if page is not None and not registered[page]:
-                other = table.get(hashes[(i + 1) * m - 1])
-                if other is not None and other != page and ref[other] > 0:
-                    n += 1
-        return n
 
 
 class SlidingPolicy(FullPolicy):
@@ -199,26 +128,16 @@ class SlidingPolicy(FullPolicy):
     leave at commit time (even mid-prefill) and go to the evictor, aged to go first unless
     they form the window before a branch point (see ``release_range``)."""
 
-    def peak_candidates(self, length: int) -> range:
-        return range(max(0, length - self.tpp + 1), length)  # the last page's lengths
-
-    def first_needed(self, pos: int) -> int:
-        return max(0, pos - self.group.spec.window + 1)
-
-    #: tokens below the prompt end's window that are released like that window (set by the
-    #: manager): another question on the same article, whose prompt ends a little earlier,
+    #: tokens below the prompt end's window that are released like that window (``window_slack``,
+    #: given by the manager): another question on the same article, whose prompt ends a little earlier,
     #: still finds the whole window it needs
     slack = 0
     bounds_hit = False
     needs_junction = True
 
-    def set_window_slack(self, slack: int | None) -> None:
-        self.slack = self.group.spec.window // 2 if slack is None else slack
-
-    def release_point(self, released: int) -> int:
-        # rounded up to a page end, so releases ride on the registration commit
-        first = (released + 1) * self.tpp + self.group.spec.window - 1
-        return -(-first // self.tpp) * self.tpp
+    def __init__(self, gi: int, group: LayerGroup, block: int, window_slack: int | None = None):
+        super().__init__(gi, group, block, window_slack)
+        self.slack = group.spec.window // 2 if window_slack is None else window_slack
 
     def retained_spans(self, req: Request) -> list[tuple[int, int]]:
         """Page ranges ``[lo, hi)`` that form the window before a branch point of this request:
@@ -242,7 +161,7 @@ class SlidingPolicy(FullPolicy):
         vLLM).  A request that branches at the same point as others (another question on the
         same article) hits at that point and ages nothing it needs."""
         super().hit(req, gs, p, ops)
-        lo = self.first_needed(p) // self.tpp
+        lo = self.footprint.first_needed(p) // self.tpp
         if ops.caching and lo:
             m, tpp = self.tpp // self.block, self.tpp
             ops.age_keys(self.gi, req.hashes[m - 1:lo * m:m], range(tpp, (lo + 1) * tpp, tpp),
@@ -291,18 +210,7 @@ class SlidingPolicy(FullPolicy):
 
 
 class ChunkedPolicy(FullPolicy):
-    """Tokens read only their own chunk: earlier chunks are released as soon as done."""
+    """Tokens read only their own chunk: earlier chunks are released as soon as done
+    (``ChunkFootprint``'s rule)."""
 
     bounds_hit = False
-
-    def peak_candidates(self, length: int) -> range:
-        """Within one chunk a step's count only grows with its start: the peak is at ``length``
-        or a chunk's last token."""
-        chunk = self.group.spec.chunk
-        return range(length - length % chunk - 1, max(-1, length - lcm(chunk, self.tpp)), -chunk)
-
-    def first_needed(self, pos: int) -> int:
-        return pos - pos % self.group.spec.chunk
-
-    def release_point(self, released: int) -> int:
-        return -(-((released + 1) * self.tpp) // self.group.spec.chunk) * self.group.spec.chunk

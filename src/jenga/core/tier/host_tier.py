@@ -8,7 +8,7 @@ LRU evictor and a ledger of references.  Every host page holds one key's content
 
 *Demotion.*  The device evictor tells the tier (``EvictionListener``) of the cached pages it is
 about to drop.  A page whose key the host already holds costs nothing (the host copy is
-refreshed); a page its kind's policy says can still serve a hit (``Policy.demotable``; every page
+refreshed); a page its kind's policy says can still serve a hit (``TierRules.demotable``; every page
 with ``policy="all-groups"``, what block-based offloaders store) gets a host page, taken in the
 host's own eviction order when the host is full, and a (device, host) pair in the pending plan.
 The host page stays pinned until the plan is taken (nothing may evict it before its copy ran;
@@ -194,7 +194,7 @@ class HostTier(EvictionListener):
             ts = dev.evictor.release_times(group, ids, np.asarray([key_t[p] for p in fresh], dtype=np.int64))
             age = dev.out_of_window_age
             aged_below = now - age // 2 if age > 0 else -UNLIMITED
-            mask = self.policies[group].demotable(np.asarray(ts, dtype=np.int64), aged_below)
+            mask = self.policies[group].tier_rules.demotable(np.asarray(ts, dtype=np.int64), aged_below)
             fresh = [p for p, m in zip(fresh, mask.tolist(), strict=True) if m]
         ledger, alloc, demote = self.ledger, self.alloc, self.pending.demote
         for page in fresh:

@@ -5,7 +5,7 @@ group, the junction, each policy's ``hit``) through a ``TierView``, where a key 
 counts and host pages come back as ``~page``: joint consistency across groups holds over the two
 tiers together (a hit is only as long as every group finds its pages in some tier).  The host
 pages that hit needs, and the pages of images the request shows (found at allocate, so promoted
-now: ``Policy.side_keys``), are copied to the device (``HostTier.promote``); the lookup that
+now: ``TierRules.side_keys``), are copied to the device (``HostTier.promote``); the lookup that
 follows then finds the whole hit on the device and holds it as usual.  Nothing of the request's
 record changes here.
 """
@@ -48,7 +48,7 @@ def promote_hit(lookup, host: HostTier, req: Request, top: int, quota_of=None) -
     hosted_tables = host.tables()
     for pol in lookup.policies:
         dev, hosted = ledger.index_table(pol.gi), hosted_tables[pol.gi]
-        wanted += [(pol.gi, hosted[k]) for k in pol.side_keys(req) if k not in dev and k in hosted]
+        wanted += [(pol.gi, hosted[k]) for k in pol.tier_rules.side_keys(req) if k not in dev and k in hosted]
     if not wanted:
         host.note_hit(req.request_id, 0)
         return 0
