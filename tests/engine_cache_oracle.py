@@ -207,8 +207,8 @@ TOGETHER = (0.3, 0.2, 0.1)
 #: the trace's ``max_tokens`` ranges :func:`compare` tries, in order, each under every budget of
 #: :data:`TOGETHER`: admission keeps headroom for running requests' decode pages, so a family whose
 #: requests hold mostly fixed-size state (tiny Bamba), or a trace whose longest request sets the
-#: budget (tiny Gemma-3 vision, seed 0), preempts only once decodes outgrow that headroom
-DECODES = ((6, 20), (20, 64))
+#: budget (tiny Gemma-3 vision seed 0, tiny Mistral seed 1), preempts only once decodes outgrow that headroom
+DECODES = ((6, 20), (20, 64), (40, 96))
 
 
 def budget(family: str, feature: str, trace: Trace, *, alone: float = 1.0, together: float = 0.3) -> int:
