@@ -5,10 +5,12 @@ Engine side (``tests/engine_cache_oracle.py``): every built-in tiny model, each 
 speculative draft, host tier, images, salts), over ``--seeds``; vLLM side
 (``tests/vllm_cache_oracle.py``, jenga's scheduler, vLLM's CPU build, in this process): every family
 the integration runs end to end, each feature it supports there (plain, speculative, host tier
-through ``kv_offloading_size``, salts, LoRA), over ``--vllm-seeds``.  Each cell: requests whose
+through ``kv_offloading_size``, salts, LoRA; images on its two VLMs), over ``--vllm-seeds``, at the
+budget (vLLM blocks, in the cell) where its caching-on run first preempted.  Each cell: requests whose
 greedy tokens agree between caching on and off / requests, then the caching-on runs' prefix hit
-tokens and preemptions (host hit tokens with the host tier, images served from cache with
-images), summed over the seeds; ``-``: a feature the family does not take.  Any request that
+tokens and preemptions (host hit tokens with the host tier; with images, images served from the
+engine's encoder cache, or inside vLLM requests whose prefix hit reached past their picture), summed
+over the seeds; ``-``: a feature the family does not take.  Any request that
 differs, a hit past the trace's bound, a vacuous run (no hit, no preemption ...) or a run that
 raises (``failed`` in its cell) is listed under the table and the script exits 1.
 
@@ -40,8 +42,11 @@ def _cell(results) -> str:
     out = f"{equal}/{total}: {on['hits']} hit, {on['preemptions']} preempt"
     if results[0].feature == "host":
         out += f", {on['host_hits']} from host"
-    if results[0].feature == "images":
-        out += f", {on['image_hits']} images cached"
+    blocks = sorted({r.blocks for r in results if getattr(r, "blocks", 0)})
+    if results[0].feature == "images":  # the engine's encoder cache; inside vLLM, jenga's hits over a picture
+        out += f", {on['image_hits']} " + ("hits past a picture" if blocks else "images cached")
+    if blocks:  # vLLM: the budget the caching-on run preempted at
+        out += f" ({'/'.join(map(str, blocks))} blocks)"
     return out
 
 

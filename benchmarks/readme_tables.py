@@ -421,7 +421,7 @@ BLOCKS: dict[str, Block] = {
                                "--outcome"),
     # the cache-correctness oracle: every tiny family x feature in the engine (minutes: -m slow), sampled by
     # tiny-jamba's plain column (~10 s of CPU)
-    "cache-oracle": _cache_oracle("--no-vllm", "--families", ORACLE_FAMILIES, "--jobs", "6", "--markdown",
+    "cache-oracle": _cache_oracle("--no-vllm", "--families", ORACLE_FAMILIES, "--jobs", "2", "--markdown",
                                   sample=("--no-vllm", "--families", "tiny-jamba", "--features", "plain", "--markdown")),
     "host-tier": _host_tier("articles64,chats64", "0,2,4,8", sample=("jamba-1.5-mini", "chats64", "2", "per-kind")),
     # every manager, the host tier, lookahead and the vLLM adapter's call sequence (an hour on two busy cores)

@@ -5,7 +5,8 @@ rounds continuing earlier requests' prompts and answers (so hits land on pages a
 checkpoints written at decode positions), chunked prefill, random lengths.  :func:`check` runs it
 through jenga's engine (fp32, greedy, random weights) with prefix caching on and off, under a KV
 budget sized from the family's own manager (about two of the trace's longest requests at once: it
-preempts and evicts), and asserts
+preempts and evicts; tighter budgets and longer decodes are tried until it preempts: :data:`TOGETHER`,
+:data:`DECODES`), and asserts
 
 * every request's tokens are equal, and its logits agree to 2e-3;
 * no hit crossed what the trace allows (:class:`HitLedger`): a request's first lookup hits at most
@@ -203,6 +204,11 @@ def engine_args(family: str, feature: str) -> dict:
 
 #: ``together`` shares :func:`compare` tries, in order, until the caching-on run preempts
 TOGETHER = (0.3, 0.2, 0.1)
+#: the trace's ``max_tokens`` ranges :func:`compare` tries, in order, each under every budget of
+#: :data:`TOGETHER`: admission keeps headroom for running requests' decode pages, so a family whose
+#: requests hold mostly fixed-size state (tiny Bamba), or a trace whose longest request sets the
+#: budget (tiny Gemma-3 vision seed 0, tiny Mistral seed 1), preempts only once decodes outgrow that headroom
+DECODES = ((6, 20), (20, 64), (40, 96))
 
 
 def budget(family: str, feature: str, trace: Trace, *, alone: float = 1.0, together: float = 0.3) -> int:
@@ -292,10 +298,14 @@ class Result:
 def compare(family: str, feature: str = "plain", seed: int = 0, **trace_kw) -> Result:
     """Caching on vs off over one seeded trace: what agrees, the counts, and every problem found
     (a differing request, a hit past the trace's bound, a vacuous run)."""
-    trace = make_trace(family, seed, feature, **trace_kw)
-    for together in TOGETHER:  # the first budget under which requests preempt each other
-        kv = budget(family, feature, trace, together=together)
-        on = run(family, trace, caching=True, feature=feature, kv_memory=kv)
+    decodes = (trace_kw.pop("max_tokens"),) if "max_tokens" in trace_kw else DECODES
+    for max_tokens in decodes:  # the first trace and budget under which requests preempt each other
+        trace = make_trace(family, seed, feature, max_tokens=max_tokens, **trace_kw)
+        for together in TOGETHER:
+            kv = budget(family, feature, trace, together=together)
+            on = run(family, trace, caching=True, feature=feature, kv_memory=kv)
+            if on.counts["preemptions"]:
+                break
         if on.counts["preemptions"]:
             break
     off = run(family, trace, caching=False, feature=feature, kv_memory=kv)

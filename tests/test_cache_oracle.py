@@ -5,8 +5,7 @@ tokens (logits to 2e-3) with prefix caching on and off, no hit past what the tra
 preemptions and evictions (host hits, image hits) in the caching-on run.
 
 The fast slice (``make test``): salts on full attention, the host tier and a draft on a Mamba hybrid
-(tiny Jamba); the whole grid (every family x feature, two seeds) is marked slow, with what the
-oracle found and is not fixed yet marked as expected failures naming the error (:data:`KNOWN`);
+(tiny Jamba); the whole grid (every family x feature, two seeds) is marked slow;
 ``benchmarks/cache_oracle.py`` runs the grid with vLLM's side and prints the per-family table.
 """
 
@@ -17,23 +16,6 @@ from engine_cache_oracle import FAMILIES, HitLedger, check, supported
 
 FAST = [("tiny-llama", "salts"), ("tiny-jamba", "host"), ("tiny-jamba", "spec")]
 
-#: what the oracle found and is not fixed yet (each fails with exactly this error)
-KNOWN = {
-    # not a cache bug: seed 0's trace preempts at none of the oracle's budgets (its longest request sets
-    # them); seed 1 passes (the vision-page reference leak it first showed is fixed: test_manager's
-    # test_can_allocate_with_a_deferred_hit_and_cached_vision_pages_leaks_no_reference)
-    ("tiny-gemma3-vision", "images"): (AssertionError, "vacuous: no preemption at the oracle's budgets (seed 0)"),
-    # not a cache bug: the trace's budget search finds no preempting budget for tiny Bamba (seed 0)
-    **{("tiny-bamba", x): (AssertionError, "vacuous: no preemption at the oracle's budgets")
-       for x in ("plain", "spec", "salts")},
-}
-
-
-def _case(family, feature):
-    known = KNOWN.get((family, feature))
-    marks = [pytest.mark.xfail(raises=known[0], reason=known[1], strict=False)] if known else []
-    return pytest.param(family, feature, marks=marks)
-
 
 @pytest.mark.parametrize("family,feature", FAST)
 def test_caching_on_equals_off(family, feature):
@@ -43,7 +25,7 @@ def test_caching_on_equals_off(family, feature):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("family,feature", [_case(f, x) for f in FAMILIES for x in supported(f)])
+@pytest.mark.parametrize("family,feature", [(f, x) for f in FAMILIES for x in supported(f)])
 def test_every_family_and_feature(family, feature, seed):
     check(family, feature, seed=seed)
 

@@ -1,7 +1,8 @@
 """The cache-correctness oracle inside vLLM 0.32 (``tests/vllm_cache_oracle.py``): jenga's scheduler
 with prefix caching on gives the greedy tokens it gives with caching off, for every family and
-feature the integration supports (text families, salts, LoRA, speculative decoding, the host tier),
-over a seeded trace whose caching-on run hits, preempts and evicts.
+feature the integration supports (text and state families, salts, LoRA, speculative decoding, the
+host tier, images on the two VLMs), over a seeded trace whose caching-on run hits, preempts and
+evicts at a budget tuned per case.
 
 Each case starts two engines (a minute or more of CPU): one small case runs in ``make test``, the
 rest under ``-m slow`` and in ``benchmarks/cache_oracle.py``.
@@ -10,23 +11,47 @@ rest under ``-m slow`` and in ``benchmarks/cache_oracle.py``.
 from __future__ import annotations
 
 import pytest
-from vllm_cache_oracle import ADAPTERS, FAMILIES, _feature_kw, check
+from vllm_cache_oracle import ADAPTERS, FAMILIES, _feature_kw, check, oracle_trace, run
 
 FAST = ("llama", "plain")
+FAST_TRACE = dict(doc_len=(64, 128), max_tokens=(16, 32))  # shorter answers: it preempts at 16 blocks, one budget
 CASES = [(f, x) for f, (_, _, feats) in FAMILIES.items() for x in feats]
+#: not a jenga bug: Qwen3-Next runs in bf16 (vLLM 0.32's CPU Gated DeltaNet kernels), where a prefix hit
+#: resumes from a state and attention computed in other chunks than without one, and greedy tokens of the
+#: random model drift; stock vLLM's own tokens differ between caching on and off on the same trace
+#: (``test_stock_vllm_qwen3_next_tokens_change_with_caching_too``; seed 0: 11 of 18 requests, jenga: 14)
+BF16 = "qwen3_next"
+
+
+def _case(family, feature):
+    marks = [pytest.mark.xdist_group(f"vllm-oracle-{family}")]
+    if family == BF16:
+        marks.append(pytest.mark.xfail(raises=AssertionError, strict=False,
+                                       reason="bf16: stock vLLM's tokens change with caching too"))
+    return pytest.param(family, feature, marks=marks)
 
 
 @pytest.mark.xdist_group("vllm-cache-oracle")
 def test_caching_on_equals_off_inside_vllm(tmp_path_factory):
-    res = check(*FAST, seed=0, root=tmp_path_factory.getbasetemp())
+    res = check(*FAST, seed=0, root=tmp_path_factory.getbasetemp(), **FAST_TRACE)
     assert res.equal == res.total
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family,feature", [pytest.param(f, x, marks=pytest.mark.xdist_group(f"vllm-oracle-{f}"))
-                                            for f, x in CASES if (f, x) != FAST])
+@pytest.mark.parametrize("family,feature", [_case(f, x) for f, x in CASES if (f, x) != FAST])
 def test_every_family_and_feature_inside_vllm(family, feature, tmp_path_factory):
     check(family, feature, seed=0, root=tmp_path_factory.getbasetemp())
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group(f"vllm-oracle-{BF16}")
+def test_stock_vllm_qwen3_next_tokens_change_with_caching_too(tmp_path_factory):
+    """Why the bf16 family is an expected failure: stock vLLM (no jenga) on the oracle's trace and
+    budget gives other greedy tokens with prefix caching on than off."""
+    root, trace = tmp_path_factory.getbasetemp(), oracle_trace(BF16, "plain", 0)
+    on, off = (run(BF16, trace, root, caching=c, feature="plain", seed=0, jenga=False)[0] for c in (True, False))
+    assert len(on) == len(off) == trace.num_requests
+    assert on != off
 
 
 def test_lora_leaves_the_last_slot_free():
