@@ -233,6 +233,7 @@ class Fuzz:
     def run(self, ops: int) -> int:
         rng, mgr = self.rng, self.mgr
         for _ in range(ops):
+            self.done += 1  # counted once started: a run failing its first operation still moves the fuzz on
             r = rng.random()
             if (r < 0.15 or not self.live) and len(self.live) < 6:
                 self.add()
@@ -252,7 +253,6 @@ class Fuzz:
             if self.host and rng.random() < 0.3:
                 self.copies(mgr.take_copy_plan())
             mgr.check_integrity()
-            self.done += 1
         for rid in list(self.live):
             self.free(rid)
         if self.host:

@@ -74,3 +74,18 @@ def test_the_host_fuzz_sees_a_broken_host_eviction(monkeypatch, how):
     monkeypatch.setattr(HostTier, "__init__", broken)
     violations, _ = host_runs()
     assert violations, f"a host eviction that keeps its {how} went unseen"
+
+
+def test_a_fuzz_whose_every_run_fails_its_first_operation_ends_and_reports_each(monkeypatch):
+    """A run that raises at its first check still counts the operation it started, so the loop moves
+    on: ``fuzz`` ends with one violation per run instead of rebuilding managers forever."""
+    import jenga.core.manager.manager as manager_mod
+
+    def broken(self):
+        raise AssertionError("broken check")
+
+    import time
+
+    monkeypatch.setattr(manager_mod.KVCacheManager, "check_integrity", broken)
+    done, violations, _ = fuzz(6, seed=0, runs_of=2, deadline=time.time() + 20)  # the deadline ends a stuck loop
+    assert done == 6 and len(violations) == 6 and all("broken check" in v for v in violations)

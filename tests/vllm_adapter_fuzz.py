@@ -376,6 +376,7 @@ class AdapterFuzz:
     def run(self, ops: int) -> int:
         rng, a = self.rng, self.a
         for _ in range(ops):
+            self.done += 1  # counted once started: a run failing its first operation still moves the fuzz on
             r = rng.random()
             if (r < 0.2 or not (self.waiting or self.running)) and len(self.waiting) + len(self.running) < 10:
                 self.add()
@@ -394,7 +395,6 @@ class AdapterFuzz:
                 self.events()
             assert 0.0 <= a.usage <= 1.0, f"usage {a.usage}"
             self.mgr.check_integrity()
-            self.done += 1
         for req in list(self.running):
             self.finish(req)
         while self.waiting:

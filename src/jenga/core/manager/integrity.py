@@ -37,8 +37,8 @@ def check_manager(mgr) -> None:
     for req in mgr.requests.values():
         own: dict[int, list[int]] = {}
         for pol, gs in zip(mgr.policies, req.groups, strict=True):
-            own.setdefault(pol.gi, []).extend(pol.references(gs, False))
-            held[pol.gi].extend(pol.references(gs, True))
+            own.setdefault(pol.gi, []).extend(pol.footprint.references(gs, False))
+            held[pol.gi].extend(pol.footprint.references(gs, True))
         if any(len(set(pages)) != len(pages) for pages in own.values()):
             dup = [k for k, c in Counter(held_pages(mgr, req, images=False)).items() if c > 1]
             raise AssertionError(f"request {req.request_id!r} holds pages twice: {dup[:5]}")
