@@ -322,18 +322,21 @@ def test_a_conversations_earlier_windows_go_before_its_newest_tail():
 
 
 def test_the_window_before_a_branch_point_two_requests_hit_is_not_aged_by_a_deeper_hit():
-    """RAG prompts: a system prompt, then retrieved chunks.  Two requests leave the system prompt
-    at its end (both hit there: the window before it has three uses); a third continues the first
-    one's chunk, past that window.  The window stays where the free left it (the request's last
-    access), not aged to go first: the next prompt with a new first chunk needs it, as the chain of
-    a conversation's turns (one hit each, ``test_a_conversations_earlier_windows_go_before_its_newest_tail``)
-    does not."""
-    mgr = make_manager(full_swa(4), 64, out_of_window_age=1000, eviction="reuse")
+    """RAG prompts: a system prompt, then retrieved chunks.  Many requests leave the system prompt
+    at its end (all hit there: the window before it has ``SHARED_BRANCH_USES`` uses); one more
+    continues the first one's chunk, past that window.  The window stays where the free left it (the
+    request's last access), not aged to go first: the next prompt with a new first chunk needs it, as
+    the chain of a conversation's turns (one hit each,
+    ``test_a_conversations_earlier_windows_go_before_its_newest_tail``) and an article asked a few
+    questions do not."""
+    from jenga.core.policy.token import SlidingPolicy
+
+    mgr = make_manager(full_swa(4), 256, out_of_window_age=1000, eviction="reuse")
     s = list(range(100, 110))  # the system prompt; its window: tokens 6..9, swa pages at ends 7..10
     a = s + list(range(200, 206))
     assert serve(mgr, "r1", a + [1], [1]) == 0
-    assert serve(mgr, "r2", s + list(range(300, 306)), [1]) == 10
-    assert serve(mgr, "r3", s + list(range(400, 406)), [1]) == 10
+    for i in range(SlidingPolicy.SHARED_BRANCH_USES - 1):  # the compute above and these hits
+        assert serve(mgr, f"b{i}", s + list(range(300 + 10 * i, 306 + 10 * i)), [1]) == 10
     end = {p: -k[1] for p, k in cached_keys(mgr, 1).items()}
     window = sorted(p for p, e in end.items() if 7 <= e <= 10)
     before = {p: cached_keys(mgr, 1)[p][0] for p in window}
