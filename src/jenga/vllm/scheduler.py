@@ -18,6 +18,7 @@ from jenga.errors import InsufficientMemoryError
 from jenga.vllm import compat
 from jenga.vllm.adapter import JengaKVCacheAdapter
 from jenga.vllm.admission import HitsFirst, admission_name, manager_admission, manager_eviction
+from jenga.vllm.junction_stop import JunctionStop, junction_stop_name
 from jenga.vllm.metrics import Snapshots, startup_line
 from jenga.vllm.offloading import uses_host_tier
 from jenga.vllm.plan import layout_name, uniform_plan
@@ -160,7 +161,11 @@ class JengaScheduler(Scheduler):
             log_stats=self.log_stats, enable_kv_cache_events=self.enable_kv_cache_events,
             hash_block_size=self.hash_block_size, host_memory_bytes=None if host is None else host.total_bytes,
             admission=manager_admission(ordered), max_step_tokens=self.scheduler_config.max_num_batched_tokens,
-            eviction=manager_eviction())
+            eviction=manager_eviction(),
+            # a junction off the Mamba block grid costs its request a step: priced (jenga.vllm.junction_stop)
+            junction_stop=JunctionStop(self.cache_config.block_size, rule=junction_stop_name(),
+                                       step_tokens=self.scheduler_config.max_num_batched_tokens,
+                                       num_requests=lambda: len(self.requests)))
         if host is not None:
             check_host_layout(self.kv_cache_manager.manager, host)
         if self.connector is not None:  # jenga's connector reads the copy plans off jenga's manager
