@@ -20,6 +20,10 @@ def test_priced_stop_weighs_the_recompute_saved_by_every_request_against_one_ste
     assert stop.stop(1488, 0) == 1440
     n["requests"] = 171  # 48 x 171 >= 8,192: worth the request's extra step
     assert stop.stop(1488, 0) == 1488
+    n["requests"] = 128  # 64 x 128 = 8,192: just worth it; one request fewer, not
+    assert stop.stop(1504, 0) == 1504
+    n["requests"] = 127
+    assert stop.stop(1504, 0) == 1440
     n["requests"] = 1
     assert stop.stop(1440, 0) == 1440  # on the grid: no extra step, kept
     assert stop.stop(0, 0) == 0  # no junction
@@ -29,6 +33,15 @@ def test_priced_stop_weighs_the_recompute_saved_by_every_request_against_one_ste
     assert JunctionStop(1024, step_tokens=8192, num_requests=lambda: n["requests"]).stop(496, 0) == 496
     n["requests"] = 16
     assert JunctionStop(1024, step_tokens=8192, num_requests=lambda: n["requests"]).stop(496, 0) == 0
+
+
+def test_requests_known_to_wait_for_the_prefix_each_save_its_recompute():
+    """Readers: the queued requests whose prompts hold the prefix up to the junction (at least
+    one, the sibling a junction implies)."""
+    stop = JunctionStop(80, step_tokens=8192, num_requests=lambda: 40)
+    assert stop.stop(1488, 0, readers=0) == stop.stop(1488, 0, readers=1) == 1440  # 48 x 40 < 8,192
+    assert stop.stop(1488, 0, readers=4) == 1440  # 48 x 4 x 40 = 7,680
+    assert stop.stop(1488, 0, readers=5) == 1488  # 9,600: five queued siblings resume 48 tokens later
 
 
 def test_exact_and_grid_rules():

@@ -62,6 +62,8 @@ class JengaKVCacheAdapter:
         # None: at the junction); request id -> the stop moved off its junction
         self.junction_stop = junction_stop
         self._moved: dict[str, int] = {}
+        # (request, junction) -> the other requests known to wait for that prefix (the scheduler's)
+        self.junction_readers = lambda request, junction: 1
         # the most tokens one step computes for a request (vLLM's max_num_batched_tokens): the
         # full-sequence admission check counts what steps of that size hold at once
         self.max_step_tokens = max_step_tokens or max_model_len
@@ -273,7 +275,7 @@ class JengaKVCacheAdapter:
         junction = req.junction
         self._moved.pop(request.request_id, None)
         if self.junction_stop is not None and self.sub_block and junction:
-            stop = self.junction_stop.stop(junction, hit)
+            stop = self.junction_stop.stop(junction, hit, self.junction_readers(request, junction))
             if stop != junction:
                 self.manager.move_junction_checkpoint(request.request_id, stop)
                 self._moved[request.request_id] = junction = stop

@@ -12,9 +12,12 @@ vLLM stops at the boundary below (it takes the exact junction only with EAGLE dr
 
 :class:`JunctionStop` prices it as :mod:`jenga.vllm.prefix_wait` prices a hold: recomputing
 ``saved`` tokens lengthens a full step by ``saved / max_num_batched_tokens`` of it for every
-request the scheduler serves; the extra stop delays this request alone, by one step::
+request the scheduler serves, once per later request that resumes from the junction's state
+(its *readers*: the requests waiting with the prefix up to the junction in their prompt, the
+common-prefix predictor's known future uses, :class:`jenga.core.prefix.next_use.NextUse`; at least
+one, the sibling a junction implies); the extra stop delays this request alone, by one step::
 
-    saved tokens x requests in the scheduler  >=  max_num_batched_tokens
+    saved tokens x readers x requests in the scheduler  >=  max_num_batched_tokens
 
 stops at the junction, else at the block boundary below it (no junction stop when that is not
 past the hit).  A short system prompt below the block saves the whole prompt per request and keeps
@@ -58,13 +61,15 @@ class JunctionStop:
                                        f"rule {rule!r} one of {', '.join(JUNCTION_STOPS)}")
         self.block, self.step_tokens, self.num_requests, self.rule = block, step_tokens, num_requests, rule
 
-    def stop(self, junction: int, hit: int) -> int:
-        """The stop for a request whose lookup found ``hit`` tokens and ``junction`` (0: none):
-        the junction itself, or the block boundary below it, or 0 (none past the hit)."""
+    def stop(self, junction: int, hit: int, readers: int = 1) -> int:
+        """The stop for a request whose lookup found ``hit`` tokens and ``junction`` (0: none),
+        ``readers`` the requests known to wait for the prefix up to the junction: the junction
+        itself, or the block boundary below it, or 0 (none past the hit)."""
         if junction <= 0 or self.rule == "exact" or junction % self.block == 0:
             return junction
         below = junction // self.block * self.block
         below = below if below > hit else 0
-        if self.rule == "priced" and (junction - max(below, hit)) * self.num_requests() >= self.step_tokens:
+        saved = (junction - max(below, hit)) * max(1, readers)
+        if self.rule == "priced" and saved * self.num_requests() >= self.step_tokens:
             return junction
         return below

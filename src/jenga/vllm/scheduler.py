@@ -193,6 +193,7 @@ class JengaScheduler(Scheduler):
         self.next_use = getattr(self.kv_cache_manager.manager.evictor, "next_use", None)
         if self.next_use is not None:  # admissions ordered by cached prefix serve the queued hits first
             self.kv_cache_manager.manager.evictor.hold_live = not ordered
+            self.kv_cache_manager.junction_readers = self._junction_readers
         # a waiting request whose prefix a step in flight computes waits for it (jenga.vllm.prefix_wait)
         wait = prefix_wait_name()
         self.prefix_wait = None
@@ -218,6 +219,14 @@ class JengaScheduler(Scheduler):
         if self.prefix_wait is not None:
             self.prefix_wait.forget(request.request_id)
         return super()._free_request(request, *args, **kwargs)
+
+    def _junction_readers(self, request, junction: int) -> int:
+        """The requests other than ``request`` waiting with its prompt's first ``junction`` tokens
+        (the common-prefix predictor's known future uses of a state checkpointed there)."""
+        nu, hashes, k = self.next_use, request.block_hashes, junction // self.hash_block_size
+        if not 0 < k <= len(hashes):
+            return 0
+        return nu.live.get(hashes[k - 1], 0) - (request.request_id in nu.waiting)
 
     def _handle_blocked_waiting_request(self, request) -> bool:
         """vLLM's check of a waiting request at the head of its queue (False: skipped this step),
