@@ -633,7 +633,7 @@ def test_readded_request_reuses_block_hashes_only_when_unchanged():
 
     def add(tokens, salt=None):
         """add_request; the hashes it reused from the memo, then all of them (hashing is lazy:
-        lookup and append_tokens hash what they reach, jenga.core.manager.prompt_hashes)."""
+        lookup and append_tokens hash what they reach, jenga.core.prefix.hashing)."""
         mgr.add_request("r", tokens, cache_salt=salt)
         req = mgr.requests["r"]
         reused = list(req.hashes)

@@ -24,9 +24,9 @@ from jenga.core.manager.intake import RequestIntake
 from jenga.core.manager.ledger import PageLedger
 from jenga.core.manager.lookup import PrefixLookup
 from jenga.core.manager.pool import large_page_count
-from jenga.core.manager.prompt_hashes import PromptHasher
 from jenga.core.manager.rules import ManagerRules
 from jenga.core.policy.registry import Policy
+from jenga.core.prefix.hashing import PromptHasher
 from jenga.core.prefix.index import PrefixIndex
 from jenga.core.specs import ModelSpec
 from jenga.core.tier.host_tier import HOST_POLICIES, HostTier, host_page_count
