@@ -15,7 +15,7 @@ def drain_large(mgr) -> list[list[tuple[int, int]]]:
     order = []
     while True:
         before = [dict(k) for k in mgr.index.key_of]
-        if mgr.evictor.evict_large() is None:
+        if mgr.alloc.evict_large() is None:
             return order
         order.append(sorted((g, p) for g, keys in enumerate(before) for p in keys
                             if p not in mgr.index.key_of[g]))
@@ -177,9 +177,9 @@ def test_evict_small_skips_fully_evictable_large_pages():
     assert cached_keys(mgr, 0) == {0: (1, -1), 1: (1, -2), 3: (2, -2)}
     assert mgr.alloc.num_e == 1 and mgr.alloc.in_e[0]
     # the per-group LRU takes page 3 although large 0's pages are older: they stay whole
-    assert mgr.evictor.evict_small(0) == 3
-    assert mgr.evictor.evict_small(0) is None
-    assert mgr.evictor.evict_large() == 0
+    assert mgr.alloc.evict_small(0) == 3
+    assert mgr.alloc.evict_small(0) is None
+    assert mgr.alloc.evict_large() == 0
     mgr.check_integrity()
 
 

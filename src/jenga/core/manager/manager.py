@@ -361,7 +361,7 @@ class KVCacheManager:
         """Forget every cached page and empty the prefix index; False (nothing changed) while any
         request holds pages (``jenga.core.manager.cache_control.reset_prefix_cache``)."""
         def reset() -> bool:
-            return cache_control.reset_prefix_cache(self.alloc, self.index, self.evictor)
+            return cache_control.reset_prefix_cache(self.alloc, self.index)
         return reset() if self.host is None else self.host.reset_with(reset)
 
     def take_copy_plan(self) -> CopyPlan:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jenga.core.alloc.allocator import LargePageAllocator
+from jenga.core.alloc.allocator import LargePageAllocator, PageViews
 from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.evict.predicted import PredictedEvictor
 from jenga.core.evict.reuse import ReuseEvictor
@@ -73,14 +73,14 @@ def build_parts(model: ModelSpec, source_model: ModelSpec, memory_bytes: int, ho
     group's policy, the admission rule and the per-group caps (baselines bring their own)."""
     num_large = large_page_count(memory_bytes, model.large_page_bytes)
     num_host_large = 0 if host_memory_bytes is None else host_page_count(host_memory_bytes, model.large_page_bytes)
-    alloc = LargePageAllocator([g.page_bytes for g in model.groups], num_large, caps=rules.caps(model, num_large))
+    pages = PageViews.of([g.page_bytes for g in model.groups], num_large)  # the pool's per-page arrays
     index = PrefixIndex(len(model.groups))
-    sizes = [num_large * k for k in alloc.small_per_large]
+    sizes = [num_large * k for k in pages.small_per_large]
     index.track_pages(sizes)  # registered flags for bulk frees
     if EVICTORS[eviction].counts_uses:
         index.track_uses(sizes)
-    evictor = EVICTORS[eviction](alloc, index)
-    alloc.evictor = evictor
+    evictor = EVICTORS[eviction](pages, index)  # reads the pages; the allocator owns it and evicts through it
+    alloc = LargePageAllocator(pages, evictor, caps=rules.caps(model, num_large))
     ledger = PageLedger(alloc, index, evictor, caching=caching, out_of_window_age=out_of_window_age)
     policies = [rules.policy(i, g, block, window_slack) for i, g in enumerate(model.groups)]
     admission = rules.admission_class(policies, alloc, index, evictor, ledger, block)
