@@ -1,11 +1,14 @@
 """The manager's parts, built and wired together in one place.
 
 ``build_parts`` makes what :class:`jenga.core.manager.manager.KVCacheManager` owns and calls: the
-allocator, the prefix index and the evictor (the allocator evicts through it), the ledger (the
-``PageOps`` the policies call), one policy per group, admission, the prompt hasher, the host tier
-(when it has pages), the prefix lookup, the step commit, byte accounting, hit counts and the
-request intake.  Each part is handed the others it calls as constructor arguments; no part wires
-itself into another.  ``check_choices`` validates the named choices before anything is built.
+pool's per-page arrays, the prefix index and the evictor (built on both), the allocator (handed the
+evictor it evicts through), the ledger (the ``PageOps`` the policies call), one policy per group,
+admission, the prompt hasher, the host tier (when it has pages), the prefix lookup, the step
+commit, byte accounting, hit counts and the request intake.  Each part is handed the others it
+calls as constructor arguments; no part wires itself into another.  One link is set after
+construction: the host tier becomes the evictor's listener (``evictor.listener``), as the tier
+demotes through the device ledger, which is built on the evictor.  ``check_choices`` validates
+the named choices before anything is built.
 """
 
 from __future__ import annotations
