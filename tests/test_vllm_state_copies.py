@@ -77,3 +77,43 @@ def test_no_sub_block_pages_when_vllms_copy_would_not_move_a_whole_state_page():
     # byte offset 0 and it covers only part of the first state layer's slice of a state page
     plan, cfg = page_layer_plan(hybrid_config(attention_layer=0), 512, hash_block=32)
     assert plan.tokens_per_page == 96 and blocks(cfg) == {"MambaSpec": 96, "FullAttentionSpec": 96}
+
+
+def parallel_hybrid_config(n: int = 3):
+    """vLLM's config of a Falcon-H1-like parallel hybrid (96-token blocks): every layer holds an
+    attention cache and a Mamba state under the same layer index; vLLM lists attention first.  A
+    layer's state outweighs all the attention views of a 32-token page together (as there)."""
+    attn = kvi.FullAttentionSpec(block_size=96, num_kv_heads=1, head_size=64, dtype=torch.bfloat16)
+    state = kvi.MambaSpec(block_size=96, shapes=((49152,),), dtypes=(torch.bfloat16,), mamba_cache_mode="align")
+    groups = [kvi.KVCacheGroupSpec([f"model.layers.{i}.self_attn.attn" for i in range(n)], attn),
+              kvi.KVCacheGroupSpec([f"model.layers.{i}.mixer" for i in range(n)], state)]
+    raw = 64 * 2 * n * attn.page_size_bytes
+    tensors = [kvi.KVCacheTensor(size=raw, layers=g.layer_names, layer_stride=attn.page_size_bytes,
+                                 block_stride=attn.page_size_bytes) for g in groups]
+    return kvi.KVCacheConfig(num_blocks=64, kv_cache_tensors=tensors, kv_cache_groups=groups)
+
+
+def test_a_parallel_hybrid_gets_sub_block_pages_and_vllms_copy_moves_exactly_one_state_page():
+    """Layer 0's attention and state views share byte offset 0 and one layer index: vLLM's copy
+    keeps the first view it meets there, so the state's tensor comes first (in both of the
+    runners' orders the state view is the one kept) and the plan may put states inside a block."""
+    from vllm.model_executor.models.utils import extract_layer_index
+    from vllm.v1.kv_cache_layout import KVCacheLayout
+    from vllm.v1.worker.utils import allocate_kv_cache, copy_kv_cache_blocks_inplace
+
+    plan, cfg = page_layer_plan(parallel_hybrid_config(), 1024, hash_block=32)
+    assert plan.tokens_per_page == 32 and blocks(cfg) == {"FullAttentionSpec": 32, "MambaSpec": 96}
+    state = [type(g.kv_cache_spec) for g in cfg.kv_cache_groups].index(kvi.MambaSpec)
+    unit, scale = cfg.kv_cache_tensors[0].block_stride, plan.exec_scale[state]
+    src, dst = 2 * scale + plan.exec_offset, 5 * scale + plan.exec_offset  # state pages 2 and 5
+    views = allocate_kv_cache(cfg, torch.device("cpu"), KVCacheLayout.LBHNC)
+    by_layer = sorted(views, key=extract_layer_index)  # the model runner's order (bind_kv_cache)
+    for order in (by_layer, list(views)):  # and the v2 runner's
+        buf = views[order[0]].untyped_storage()
+        flat = torch.empty(0, dtype=torch.uint8).set_(buf)
+        flat.copy_(torch.randint(0, 256, flat.shape, dtype=torch.uint8))
+        before = flat.clone()
+        copy_kv_cache_blocks_inplace([views[n] for n in order], cfg.num_blocks, [(src, dst)])
+        want = before.clone()
+        want[dst * unit:(dst + scale) * unit] = before[src * unit:(src + scale) * unit]
+        assert torch.equal(flat, want)

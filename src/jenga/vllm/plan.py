@@ -217,40 +217,58 @@ def page_layer_plans(cfgs, max_model_len: int, hash_block: int | None = None) ->
         return page_layer_plans(cfgs, max_model_len)  # states inside a block cannot move: vLLM's blocks
     out = []
     for cfg, mine in zip(cfgs, per_worker, strict=True):
-        new_groups, tensors = [], []
-        for (names, spec), g in zip(mine, fitted.groups, strict=True):
-            new_groups.append(kvi.KVCacheGroupSpec(names, _normalized(spec, g.tokens_per_page)))
-            if names:  # a stage without layers of this group keeps the group (same block ids), no views
-                tensors.append(kvi.KVCacheTensor(size=_buffer_bytes(cfg), layers=list(names),
-                                                 layer_stride=g.layer_page_bytes, block_stride=unit, offset=0))
+        new_groups = [kvi.KVCacheGroupSpec(names, _normalized(spec, g.tokens_per_page))
+                      for (names, spec), g in zip(mine, fitted.groups, strict=True)]
+        # a stage without layers of a group keeps the group (same block ids), no views
+        tensors = [kvi.KVCacheTensor(size=_buffer_bytes(cfg), layers=list(mine[i][0]),
+                                     layer_stride=fitted.groups[i].layer_page_bytes, block_stride=unit, offset=0)
+                   for i in view_order(fitted.groups) if mine[i][0]]
         out.append(dataclasses.replace(cfg, num_blocks=num_blocks, kv_cache_tensors=tensors,
                                        kv_cache_groups=new_groups))
     plan = VllmPlan("pages", model, (num_large + 1) * S, base, True, tuple(p // unit for p in pages), sink // unit)
     return plan, out
 
 
+def view_order(fitted) -> list[int]:
+    """The order of the groups' ``KVCacheTensor`` entries, hence of the workers' views (vLLM's
+    ``allocate_kv_cache`` makes them in that order): state groups first, widest layer view first.
+    Layer ``0`` of every group sits at byte offset 0 and vLLM's block copy keeps the first view it
+    meets there (``state_copies_exact``); a layer index holding both a state and an attention view
+    (Falcon-H1's parallel hybrid layers) then copies the whole state, not one attention page."""
+    return sorted(range(len(fitted)), key=lambda i: (fitted[i].spec.per_token,
+                                                     -fitted[i].spec.layer_page_bytes(fitted[i].tokens_per_page)))
+
+
 def state_copies_exact(groups, fitted, whole_storage: bool) -> bool:
     """Whether vLLM's block copy of a state page's exec id copies exactly that page's states.
 
     ``copy_kv_cache_blocks_inplace`` (vLLM's worker) copies block ``src`` onto ``dst`` in every
-    layer's view in layer-index order, on 0.32 / 0.33 skipping a view whose data pointer it has
-    seen (views at the same byte offset; 0.34 skips only views of the same geometry too), or
-    copies ``dst`` once across the whole storage when the storage is ``num_blocks`` blocks
-    exactly (``whole_storage``).  In the page-layer buffer layer ``j`` of group ``h`` is the view
-    at offset ``j * layer page`` whose block holds that layer's useful bytes; exec id ``e`` is
-    ``e * u`` bytes in.  So the copy is exact for group ``g`` on every version iff every view
-    stays inside one page of ``g`` and the views left after skipping same-offset ones cover each
-    layer's states."""
+    layer's view, on 0.32 / 0.33 skipping a view whose data pointer it has seen (views at the
+    same byte offset; 0.34 skips only views of the same geometry too), or copies ``dst`` once
+    across the whole storage when the storage is ``num_blocks`` blocks exactly
+    (``whole_storage``).  Its views come in layer-index order, ties in ``KVCacheTensor`` order
+    (``bind_kv_cache``: the model runner), or in ``KVCacheTensor`` order (the v2 runner:
+    ``view_order``).  In the page-layer buffer layer ``j`` of group ``h`` is the view at offset
+    ``j * layer page`` whose block holds that layer's useful bytes; exec id ``e`` is ``e * u``
+    bytes in.  So the copy is exact for group ``g`` on every version iff every view stays inside
+    one page of ``g`` and, in both orders, the views left after skipping same-offset ones cover
+    each layer's states."""
     if whole_storage:
         return False
     views = {}
-    for (names, _), g in zip(groups, fitted, strict=True):
+    for i in view_order(fitted):
+        (names, _), g = groups[i], fitted[i]
         for j, name in enumerate(names):
             views[name] = (j * g.layer_page_bytes, g.spec.layer_page_bytes(g.tokens_per_page))
     try:
-        order = sorted(views, key=extract_layer_index)
+        by_layer = sorted(views, key=extract_layer_index)
     except Exception:  # noqa: BLE001 - a layer name vLLM's order cannot place
         return False
+    return all(_copies_cover(views, order, fitted) for order in (by_layer, list(views)))
+
+
+def _copies_cover(views: dict, order: list[str], fitted) -> bool:
+    """``state_copies_exact`` for one order of the views."""
     copied, seen = [], set()
     for name in order:
         off, size = views[name]
