@@ -16,7 +16,8 @@ from vllm_cache_oracle import ADAPTERS, FAMILIES, _feature_kw, check, oracle_tra
 FAST = ("llama", "plain")
 FAST_TRACE = dict(doc_len=(64, 128), max_tokens=(16, 32))  # shorter answers: it preempts at 16 blocks, one budget
 CASES = [(f, x) for f, (_, _, feats) in FAMILIES.items() for x in feats]
-#: not a jenga bug: Qwen3-Next runs in bf16 (vLLM 0.32's CPU Gated DeltaNet kernels), where a prefix hit
+#: not a jenga bug: Qwen3-Next runs in bf16 (vLLM 0.32's CPU Gated DeltaNet op refuses fp32:
+#: ``test_vllm_cpu_runs_qwen3_next_only_in_bf16``), where a prefix hit
 #: resumes from a state and attention computed in other chunks than without one, and greedy tokens of the
 #: random model drift; stock vLLM's own tokens differ between caching on and off on the same trace
 #: (``test_stock_vllm_qwen3_next_tokens_change_with_caching_too``; seed 0: 11 of 18 requests, jenga: 14)
@@ -52,6 +53,25 @@ def test_stock_vllm_qwen3_next_tokens_change_with_caching_too(tmp_path_factory):
     on, off = (run(BF16, trace, root, caching=c, feature="plain", seed=0, jenga=False)[0] for c in (True, False))
     assert len(on) == len(off) == trace.num_requests
     assert on != off
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group(f"vllm-oracle-{BF16}")
+def test_vllm_cpu_runs_qwen3_next_only_in_bf16(tmp_path_factory):
+    """Why the oracle runs Qwen3-Next in bf16, not fp32: vLLM 0.32's CPU Gated DeltaNet op
+    (``cpu_gdn_attention_core``, ``vllm/model_executor/layers/mamba/ops/cpu/gdn_attention.py``)
+    asserts bf16 inputs at the first forward.  Once this fails, vLLM runs it in fp32: the oracle's
+    Qwen3-Next cases should then run in fp32 without their xfail."""
+    from vllm import SamplingParams
+    from vllm_support import close, engine, model_dir
+
+    llm = engine(model_dir(BF16, tmp_path_factory.getbasetemp()), jenga=False, num_blocks=36, max_model_len=320,
+                 dtype="float32", mamba_ssm_cache_dtype="float32")
+    try:
+        with pytest.raises(AssertionError, match="CPU GDN attention requires BF16"):
+            llm.generate([{"prompt_token_ids": list(range(5, 60))}], SamplingParams(temperature=0, max_tokens=4))
+    finally:
+        close(llm)
 
 
 def test_lora_leaves_the_last_slot_free():
