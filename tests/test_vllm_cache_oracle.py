@@ -1,7 +1,8 @@
 """The cache-correctness oracle inside vLLM 0.32 (``tests/vllm_cache_oracle.py``): jenga's scheduler
 with prefix caching on gives the greedy tokens it gives with caching off, for every family and
 feature the integration supports (text and state families, salts, LoRA, speculative decoding, the
-host tier, images on the two VLMs), over a seeded trace whose caching-on run hits, preempts and
+host tier, images on the two VLMs; speculative decoding on the state families: refused at engine start,
+and the case checks the refusal), over a seeded trace whose caching-on run hits, preempts and
 evicts at a budget tuned per case.
 
 Each case starts two engines (a minute or more of CPU): one small case runs in ``make test``, the
@@ -11,7 +12,7 @@ rest under ``-m slow`` and in ``benchmarks/cache_oracle.py``.
 from __future__ import annotations
 
 import pytest
-from vllm_cache_oracle import ADAPTERS, FAMILIES, _feature_kw, check, oracle_trace, run
+from vllm_cache_oracle import ADAPTERS, FAMILIES, REFUSED, _feature_kw, check, oracle_trace, run
 
 FAST = ("llama", "plain")
 FAST_TRACE = dict(doc_len=(64, 128), max_tokens=(16, 32))  # shorter answers: it preempts at 16 blocks, one budget
@@ -26,7 +27,7 @@ BF16 = "qwen3_next"
 
 def _case(family, feature):
     marks = [pytest.mark.xdist_group(f"vllm-oracle-{family}")]
-    if family == BF16:
+    if family == BF16 and (family, feature) not in REFUSED:
         marks.append(pytest.mark.xfail(raises=AssertionError, strict=False,
                                        reason="bf16: stock vLLM's tokens change with caching too"))
     return pytest.param(family, feature, marks=marks)
