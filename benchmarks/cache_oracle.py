@@ -6,7 +6,8 @@ speculative draft, host tier, images, salts), over ``--seeds``; vLLM side
 (``tests/vllm_cache_oracle.py``, jenga's scheduler, vLLM's CPU build, in this process): every family
 the integration runs end to end, each feature it supports there (plain, speculative, host tier
 through ``kv_offloading_size``, salts, LoRA; images on its two VLMs; a case jenga refuses at engine
-start, speculative decoding on a state hybrid, shows the refusal), over ``--vllm-seeds``, at the
+start (speculative decoding on a state hybrid) or stock vLLM's CPU build fails itself (LoRA on a MoE
+family) shows that), over ``--vllm-seeds``, at the
 budget (vLLM blocks, in the cell) where its caching-on run first preempted.  Each cell: requests whose
 greedy tokens agree between caching on and off / requests, then the caching-on runs' prefix hit
 tokens and preemptions (host hit tokens with the host tier; with images, images served from the
@@ -39,10 +40,11 @@ def _cell(results) -> str:
         return "-"
     if any(isinstance(r, Failed) for r in results):
         return "failed: " + ", ".join(sorted({r.problems[0].split(":")[0] for r in results if isinstance(r, Failed)}))
-    if getattr(results[0], "refused", ""):  # vLLM side: jenga refuses the case at engine start, by name
+    if getattr(results[0], "refused", ""):  # vLLM side: jenga refuses it at start, or stock vLLM fails it
         import vllm_cache_oracle as vo
 
-        return f"refused at start ({vo.REFUSED[results[0].family, results[0].feature]})"
+        who, what = vo.REFUSED[results[0].family, results[0].feature]
+        return f"refused by jenga at start ({what})" if who == "jenga" else f"stock vLLM fails too ({what})"
     equal, total = sum(r.equal for r in results), sum(r.total for r in results)
     on = {k: sum(r.on.get(k, 0) for r in results) for k in ("hits", "preemptions", "host_hits", "image_hits", "accepted")}
     out = f"{equal}/{total}: {on['hits']} hit, {on['preemptions']} preempt"

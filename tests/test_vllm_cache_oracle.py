@@ -1,8 +1,9 @@
 """The cache-correctness oracle inside vLLM 0.32 (``tests/vllm_cache_oracle.py``): jenga's scheduler
 with prefix caching on gives the greedy tokens it gives with caching off, for every family and
 feature the integration supports (text and state families, salts, LoRA, speculative decoding, the
-host tier, images on the two VLMs; speculative decoding on the state families: refused at engine start,
-and the case checks the refusal), over a seeded trace whose caching-on run hits, preempts and
+host tier, images on the two VLMs; where there is no reference, the case checks why: speculative
+decoding on the state families is refused at engine start, LoRA on the MoE families fails in stock vLLM's
+CPU build itself), over a seeded trace whose caching-on run hits, preempts and
 evicts at a budget tuned per case.
 
 Each case starts two engines (a minute or more of CPU): one small case runs in ``make test``, the

@@ -17,7 +17,8 @@ back); the caching-off run then takes the budget of the caching-on run's last ru
 
 Features per family (:data:`FAMILIES`): ``plain``; ``salts`` (``cache_salt`` per request, three
 tenants); ``lora`` (two random rank-8 adapters and the base model, one per request: a page shared
-across adapters would change the tokens); ``spec`` (n-gram proposals, or a draft model on Llama;
+across adapters would change the tokens; on the MoE families stock vLLM 0.32's CPU build itself fails,
+:data:`REFUSED`); ``spec`` (n-gram proposals, or a draft model on Llama;
 on a Mamba hybrid jenga refuses it at engine start, by name: vLLM keeps a state block per draft token,
 jenga's state pages one, :data:`REFUSED`); ``host`` (jenga's host tier
 through ``kv_offloading_size``); ``images`` (the VLMs of ``test_vllm_multimodal.py`` and
@@ -63,9 +64,14 @@ IMAGE_DOC_LEN = (16, 48)  # a VLM's documents: the picture's tokens (up to 67) c
 ADAPTERS = {"a": 1, "b": 2}  # LoRA name -> id and weight seed
 TEXT = ("plain", "salts", "lora", "spec", "host")
 STATE = ("plain", "salts", "lora", "host", "spec")
-#: (family, feature) -> what jenga's refusal at engine start names: a case the integration does not
-#: serve (``jenga.vllm.specs.state_spec``); the oracle checks that it is refused, not run
-REFUSED = {(f, "spec"): "speculative Mamba blocks" for f in ("falcon_h1", "qwen3_next")}
+#: (family, feature) -> (who, what): a case with no reference to check, checked for that instead.
+#: "jenga": jenga's engine refuses it at start with an error naming ``what`` (``jenga.vllm.specs.state_spec``:
+#: vLLM keeps a state block per draft token, jenga's state pages one); "vLLM": stock vLLM 0.32's CPU
+#: build itself (no jenga) fails at its first step with an error naming ``what`` (with LoRA on, a MoE
+#: layer runs vLLM's Triton experts, and its CPU build has no Triton: ``triton.language`` has no
+#: ``float32``).  When such a case fails, the thing it records changed: run it as a case again.
+REFUSED = {**{(f, "spec"): ("jenga", "speculative Mamba blocks") for f in ("falcon_h1", "qwen3_next")},
+           **{(f, "lora"): ("vLLM", "triton.language") for f in ("gptoss", "llama4")}}
 FP32 = dict(dtype="float32")
 
 #: family -> (engine kwargs, first budget tried in vLLM blocks, features)
@@ -99,7 +105,7 @@ class VllmResult:
     off: dict
     problems: list[str]
     blocks: int = 0  # the budget both runs had
-    refused: str = ""  # a case of :data:`REFUSED`: jenga's error at engine start
+    refused: str = ""  # a case of :data:`REFUSED`: the error jenga or stock vLLM gave
 
     @property
     def ok(self) -> bool:
@@ -244,21 +250,23 @@ def oracle_trace(family: str, feature: str, seed: int, **trace_kw):
 
 
 def _refusal(family: str, feature: str, seed: int, root: Path, trace) -> VllmResult:
-    """A case of :data:`REFUSED`: jenga's engine must refuse it at start, naming why."""
+    """A case of :data:`REFUSED`: jenga's engine refuses it at start, or stock vLLM fails it, naming why."""
     from jenga.vllm.specs import UnsupportedInVllm
 
+    who, what = REFUSED[family, feature]
+    expected = UnsupportedInVllm if who == "jenga" else Exception  # vLLM: whatever its kernels raise
     try:
-        run(family, trace, root, caching=True, feature=feature, seed=seed)
-    except UnsupportedInVllm as e:
-        ok = REFUSED[family, feature] in str(e)
-        return VllmResult(family, feature, seed, 0, 0, {}, {}, [] if ok else [f"refused for another reason: {e}"],
-                          refused=str(e))
-    return VllmResult(family, feature, seed, 0, 0, {}, {}, ["ran: jenga was to refuse it at engine start"])
+        run(family, trace, root, caching=True, feature=feature, seed=seed, jenga=who == "jenga")
+    except expected as e:
+        ok = what in str(e)
+        return VllmResult(family, feature, seed, 0, 0, {}, {}, [] if ok else [f"{who} failed otherwise: {e}"],
+                          refused=f"{type(e).__name__}: {e}")
+    return VllmResult(family, feature, seed, 0, 0, {}, {}, [f"ran: {who} was to fail it ({what})"])
 
 
 def compare(family: str, feature: str, seed: int, root: Path, **trace_kw) -> VllmResult:
     """Caching on vs off over one seeded trace (``trace_kw``: :func:`engine_cache_oracle.make_trace`'s sizes);
-    a case of :data:`REFUSED`: its refusal at engine start."""
+    a case of :data:`REFUSED`: its refusal or failure (:func:`_refusal`)."""
     trace = oracle_trace(family, feature, seed, **trace_kw)
     if (family, feature) in REFUSED:
         return _refusal(family, feature, seed, root, trace)
