@@ -88,3 +88,21 @@ def test_lora_leaves_the_last_slot_free():
     bgmv_shrink(x, w, out, torch.tensor([0, -1]))
     if out[1].any():
         assert _feature_kw("llama", "lora", None, "", 0)["max_loras"] > len(ADAPTERS)
+
+
+def test_budget_search_goes_between_a_refused_budget_and_a_taken_one(monkeypatch, tmp_path):
+    """gpt-oss with salts, seed 0: 40 blocks are taken and do not preempt, 32 are refused (below one
+    request), so the search tries between them instead of reporting the run at 40 vacuous."""
+    import vllm_cache_oracle as vo
+
+    tried = []
+
+    def fake_run(family, trace, root, *, caching, feature, seed, blocks=None, jenga=True):
+        tried.append(blocks)
+        if blocks < 34:
+            raise ValueError(f"{blocks} blocks hold less than max_model_len")
+        return [[1]] * trace.num_requests, dict(hits=8, preemptions=int(blocks <= 36), evicted=1)
+
+    monkeypatch.setattr(vo, "run", fake_run)
+    res = vo.compare("gptoss", "salts", 0, tmp_path)
+    assert res.ok and res.blocks == 36 and tried == [40, 32, 36, 36]

@@ -13,7 +13,8 @@ draft tokens vLLM accepted).
 The budget is tuned per family and feature: :data:`FAMILIES` gives the first budget tried, and while
 the caching-on run has no preemption the budget shrinks by :data:`SHRINK` (at most :data:`TRIES`
 runs; a budget vLLM or jenga refuses at start, below one request of ``max_model_len``, grows
-back); the caching-off run then takes the budget of the caching-on run's last run.
+back, and once one was taken the next try lies halfway between the refused budget and the taken one);
+the caching-off run then takes the budget of the caching-on run's last taken run.
 
 Features per family (:data:`FAMILIES`): ``plain``; ``salts`` (``cache_salt`` per request, three
 tenants); ``lora`` (two random rank-8 adapters and the base model, one per request: a page shared
@@ -270,26 +271,28 @@ def compare(family: str, feature: str, seed: int, root: Path, **trace_kw) -> Vll
     trace = oracle_trace(family, feature, seed, **trace_kw)
     if (family, feature) in REFUSED:
         return _refusal(family, feature, seed, root, trace)
-    blocks, accepted = FAMILIES[family][1], None
+    blocks, accepted, refused = FAMILIES[family][1], None, 0
     for _ in range(TRIES):
         try:
             on, c_on = run(family, trace, root, caching=True, feature=feature, seed=seed, blocks=blocks)
         except (ValueError, InsufficientMemoryError) as e:  # a budget below one request of max_model_len
             if "max seq len" not in str(e) and "max_model_len" not in str(e):
                 raise
-            if accepted is not None:  # the last budget vLLM took stands
-                blocks = accepted
+            refused = blocks
+            if accepted is None:  # none taken yet: grow back
+                blocks = math.ceil(blocks / SHRINK)
+                continue
+        else:
+            accepted = blocks  # every budget tried after the first taken one lies below it
+            if c_on["preemptions"]:
                 break
-            blocks = math.ceil(blocks / SHRINK)
-            continue
-        accepted = blocks
-        if c_on["preemptions"]:
+        # shrink the last budget taken, and never to a refused one: halfway between the two
+        blocks = int(accepted * SHRINK) if int(accepted * SHRINK) > refused else (accepted + refused) // 2
+        if blocks <= refused:
             break
-        blocks = int(blocks * SHRINK)
-    else:
-        blocks = accepted
     if accepted is None:
         raise ValueError(f"vLLM refused every budget up to {blocks} blocks")
+    blocks = accepted  # on and c_on are this budget's run: the last one vLLM took
     off, c_off = run(family, trace, root, caching=False, feature=feature, seed=seed, blocks=blocks)
     problems = [f"request {i}: tokens {a} with caching, {b} without"
                 for i, (a, b) in enumerate(zip(on, off, strict=True)) if a != b]
