@@ -380,7 +380,7 @@ BLOCKS: dict[str, Block] = {
     # several models on one GPU at real sizes, simulated (a few minutes of CPU each): -m slow, sampled by a scenario
     "simulate-multi-h100": _simulate_multi("--model", "llama-3.1-8b,gemma-3-12b", "--gpu", "h100-80gb", "--requests",
                                            "240", "--output-len", "256"),
-    "simulate-multi-h200": _simulate_multi("--model", "qwen3-next-80b,gemma-3-12b", "--gpu", "h200-141gb",
+    "simulate-multi-h200": _simulate_multi("--model", "qwen3-next-80b,gemma-3-27b", "--gpu", "h200-141gb",
                                            "--weight-dtype", "fp8", "--requests", "240", "--output-len", "256"),
     "reproduce-figure14-h100": _reproduce("throughput"),
     "reproduce-figure14-l4": _reproduce("throughput L4"),

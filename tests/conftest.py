@@ -146,7 +146,7 @@ def cached_keys(mgr: KVCacheManager, g: int) -> dict[int, tuple[int, int]]:
 def evict_page(mgr: KVCacheManager, g: int, page: int) -> None:
     """Evict one specific CACHED page now (the evictor's out-of-order eviction)."""
     assert page in mgr.evictor.keys[g], f"page {g}:{page} is not cached"
-    mgr.evictor.evict_page(g, page)
+    mgr.alloc.evict_many(g, [page])
 
 
 def snapshot(mgr: KVCacheManager) -> dict:

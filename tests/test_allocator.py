@@ -14,7 +14,7 @@ from conftest import (
     two_full_model,
 )
 
-from jenga.core.alloc.allocator import CACHED, FREE, USED, LargePageAllocator
+from jenga.core.alloc.allocator import CACHED, FREE, USED, LargePageAllocator, PageViews
 
 SELF, CROSS = 0, 1  # group indices of toy_model()
 
@@ -39,7 +39,7 @@ def test_budget_keeps_one_slack_large_page():
 
 # ----------------------------------------------------- the bare allocator
 def test_allocator_placement_and_pool_return():
-    a = LargePageAllocator([384, 256], 3)
+    a = LargePageAllocator(PageViews.of([384, 256], 3))
     assert a.large_page_bytes == 768 and a.small_per_large == [2, 3]
     # group 1 (k=3) for tag "x": slots of large 0 in order, then a new large page
     assert [a.allocate(1, "x", True) for _ in range(4)] == [0, 1, 2, 3]
@@ -64,7 +64,7 @@ def test_allocator_placement_and_pool_return():
 
 
 def test_allocator_without_evictor_order_is_1_2_4():
-    a = LargePageAllocator([384, 256], 3)  # group 0: k = 2
+    a = LargePageAllocator(PageViews.of([384, 256], 3))  # group 0: k = 2
     assert a.allocate(0, "r1", True) == 0  # 2: new large page 0
     assert a.allocate(0, "r2", True) == 2  # 2: new large page 1
     assert a.allocate(0, "r1", True) == 1  # 1: own large page first (not page 3)
@@ -77,7 +77,7 @@ def test_allocator_without_evictor_order_is_1_2_4():
 
 
 def test_allocator_states_and_fully_evictable_set():
-    a = LargePageAllocator([256, 384], 2)  # group 0: k = 3; no evictor attached
+    a = LargePageAllocator(PageViews.of([256, 384], 2))  # group 0: k = 3; no evictor attached
     pages = [a.allocate(0, "r", True) for _ in range(3)]
     assert pages == [0, 1, 2]
     a.to_cached(0, 0)

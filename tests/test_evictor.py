@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from conftest import cached_keys, cross, full, group, make_manager, model, page_ids, run, sliding, toy_model
+from conftest import (
+    cached_keys,
+    cross,
+    full,
+    group,
+    make_manager,
+    model,
+    page_ids,
+    run,
+    serve,
+    sliding,
+    toy_model,
+)
 
 from jenga.core.prefix.hashing import ImageRef
 
@@ -15,7 +27,7 @@ def drain_large(mgr) -> list[list[tuple[int, int]]]:
     order = []
     while True:
         before = [dict(k) for k in mgr.index.key_of]
-        if mgr.evictor.evict_large() is None:
+        if mgr.alloc.evict_large() is None:
             return order
         order.append(sorted((g, p) for g, keys in enumerate(before) for p in keys
                             if p not in mgr.index.key_of[g]))
@@ -177,9 +189,9 @@ def test_evict_small_skips_fully_evictable_large_pages():
     assert cached_keys(mgr, 0) == {0: (1, -1), 1: (1, -2), 3: (2, -2)}
     assert mgr.alloc.num_e == 1 and mgr.alloc.in_e[0]
     # the per-group LRU takes page 3 although large 0's pages are older: they stay whole
-    assert mgr.evictor.evict_small(0) == 3
-    assert mgr.evictor.evict_small(0) is None
-    assert mgr.evictor.evict_large() == 0
+    assert mgr.alloc.evict_small(0) == 3
+    assert mgr.alloc.evict_small(0) is None
+    assert mgr.alloc.evict_large() == 0
     mgr.check_integrity()
 
 
@@ -200,3 +212,37 @@ def test_whole_image_eviction():
     first, second = ([3, 4, 5], [6, 7]) if lens["cat"] > lens["dog"] else ([6, 7], [3, 4, 5])
     # all pages of one image leave before any page of the other
     assert sorted(cross_order[:len(first)]) == first and sorted(cross_order[len(first):]) == second
+
+
+def reaches(root, target, skip=()) -> bool:
+    """Whether ``target`` is reachable from ``root`` through object references (``gc``), not
+    passing through the objects in ``skip``."""
+    import gc
+
+    seen, stack = {id(o) for o in skip}, [root]
+    while stack:
+        obj = stack.pop()
+        if obj is target:
+            return True
+        if id(obj) in seen or isinstance(obj, (type, bytes, bytearray, str, int)):
+            continue
+        seen.add(id(obj))
+        stack.extend(gc.get_referents(obj))
+    return False
+
+
+def full_model():
+    return model(group("full", full(), 2))
+
+
+def test_the_allocator_owns_the_evictor_and_the_evictor_never_reaches_it():
+    """Parts wired by their constructors, no cycle: the allocator is handed its evictor, and nothing
+    the evictor holds leads back to the allocator or the manager (it reads the pool's ``PageViews``)."""
+    for eviction in ("lru", "reuse", "predict"):
+        mgr = make_manager(full_model(), 64, eviction=eviction)
+        serve(mgr, "a", [A, B, C, D], [E, F])
+        serve(mgr, "b", [A, B, C, G], [H])  # a hit; pages cached and keyed, large pages in E
+        alloc, evictor = mgr._alloc, mgr._evictor
+        assert alloc.evictor is evictor and alloc.e.evictor is evictor
+        assert reaches(alloc, evictor)  # (the walk finds what is there)
+        assert not reaches(evictor, alloc) and not reaches(evictor, mgr), eviction

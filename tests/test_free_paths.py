@@ -1,6 +1,6 @@
 """The free paths' shortcuts leave exactly the state and the eviction order of the rules they
 stand for: re-timing a sliding window's kept pages in place (``PrefixEvictor.retime_run``) equals
-holding and dropping them again (``touch_many`` then ``add_run``); the numpy paths of every module
+holding and dropping them again (``hit_many`` then ``cache_run``); the numpy paths of every module
 equal their element-by-element paths (``BULK`` raised everywhere so the twin never takes them)."""
 
 from __future__ import annotations
@@ -53,20 +53,22 @@ def trace_order(mgr) -> list:
     """The manager's snapshot, then the order in which every cached page is evicted."""
     state = snapshot(mgr)
     order = []
-    ev = mgr.evictor
-    while (large := ev.evict_large()) is not None:
+    alloc = mgr.alloc
+    while (large := alloc.evict_large()) is not None:
         order.append(("large", large))
     for g in range(len(mgr.model.groups)):
-        while (page := ev.evict_small(g)) is not None:
+        while (page := alloc.evict_small(g)) is not None:
             order.append((g, page))
     mgr.check_integrity()
     return [state, order]
 
 
-def touch_then_add(self, group, ids, negs, last_access):
+def touch_then_add(alloc):
     """The rule ``retime_run`` stands for: hold the pages (CACHED -> USED) and drop them again."""
-    self.touch_many(group, list(ids))
-    self.add_run(group, ids, negs, last_access)
+    def retime(evictor, group, ids, negs, last_access):
+        alloc.hit_many(group, list(ids))
+        alloc.cache_run(group, ids, negs, last_access)
+    return retime
 
 
 @pytest.mark.parametrize("eviction", ["lru", "reuse", "predict"])
@@ -80,7 +82,7 @@ def test_retime_in_place_equals_hold_and_drop(monkeypatch, eviction, sliding_lay
     monkeypatch.setattr(PrefixEvictor, "retime_run", lambda *a: (calls.append(len(a[2])), orig(*a))[1])
     want = trace(fresh)
     assert calls and max(calls) > 1  # the free re-timed kept window pages
-    monkeypatch.setattr(PrefixEvictor, "retime_run", touch_then_add)
+    monkeypatch.setattr(PrefixEvictor, "retime_run", touch_then_add(twin._alloc))
     assert trace(twin) == want
 
 
@@ -237,22 +239,23 @@ def test_fresh_run_pushes_equal_the_per_element_paths(monkeypatch, eviction, sli
 
 
 @pytest.mark.parametrize("sliding_layers", [1, 2])
-def test_reuse_short_add_run_equals_the_general_path(monkeypatch, sliding_layers):
-    """``ReuseEvictor.add_run``'s one loop for a short run (keys, class-3 counts, one-page large
+def test_reuse_short_key_run_equals_the_general_path(monkeypatch, sliding_layers):
+    """``ReuseEvictor.key_run``'s one loop for a short run (keys, class-3 counts, one-page large
     pages' entries) leaves the state and eviction order of ``priorities_of`` + ``_set_keys`` +
     the allocator's call back, with pages reused twice (class 3) among them."""
     fresh = make_manager(swa_model(sliding_layers), 200, window_slack=4, out_of_window_age=1000, eviction="reuse")
     twin = copy.deepcopy(fresh)
     protected = []
-    orig = ReuseEvictor.add_run
+    orig = ReuseEvictor.key_run
 
     def counting(self, group, ids, negs, t):
         before = sum(self._num_prot)
-        orig(self, group, ids, negs, t)
-        protected.append((self.alloc.small_per_large[group], type(ids) is list and sum(self._num_prot) > before))
+        out = orig(self, group, ids, negs, t)
+        protected.append((self.pages.small_per_large[group], type(ids) is list and sum(self._num_prot) > before))
+        return out
 
-    monkeypatch.setattr(ReuseEvictor, "add_run", counting)
+    monkeypatch.setattr(ReuseEvictor, "key_run", counting)
     want = trace(fresh)
     assert {k for k, p in protected if p} == set(fresh.alloc.small_per_large)  # class-3 pages on every group's path
-    monkeypatch.setattr(ReuseEvictor, "add_run", PrefixEvictor.add_run)
+    monkeypatch.setattr(ReuseEvictor, "key_run", PrefixEvictor.key_run)
     assert trace(twin) == want

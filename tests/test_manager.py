@@ -614,7 +614,7 @@ def test_window_slack_keeps_a_second_question_hitting():
         aged = [p for p, (t, _) in mgr.evictor.keys[1].items() if t < 0]
         assert mgr.alloc.small_per_large[1] == 1  # one sliding page per large page
         for _ in aged:
-            assert mgr.evictor.evict_large() in aged
+            assert mgr.alloc.evict_large() in aged
         mgr.check_integrity()
         mgr.add_request("q2", article + list(range(50, 60)))
         return mgr.lookup("q2")
@@ -633,7 +633,7 @@ def test_readded_request_reuses_block_hashes_only_when_unchanged():
 
     def add(tokens, salt=None):
         """add_request; the hashes it reused from the memo, then all of them (hashing is lazy:
-        lookup and append_tokens hash what they reach, jenga.core.manager.prompt_hashes)."""
+        lookup and append_tokens hash what they reach, jenga.core.prefix.hashing)."""
         mgr.add_request("r", tokens, cache_salt=salt)
         req = mgr.requests["r"]
         reused = list(req.hashes)

@@ -126,9 +126,13 @@ def test_simulate_h200_pair_fits_in_fp8_weights_only(capsys):
     assert rc != 0 and "unknown scenario" in err
 
 
-def test_simulate_refuses_a_pair_whose_lcm_page_is_unbounded(capsys):
-    """Qwen3-Next-80B's 37.69 MiB state pages beside Gemma-3-27B's pages: no page plan keeps the
-    LCM page within 8x the largest small page; refused at start, naming the sizes and the bound."""
-    rc, _, err = run_cli(capsys, "simulate", "--model", "qwen3-next-80b,gemma-3-27b", "--gpu", "h200-141gb",
-                         "--weight-dtype", "fp8", "--requests", "4")
-    assert rc != 0 and "LCM page" in err and "37.69 MiB" in err and "bound" in err
+def test_simulate_serves_a_pair_whose_lcm_page_needs_split_groups(capsys):
+    """Qwen3-Next-80B's 37.69 MiB state pages beside Gemma-3-27B's pages: unsplit, no page plan keeps the
+    LCM page within 8x the largest small page (refused before); with the groups split into power-of-two
+    layer counts the pool is planned and both models are served."""
+    rc, out, err = run_cli(capsys, "simulate", "--model", "qwen3-next-80b,gemma-3-27b", "--gpu", "h200-141gb",
+                           "--weight-dtype", "fp8", "--requests", "4", "--output-len", "8", "--json")
+    assert rc == 0, err
+    for res in json.loads(out)["scenarios"].values():
+        for kind in ("shared", "static"):
+            assert res[kind]["output_tokens"] == 2 * 4 * 8 and res[kind]["rejected"] == 0

@@ -10,7 +10,7 @@ from conftest import group, mamba, model, sliding
 
 from jenga.core.manager.multi_model import MultiModelManager, composite_spec
 from jenga.core.pagesize import PageSizeError, with_base_page
-from jenga.core.specs import FullAttentionSpec, ModelSpec
+from jenga.core.specs import FullAttentionSpec, LayerGroup, ModelSpec, SlidingWindowSpec
 from jenga.errors import InsufficientMemoryError, InvalidArgumentError
 
 
@@ -265,3 +265,40 @@ def test_a_waiting_hit_never_breaks_another_models_floor():
     held = mgr.admission.held_large()
     assert held[0] + mgr.floor_pages[1] <= mgr.pool.num_large_pages, held
     serve(mgr, "b0", "b", list(range(500, 524)), n_out=1)  # model b still runs
+
+
+def test_split_layer_groups_cuts_each_group_into_power_of_two_layer_counts_in_layer_order():
+    from jenga.core.pagesize import split_layer_groups
+
+    spec = ModelSpec("m", (LayerGroup("sliding", SlidingWindowSpec("m", num_kv_heads=1, head_dim=8, window=64),
+                                      tuple(range(0, 104, 2)), 16, 52 * 64),
+                           LayerGroup("full", FullAttentionSpec("m", num_kv_heads=1, head_dim=8), (1, 3, 5, 7), 16)),
+                     128, 104)
+    split = split_layer_groups(spec)
+    assert [(g.name, g.num_layers) for g in split.groups] == [("sliding.0", 32), ("sliding.1", 16),
+                                                              ("sliding.2", 4), ("full", 4)]
+    assert sum((g.layers for g in split.groups[:3]), ()) == spec.groups[0].layers  # a partition, in order
+    assert all(g.layer_page_bytes == spec.groups[0].layer_page_bytes for g in split.groups[:3])  # same pad per layer
+    assert split.groups[3] is spec.groups[1]
+
+
+def test_a_pair_whose_lcm_page_needs_split_groups_is_planned_with_them():
+    """Qwen3-Next-80B's 36 state layers beside Gemma-3-27B's 52 sliding and 10 full layers (bf16 KV): the
+    layer counts bring factors 9, 13 and 5 into the LCM (19.14 GiB, 520x the largest page) that no
+    pad removes; split into power-of-two layer counts, it is 268 MiB (8x) at the default 1 % pad, and
+    68 MiB (2x) with a 1.5 % pad of the state pages: the smallest is taken."""
+    specs = [ModelSpec.from_hf_config(n, dtype="bf16", tokens_per_page=16, vision=False, name=n)
+             for n in ("qwen3-next-80b", "gemma-3-27b")]
+    with pytest.raises(PageSizeError, match=r"LCM page of 19.14 GiB.* ratio is 520x"):
+        MultiModelManager(specs, "20GiB", split_groups=False)
+    mgr = MultiModelManager(specs, "20GiB")
+    assert mgr.pool.large_page_bytes == 68 << 20 == 2 * mgr.model.max_small_page_bytes
+    assert mgr.page_plan.pad_frac < 0.02
+    assert {g.name for g in mgr.model.groups} >= {"qwen3-next-80b/mamba.0", "gemma-3-27b/sliding.2"}
+    assert sorted(layer for g in mgr.model.groups if g.spec.model == "gemma-3-27b" for layer in g.layers) == \
+        sorted(layer for g in specs[1].groups for layer in g.layers)
+    mgr.add_request(0, list(range(3, 500)), model="gemma-3-27b")
+    mgr.allocate(0, 497)
+    mgr.check_integrity()
+    mgr.free(0)
+    assert mgr.used_bytes == 0

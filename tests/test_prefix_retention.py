@@ -189,7 +189,7 @@ def test_band_below_the_prompt_end_window_is_released_at_full_priority_not_held(
     def second_hit(mgr) -> int:
         aged = [p for p, (t, _) in cached_keys(mgr, 1).items() if t < 0]
         for _ in aged:  # memory pressure takes exactly the aged pages first
-            assert mgr.evictor.evict_large() in aged
+            assert mgr.alloc.evict_large() in aged
         mgr.add_request("b", P + [200])
         return mgr.lookup("b")
 
@@ -251,7 +251,7 @@ def test_a_prefix_and_its_retained_window_are_evicted_together():
     assert all(mgr.alloc.small_per_large[g] == 1 for g in (0, 1))
     before = {(g, p): k for g in (0, 1) for p, k in cached_keys(mgr, g).items()}
     order = []
-    while (large := mgr.evictor.evict_large()) is not None:
+    while (large := mgr.alloc.evict_large()) is not None:
         gone = [gp for gp in before if gp[1] == large and gp[1] not in cached_keys(mgr, gp[0])]
         assert len(gone) == 1
         order.append((gone[0][0], -before[gone[0]][1]))
@@ -285,7 +285,7 @@ def test_window_of_a_held_prefix_outlives_every_other_reused_page():
     keys = cached_keys(mgr, 1)
     assert [keys[p][0] for p in (18, 19, 20)] == [PROTECTED] * 3
     order = []
-    while (large := mgr.evictor.evict_large()) is not None:
+    while (large := mgr.alloc.evict_large()) is not None:
         order.append(large)  # every group has one page per large page: the page ids
     # aged pages (c0's, then y1's), one-off pages (prompt tails, outputs) LRU; then y's reused
     # prefix (full and window aligned, longest first); c's hit window last
@@ -309,7 +309,7 @@ def test_a_conversations_earlier_windows_go_before_its_newest_tail():
     assert serve(mgr, "t3", t3, [5, 6]) == 16
     end = [{p: -k[1] for p, k in cached_keys(mgr, g).items()} for g in (0, 1)]
     order = []
-    while (large := mgr.evictor.evict_large()) is not None:  # one page per large page: page ids
+    while (large := mgr.alloc.evict_large()) is not None:  # one page per large page: page ids
         order.append(("swa", end[1][large]) if large in end[1] else ("full", end[0][large]))
         mgr.check_integrity()
     swa = [e for g, e in order if g == "swa"]

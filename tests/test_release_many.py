@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from jenga.core.alloc.allocator import CACHED, LargePageAllocator
+from jenga.core.alloc.allocator import CACHED, LargePageAllocator, PageViews
 
 
 def snapshot(a: LargePageAllocator) -> tuple:
@@ -23,7 +23,7 @@ def snapshot(a: LargePageAllocator) -> tuple:
 @pytest.mark.parametrize("page_bytes", [[6, 2], [4, 1, 2], [3]])
 def test_release_many_equals_one_release_per_page(page_bytes):
     rng = random.Random(sum(page_bytes))
-    one, bulk = LargePageAllocator(page_bytes, 1200), LargePageAllocator(page_bytes, 1200)
+    one, bulk = LargePageAllocator(PageViews.of(page_bytes, 1200)), LargePageAllocator(PageViews.of(page_bytes, 1200))
     runs: list[tuple[int, list[int]]] = []  # (group, pages still USED)
     bulk_calls = 0
     for _ in range(450):

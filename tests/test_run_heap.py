@@ -134,8 +134,8 @@ def test_bulk_large_eviction_keeps_the_one_at_a_time_order(two_groups, decode):
     mgr.check_integrity()
     twin = copy.deepcopy(mgr)
     n = 120 if two_groups else 150
-    bulk = mgr.evictor.evict_large_many(n)
-    one = [twin.evictor.evict_large() for _ in range(n)]
+    bulk = mgr.alloc.evict_large_many(n)
+    one = [twin.alloc.evict_large() for _ in range(n)]
     assert bulk == one
     mgr.check_integrity()
     twin.check_integrity()

@@ -30,6 +30,14 @@ pad.  The first step that fits wins, smallest large page within it.  Jamba-1.5-M
 raw ratio 16, a 5.3% pad of the Mamba page gives 35 MiB at ratio 4.  When even the widened search fails,
 :class:`PageSizeError` also lists the base page sizes (16 ... 256 tokens) that would fit.
 
+**Splitting** (:func:`split_layer_groups`, what a pool of several models asks for when its composite plan fails):
+a small page is ``n_g x p_g``, so a group's layer count is a factor of its page; models that share one pool
+bring unrelated counts (Qwen3-Next-80B's 36 state layers, Gemma-3-27B's 52 sliding and 10 full), whose odd
+factors (9, 13, 5) no small pad removes.  Splitting each group into sub-groups of power-of-two layer counts
+(52 = 32 + 16 + 4) leaves only the per-layer sizes in the LCM: Qwen3-Next-80B + Gemma-3-27B in fp8 goes from
+an LCM page of 19.14 GiB (520x) to 268 MiB (8x).  Sub-groups share the spec and see the same tokens, so they
+hit, grow and free alike; each is one more page per block to manage.
+
 Worked results (bf16, 16 tokens, defaults): Nemotron-H-8B 395.25 MiB -> 49.5 MiB (ratio 1, pad 0.19%);
 Falcon-H1-7B ratio 16 -> 1 (pad 0.70%); Jamba-1.5-Mini 33.25 MiB, ratio 4, unchanged; Qwen3-Next
 75.375 MiB, ratio 2, unchanged; Gemma-3-27B with its vision group raises (the 168 KiB vision page has a
@@ -49,7 +57,7 @@ from jenga.core.specs import LayerGroup, ModelSpec
 from jenga.errors import JengaError
 
 __all__ = ["PADDABLE_KINDS", "SCALABLE_KINDS", "WIDE_PAD_FRAC", "PagePlan", "PageSizeError", "fit_page_sizes",
-           "manager_page_plan", "with_base_page"]
+           "manager_page_plan", "split_layer_groups", "with_base_page"]
 
 #: Kinds whose ``tokens_per_page`` may be scaled by powers of two.
 SCALABLE_KINDS = frozenset({"full", "sliding", "chunked", "cross"})
@@ -99,6 +107,26 @@ class PagePlan:
     def pages_per_large_page(self) -> dict[str, int]:
         """k_g = S / P_g per group name."""
         return {g.name: self.large_page_bytes // g.page_bytes for g in self.model.groups}
+
+
+def split_layer_groups(model: ModelSpec) -> ModelSpec:
+    """``model`` with every group of ``n`` layers split into sub-groups of power-of-two layer counts,
+    largest first (52 layers: 32 + 16 + 4, in layer order), named ``"<group>.<i>"``; a group whose count
+    is a power of two is kept as it is.  Same spec, tokens per page and per-layer pad (module docstring)."""
+    groups = []
+    for g in model.groups:
+        n = g.num_layers
+        if n & (n - 1) == 0:
+            groups.append(g)
+            continue
+        start, i = 0, 0
+        for bit in reversed(range(n.bit_length())):
+            if n >> bit & 1:
+                part = g.layers[start:start + (1 << bit)]
+                pad = g.pad_bytes // n * len(part)
+                groups.append(dataclasses.replace(g, name=f"{g.name}.{i}", layers=part, pad_bytes=pad))
+                start, i = start + len(part), i + 1
+    return dataclasses.replace(model, groups=tuple(groups))
 
 
 @dataclass(frozen=True)

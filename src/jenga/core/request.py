@@ -79,9 +79,9 @@ class Request:
     next_event: int = 0  # append_tokens commits groups once num_computed reaches this
     salt_root: bytes = b""
     pairs: list | None = None  # (policy, group state) pairs with work, set at the first allocate
-    lender: tuple | None = None  # (tokens, hashes) of a prompt starting alike (jenga.core.manager.prompt_hashes)
+    lender: tuple | None = None  # (tokens, hashes) of a prompt starting alike (jenga.core.prefix.hashing)
     # the caller's chained block hashes (a live sequence, one per ``hash_step`` caller blocks of
-    # jenga's block taken), read instead of hashing (jenga.core.manager.prompt_hashes); None: jenga hashes
+    # jenga's block taken), read instead of hashing (jenga.core.prefix.hashing); None: jenga hashes
     source_hashes: object = None
     hash_step: int = 1
 

@@ -23,9 +23,7 @@ list.  No other suffix; ``RunMoves.verb`` (numpy over a long run) is one path of
 
 from __future__ import annotations
 
-import math
 from array import array
-from functools import reduce
 
 import numpy as np
 
@@ -41,23 +39,24 @@ __all__ = ["CACHED", "FREE", "USED", "EvictionSource", "LargePageAllocator", "Pa
 
 class LargePageAllocator:
     """The large-page pool and per-group carving, with request tags: a façade over its parts, the
-    free pool (``free_large``), the free slots (``slots``), the set ``E`` (``e``) and the run moves
-    (``moves``), which it builds on its flat arrays and calls."""
+    free pool (``free_large``), the free slots (``slots``), the set ``E`` (``e``), the run moves
+    (``moves``), which it builds on its flat arrays and calls, and the evictor it is handed (built
+    first on the same ``views``; ``None``: nothing is ever cached)."""
 
-    def __init__(self, page_bytes: list[int], num_large: int, caps: list[int] | None = None):
-        assert page_bytes and all(p > 0 for p in page_bytes), f"bad page sizes {page_bytes}"
-        self.large_page_bytes = reduce(math.lcm, page_bytes)
-        self.page_bytes = list(page_bytes)
-        self.small_per_large = [self.large_page_bytes // p for p in page_bytes]  # k_g of the module doc
-        self.num_large = num_large
-        n, groups = num_large, len(page_bytes)
-        self.group_of: list[int] = [-1] * n
+    def __init__(self, views: PageViews, evictor: EvictionSource | None = None, caps: list[int] | None = None):
+        self.views = views  # the per-page arrays, made first: written here, read in place by the evictor
+        self.page_bytes = views.page_bytes
+        self.small_per_large = views.small_per_large  # k_g of the module doc
+        self.large_page_bytes = self.page_bytes[0] * self.small_per_large[0]
+        self.num_large = n = views.num_large
+        groups = len(self.page_bytes)
+        self.group_of: list[int] = views.group_of
         self.tag_of: list[object] = [None] * n
         # per large page: used / cached small pages; per group: each small page's state
         # (flat arrays, with numpy views of the same memory for bulk changes)
         self.n_used = zeros(n)
-        self.n_cached = zeros(n)
-        self.state = [bytearray(n * k) for k in self.small_per_large]
+        self.n_cached = views.n_cached
+        self.state = views.state
         self.cached_small = [0] * groups  # cached pages outside E
         self.used_small = [0] * groups  # USED pages per group
         self.owned = [0] * groups  # large pages each group owns now
@@ -66,26 +65,16 @@ class LargePageAllocator:
         # the parts: each is handed the arrays it reads or moves
         self.free_large = FreePool(n)  # lowest id first
         self.slots = FreeSlots(groups, self.tag_of)
-        self.in_e = bytearray(n)  # per large page: in E (the E part keeps the counts)
+        self.in_e = views.in_e  # per large page: in E (the E part keeps the counts)
+        self.evictor = evictor  # evicts through it (steps 3 and 5); ``E`` reports to it
         self.e = EvictableSet(self.in_e, self.small_per_large, self.group_of, self.tag_of, self.n_used, self.n_cached, self.cached_small,
-                              self.owned, self.free_large, self.slots)
+                              self.owned, self.free_large, self.slots, evictor)
         self.moves = RunMoves(self.small_per_large, self.state, self.group_of, self.tag_of, self.n_used, self.n_cached,
                               self.used_small, self.cached_small, self.owned, self.free_large, self.slots, self.e)
         # the parts' counters, read by the manager's admission and stats (the same lists)
         self.free_small = self.slots.free_small  # visible free slots
         self.hidden_free = self.slots.hidden_free  # free slots inside E
         self.e_count = self.e.e_count  # fully evictable large pages per group
-        # what the evictor reads in place; every other user asks the queries below
-        self.views = PageViews(self.state, self.in_e, self.group_of, self.n_cached)
-
-    @property
-    def evictor(self) -> EvictionSource | None:
-        """The evictor the allocator evicts through (steps 3 and 5) and ``E`` reports to."""
-        return self.e.evictor
-
-    @evictor.setter
-    def evictor(self, evictor: EvictionSource | None) -> None:
-        self.e.evictor = evictor
 
     # ------------------------------------------------------------------ queries
     @property
@@ -165,13 +154,13 @@ class LargePageAllocator:
             if self.free_large and not capped:
                 return self._take(group, self._carve(group, tag))
             # at its cap a group may only recycle its own fully evictable large pages
-            if self.evictor is not None and self.evictor.evict_large(group if capped else None) is not None:
+            if self.evictor is not None and self.evict_large(group if capped else None) is not None:
                 return self._take(group, self._carve(group, tag))
         large = self.slots.lowest_partial(group)
         if large is not None:
             return self._take(group, large)
         if self.evictor is not None:
-            page = self.evictor.evict_small(group)
+            page = self.evict_small(group)
             if page is not None:
                 large = page // self.small_per_large[group]
                 if self.group_of[large] == group:
@@ -211,7 +200,7 @@ class LargePageAllocator:
                     carved += whole
                     continue
                 if self.evictor is not None:
-                    freed = self.evictor.evict_large_many(whole)
+                    freed = self.evict_large_many(whole)
                     if freed:
                         assert sorted(freed) == sorted(self.free_large), "evicted pages are not all the free ones"
                         self.free_large.clear()
@@ -433,15 +422,68 @@ class LargePageAllocator:
         self.slots.add(group, large, page % self.small_per_large[group])
         self.e.place(large)
 
-    def evict_whole(self, large: int) -> None:
-        """Every CACHED page of fully evictable ``large`` -> FREE at once; the large page
-        returns to the pool (the evictor has dropped their keys and index entries)."""
-        self.evict_whole_many(self.group_of[large], [large])
-
     def evict_whole_many(self, group: int, larges) -> None:
-        """``evict_whole`` for each of the distinct ``larges`` (all of ``group``): an int array
-        with numpy, a list in one loop; they go back to the pool in one ``push_many``."""
+        """Every CACHED page of each of the distinct fully evictable ``larges`` (all of ``group``)
+        -> FREE at once, the large pages back to the pool in one ``push_many`` (the evictor has
+        dropped their keys and index entries): an int array with numpy, a list in one loop."""
         self.moves.evict_whole(group, larges)
+
+    # ------------------------------------------- through the evictor (it keys, it picks; moves are here)
+    def cache_run(self, group: int, ids, negs, last_access: int) -> None:
+        """USED -> CACHED for the distinct registered ``ids`` (a list or an int array) released at
+        ``last_access``, ``-prefix length`` in ``negs``: the evictor keys them, then they move (and
+        ``E`` tells it of the large pages that entered)."""
+        evictor = self.evictor
+        ids, larges, counts = evictor.key_run(group, ids, negs, last_access)
+        self.to_cached_many(group, ids, larges, counts)
+        evictor.keyed()
+
+    def hit(self, group: int, page: int) -> tuple[int, int]:
+        """CACHED -> USED (a prefix hit), its key leaving the evictor: ``(release time, -prefix
+        length)``, to undo with ``cache_run``."""
+        self.touch_cached(group, page)
+        return self.evictor.unkey(group, page)
+
+    def hit_many(self, group: int, pages: list[int]) -> list[tuple[int, int]]:
+        """``hit`` for the distinct CACHED ``pages``."""
+        self.touch_cached_many(group, pages)
+        return self.evictor.unkey_many(group, pages)
+
+    def hit_run(self, group: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``hit_many`` for a long run: (release times, -prefix lengths) as arrays."""
+        self.touch_cached_many(group, ids if len(ids) > BULK else ids.tolist())
+        return self.evictor.unkey_run(group, ids)
+
+    def evict_large(self, group: int | None = None) -> int | None:
+        """Evict the fully evictable large page with the smallest key (of ``group`` only, when
+        given): its cached pages FREE, it back to the pool.  Its id, or ``None`` if ``E`` is empty."""
+        picked = self.evictor.pick_large(group)
+        if picked is None:
+            return None
+        self.evict_whole_many(picked[0], [picked[1]])
+        return picked[1]
+
+    def evict_large_many(self, m: int) -> list[int]:
+        """``evict_large()`` up to ``m`` times, in its order; the freed large pages in order."""
+        out: list[int] = []
+        for g, larges in self.evictor.pick_large_many(m, out):
+            self.evict_whole_many(g, larges)
+        return out
+
+    def evict_small(self, group: int) -> int | None:
+        """Evict the cached page of ``group`` with the smallest key outside ``E``; the now-FREE
+        page, or ``None`` when there is none."""
+        page = self.evictor.pick_small(group)
+        if page is not None:
+            self.evict_cached(group, page)
+        return page
+
+    def evict_many(self, group: int, pages: list[int]) -> None:
+        """Evict the distinct CACHED ``pages`` now, out of order (a live page took over a key, a
+        promoted copy nobody used): their keys dropped together, then each FREE."""
+        self.evictor.drop_many(group, pages)
+        for page in pages:
+            self.evict_cached(group, page)
 
     def check_integrity(self) -> dict[str, int]:
         """Recount every page from ``state``; assert all counters agree.  Returns totals."""

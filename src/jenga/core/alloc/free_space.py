@@ -294,8 +294,8 @@ class FreeSlots:
 class EvictableSet:
     """``E`` membership and the counters it moves.
 
-    Owns ``count`` (the size of ``E``) and ``e_count[g]`` (per group); ``evictor`` (set by the
-    allocator) hears ``on_evictable`` / ``on_unevictable``.  ``in_e`` (one flag per large page) is a
+    Owns ``count`` (the size of ``E``) and ``e_count[g]`` (per group); ``evictor`` (the allocator's,
+    handed over at construction) hears ``on_evictable`` / ``on_unevictable``.  ``in_e`` (one flag per large page) is a
     flat array of the allocator's, like ``small_per_large``, ``group_of``, ``n_used`` and ``n_cached``, handed
     over at construction: the allocator's per-page loops may flip flags themselves and then report
     the large pages that ``entered_whole`` or ``left_many``.  Moves the allocator's
@@ -307,11 +307,11 @@ class EvictableSet:
                  "cached_small", "owned", "pool")
 
     def __init__(self, in_e: bytearray, k: list[int], group_of: list[int], tag_of: list, n_used, n_cached,
-                 cached_small: list[int], owned: list[int], pool: FreePool, slots: FreeSlots):
+                 cached_small: list[int], owned: list[int], pool: FreePool, slots: FreeSlots, evictor):
         self.in_e = in_e
         self.count = 0
         self.e_count = [0] * len(k)
-        self.evictor = None
+        self.evictor = evictor  # the allocator's (``EvictionSource``), or None
         self.slots, self.small_per_large, self.group_of, self.tag_of = slots, k, group_of, tag_of
         self.n_used, self.n_cached, self.cached_small, self.owned, self.pool = n_used, n_cached, cached_small, owned, pool
 

@@ -15,12 +15,12 @@ pages released together, so a free or a bulk eviction costs per run, not per pag
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from functools import partial
 
 import numpy as np
 
-from jenga.core.alloc.allocator import CACHED, EvictionSource, LargePageAllocator
+from jenga.core.alloc.page_states import CACHED, EvictionSource, PageViews
 from jenga.core.evict.fresh_run import FreshRun, push_back
 from jenga.core.evict.large import LargeEviction
 from jenga.core.evict.listener import EvictionListener
@@ -76,13 +76,13 @@ class PrefixEvictor(EvictionSource):
     #: whether this order reads the index's use counts (the manager then has the index keep them)
     counts_uses = False
 
-    def __init__(self, allocator: LargePageAllocator, index: PrefixIndex):
-        """The manager wires the parts: it sizes the index's page arrays (``track_pages``, and
-        ``track_uses`` where ``counts_uses``) and hands the allocator this evictor."""
-        self.alloc = allocator
-        self.pages = allocator.views  # read in place (``PageViews``)
+    def __init__(self, pages: PageViews, index: PrefixIndex):
+        """Built on the pool's ``pages`` (read in place, never written) before the allocator, which
+        is handed this evictor; the manager sizes the index's page arrays (``track_pages``, and
+        ``track_uses`` where ``counts_uses``)."""
+        self.pages = pages
         self.index = index
-        a = allocator
+        a = pages
         n = len(a.small_per_large)
         self.key_t = [zeros(a.num_large * k) for k in a.small_per_large]  # per page: key (t, n) while CACHED
         self.key_n = [zeros(a.num_large * k) for k in a.small_per_large]
@@ -96,24 +96,25 @@ class PrefixEvictor(EvictionSource):
             valid = _CachedWithKey(self.pages.state[g], self.key_t[g], self.key_n[g])
             self._heaps.append(RunHeap(valid.one, valid.many, reads="tni"))
         # per group: the order of fully evictable large pages, and evicting many at once
-        self.large = LargeEviction(allocator, index)
+        self.large = LargeEviction(pages, index)
         self.num_evicted_pages = 0
         self.listener: EvictionListener | None = None  # told of each eviction first (a host tier)
 
-    # ------------------------------------------------------------ page moves
-    def add(self, group: int, page: int, last_access: int, prefix_len: int) -> None:
-        """A registered USED page whose last holder left becomes CACHED with this key."""
-        self.add_run(group, [page], [-prefix_len], last_access)
-
-    def add_run(self, group: int, ids, negs, last_access: int) -> None:
-        """``add_many`` for pages ``ids`` with ``-prefix length`` in ``negs`` (sequences)."""
+    # ------------------------------------------------------------ keys
+    def key_run(self, group: int, ids, negs, last_access: int) -> tuple:
+        """Key the distinct registered USED ``ids`` whose last holder left at ``last_access``
+        (``-prefix length`` in ``negs``; sequences): ``LargePageAllocator.cache_run`` makes them
+        CACHED next, then calls ``keyed``.  ``(ids, larges, counts)``: the ids (an int array for a
+        long run) and, where known, their distinct large pages ascending and how many each has."""
         ids = self._set_keys(group, ids, negs, last_access)
         self.num_keys[group] += len(ids)
         fresh = self._fresh
         if fresh is not None and fresh.larges is not None:  # its large pages counted once, for both
-            self.alloc.to_cached_many(group, ids, fresh.larges, fresh.counts)
-        else:
-            self.alloc.to_cached_many(group, ids)
+            return ids, fresh.larges, fresh.counts
+        return ids, None, None
+
+    def keyed(self) -> None:
+        """The run ``key_run`` keyed is CACHED now (its large pages entered their orders)."""
         self._fresh = None
 
     def release_stamps(self, group: int, pages) -> list[int]:
@@ -122,12 +123,12 @@ class PrefixEvictor(EvictionSource):
         return [kt[page] for page in pages]
 
     def retime_run(self, group: int, ids, negs, last_access: int) -> None:
-        """``touch_many`` then ``add_run`` for distinct CACHED ``ids``, in place: the same keys
+        """``unkey_many`` then ``key_run`` for distinct CACHED ``ids``, in place: the same keys
         and orders without moving the pages through USED (their large pages stay in E and
         re-enter its order with their new largest key; old heap entries go stale)."""
         self.forget_many(group, ids)  # the old keys' hooks (class-3 flags)
         ids = self._set_keys(group, ids, negs, last_access)
-        k = self.alloc.small_per_large[group]
+        k = self.pages.small_per_large[group]
         if k == 1:  # a cached page is its own large page, in E
             self._push_larges(group, ids)
             self._fresh = None
@@ -159,7 +160,7 @@ class PrefixEvictor(EvictionSource):
             view(self.key_t[group])[ids] = prios
             view(self.key_n[group])[ids] = negs
             if type(prios) is int:  # one key time for the run: ``_push_larges`` reads the keys from here
-                self._fresh = FreshRun(group, prios, ids, negs, self.alloc.small_per_large[group])
+                self._fresh = FreshRun(group, prios, ids, negs, self.pages.small_per_large[group])
             if self._small_order[group]:
                 # a run's pages come first to last: the order wants last first (contiguous copies,
                 # the ids once for both columns; one priority for all needs no reversal)
@@ -192,7 +193,7 @@ class PrefixEvictor(EvictionSource):
         return last_access
 
     def release_time(self, group: int, page: int, key: Key) -> int:
-        """The release time behind a key (``touch`` hands it back for an undo)."""
+        """The release time behind a key (``unkey`` hands it back for an undo)."""
         return key[0]
 
     def release_keys(self, group: int, pages: list[int], keys: list[Key]) -> list[Key]:
@@ -207,16 +208,15 @@ class PrefixEvictor(EvictionSource):
     def forget_many(self, group: int, pages) -> None:
         """The pages' keys are forgotten (evicted, or about to be re-keyed)."""
 
-    def touch(self, group: int, page: int) -> Key:
-        """A CACHED page is hit: it becomes USED.  Returns its (release time, -prefix length)
-        (to undo with ``add``)."""
-        key = self.keys[group][page]
+    def unkey(self, group: int, page: int) -> Key:
+        """A page that was CACHED is hit (``LargePageAllocator.hit`` made it USED): its key leaves.
+        Returns its (release time, -prefix length) (to undo with ``cache_run``)."""
+        key = self.key_t[group][page], self.key_n[group][page]
         self.num_keys[group] -= 1
-        self.alloc.touch_cached(group, page)
         return self.release_time(group, page, key), key[1]
 
-    def touch_many(self, group: int, pages: list[int]) -> list[Key]:
-        """``touch`` for distinct CACHED ``pages``; their (release time, -prefix length)."""
+    def unkey_many(self, group: int, pages: list[int]) -> list[Key]:
+        """``unkey`` for distinct ``pages``; their (release time, -prefix length)."""
         if len(pages) > BULK:
             ids = as_ids(pages)
             out = list(zip(view(self.key_t[group])[ids].tolist(), view(self.key_n[group])[ids].tolist(), strict=True))
@@ -224,22 +224,21 @@ class PrefixEvictor(EvictionSource):
             kt, kn = self.key_t[group], self.key_n[group]
             out = [(kt[p], kn[p]) for p in pages]
         self.num_keys[group] -= len(pages)
-        self.alloc.touch_cached_many(group, pages)
         return self.release_keys(group, pages, out)
 
-    def touch_run(self, group: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``touch_many`` for a long run: (release times, -prefix lengths) as arrays."""
+    def unkey_run(self, group: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``unkey_many`` for a long run: (release times, -prefix lengths) as arrays."""
         ts, ns = view(self.key_t[group])[ids], view(self.key_n[group])[ids]
         self.num_keys[group] -= len(ids)
-        self.alloc.touch_cached_many(group, ids if len(ids) > BULK else ids.tolist())
         return self.release_times(group, ids, ts), ns
 
     def release_times(self, group: int, ids: np.ndarray, ts: np.ndarray) -> np.ndarray:
         """The release times behind keys' first parts ``ts`` (``release_keys`` for arrays)."""
         return ts
 
-    def _drop_pages(self, group: int, pages: list[int]) -> None:
-        """Forget cached ``pages`` (the allocator frees them next)."""
+    def drop_many(self, group: int, pages: list[int]) -> None:
+        """Forget cached ``pages``: the host tier hears first, then their keys and index entries go
+        (the allocator frees them next)."""
         if self.listener is not None:
             self.listener.evicting(group, pages)
         self.forget_many(group, pages)
@@ -263,10 +262,10 @@ class PrefixEvictor(EvictionSource):
         return 0
 
     # -------------------------------------------------- EvictionSource hooks
-    def evict_small(self, group: int) -> int | None:
+    def pick_small(self, group: int) -> int | None:
         if not self._small_order[group]:
             return None
-        heap, in_e, k = self._heaps[group], self.pages.in_e, self.alloc.small_per_large[group]
+        heap, in_e, k = self._heaps[group], self.pages.in_e, self.pages.small_per_large[group]
         skipped = []
         found = None
         while heap.top() is not None:
@@ -279,60 +278,39 @@ class PrefixEvictor(EvictionSource):
         if skipped:
             heap.push(*zip(*skipped, strict=True))
         if found is not None:
-            self._drop(group, found)
+            self.drop_many(group, [found])
         return found
 
-    def evict_page(self, group: int, page: int) -> None:
-        """Evict CACHED ``page`` now, out of order: a live page took over its key (a duplicate,
-        ``PageLedger.register``), or a promoted copy nobody used (``jenga.core.tier``)."""
-        self._drop(group, page)
-
-    def evict_pages(self, group: int, pages: list[int]) -> None:
-        """``evict_page`` for each of the distinct CACHED ``pages``, their keys dropped together."""
-        self._drop_pages(group, pages)
-        evict = self.alloc.evict_cached
-        for page in pages:
-            evict(group, page)
-
-    def _drop(self, group: int, page: int) -> None:
-        """Evict one CACHED page (its large page may stay carved)."""
-        self._drop_pages(group, [page])
-        self.alloc.evict_cached(group, page)
-
-    def evict_large(self, group: int | None = None) -> int | None:
+    def pick_large(self, group: int | None = None) -> tuple[int, int] | None:
         picked = self.large.pick_one(group)
-        if picked is None:
-            return None
-        g, large = picked
-        self._evict_whole(g, [large])
-        return large
+        if picked is not None:
+            self._forget_whole(picked[0], [picked[1]])
+        return picked
 
-    def evict_large_many(self, m: int) -> list[int]:
-        """``evict_large()`` up to ``m`` times, in its order (``LargeEviction.pick_many``)."""
-        out: list[int] = []
+    def pick_large_many(self, m: int, out: list[int]) -> Iterator[tuple[int, list[int] | np.ndarray]]:
+        """``pick_large()`` up to ``m`` times, in its order (``LargeEviction.pick_many``)."""
         for g, larges in self.large.pick_many(m, out):
-            self._evict_whole(g, larges)
-        return out
+            self._forget_whole(g, larges)
+            yield g, larges
 
-    def _evict_whole(self, g: int, larges: list[int] | np.ndarray) -> None:
+    def _forget_whole(self, g: int, larges: list[int] | np.ndarray) -> None:
         """Every cached page of each of the fully evictable ``larges`` of group ``g`` (popped from
-        its order; a list, or an int array) leaves, dropped in one call; they are free."""
-        k = self.alloc.small_per_large[g]
+        its order; a list, or an int array) is forgotten in one call (the allocator frees them)."""
+        k = self.pages.small_per_large[g]
         if type(larges) is np.ndarray:
             if k == 1:
                 pages = larges
             else:  # the cached pages of each large page, in order
                 block = (larges[:, None] * k + np.arange(k)).ravel()
                 pages = block[view(self.pages.state[g])[block] == CACHED]
-            self._drop_pages(g, pages.tolist())
+            self.drop_many(g, pages.tolist())
         else:
             if k == 1:
                 pages = larges
             else:
                 st = self.pages.state[g]
                 pages = [p for large in larges for p in range(large * k, (large + 1) * k) if st[p] == CACHED]
-            self._drop_pages(g, pages)
-        self.alloc.evict_whole_many(g, larges)
+            self.drop_many(g, pages)
 
     def on_evictable(self, large: int) -> None:
         self.on_evictable_many(self.pages.group_of[large], (large,))
@@ -344,8 +322,7 @@ class PrefixEvictor(EvictionSource):
     def _push_larges(self, group: int, larges) -> None:
         """Each of ``larges`` (in E) enters the group's order with the largest key of its
         cached pages (a new version: its earlier entries go stale)."""
-        alloc = self.alloc
-        k = alloc.small_per_large[group]
+        k = self.pages.small_per_large[group]
         if len(larges) * k <= BULK:
             ver, kt, kn = self.large.ver, self.key_t[group], self.key_n[group]
             if type(larges) is not list:
@@ -386,7 +363,7 @@ class PrefixEvictor(EvictionSource):
         """``(ts, ns, larges, vs)`` of those of ``larges`` still in E at version ``vs`` (the others
         are stale for good: versions only grow), with the largest key of their cached pages:
         the one they entered with, as a large page's keys change only through a new version."""
-        ver, in_e, k = self.large.ver, self.pages.in_e, self.alloc.small_per_large[group]
+        ver, in_e, k = self.large.ver, self.pages.in_e, self.pages.small_per_large[group]
         kt, kn, st = self.key_t[group], self.key_n[group], self.pages.state[group]
         ts, ns, ls, gs = [], [], [], []
         for large, v in zip(larges, vs, strict=True):
@@ -401,7 +378,7 @@ class PrefixEvictor(EvictionSource):
 
     def _largest(self, group: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The largest key of the cached pages of each of large pages ``ids`` (of ``group``)."""
-        k = self.alloc.small_per_large[group]
+        k = self.pages.small_per_large[group]
         kt, kn = view(self.key_t[group]), view(self.key_n[group])
         if k == 1:
             return kt[ids], kn[ids]

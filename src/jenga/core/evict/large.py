@@ -1,5 +1,5 @@
 """Evicting many whole large pages at once (an allocation that needs ``m`` fresh large pages)
-in exactly the order of ``m`` calls of ``PrefixEvictor.evict_large``.
+in exactly the order of ``m`` calls of ``LargePageAllocator.evict_large``.
 
 Where a group's head is a run of pages released together (``RunHeap``), a stretch of it that
 comes before everything else is evicted in bulk, merged across groups with numpy; otherwise
@@ -11,9 +11,9 @@ group's pops are evicted together at the end.
 holds the per-group orders of fully evictable large pages (``heaps``, one ``RunHeap`` each) and
 each large page's version (``ver``: an entry is valid while its large page is in ``E`` at the
 version it entered with); the evictor pushes entries and bumps versions.  It picks; the evictor
-evicts: ``pick_one`` returns a popped large page, ``pick_many`` yields the picks in batches of one
-group (a list, or an int array from a merge), each evicted by the evictor before the next is
-picked, so every pick sees the state the evictions before it left.
+forgets and the allocator frees: ``pick_one`` returns a popped large page, ``pick_many`` yields the
+picks in batches of one group (a list, or an int array from a merge), each evicted before the next
+is picked, so every pick sees the state the evictions before it left.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from jenga.core.alloc.allocator import LargePageAllocator
+from jenga.core.alloc.page_states import PageViews
 from jenga.core.evict.run_heap import RunHeap
 from jenga.core.flat_arrays import view, zeros
 from jenga.core.prefix.index import PrefixIndex
@@ -33,13 +33,13 @@ BULK_RUN = 16  # a run's pages go to bulk eviction when at least this many come 
 class LargeEviction:
     """The orders of fully evictable large pages and their eviction (module doc)."""
 
-    def __init__(self, alloc: LargePageAllocator, index: PrefixIndex):
+    def __init__(self, pages: PageViews, index: PrefixIndex):
         self.index = index  # its KV events, if on, keep each group's picks apart
-        self.pages = alloc.views  # read in place (``PageViews``)
+        self.pages = pages  # read in place
         # per group: fully evictable large pages by key; an element is valid while the large
         # page's version is the one it entered E with (ties go to the lower large page id)
-        self.ver = zeros(alloc.num_large)
-        self.heaps = [RunHeap(self.valid, self.valid_many, reads="ig") for _ in alloc.small_per_large]
+        self.ver = zeros(pages.num_large)
+        self.heaps = [RunHeap(self.valid, self.valid_many, reads="ig") for _ in pages.small_per_large]
 
     def valid(self, large, t, n, v) -> bool:
         """Whether an entry of ``large`` at version ``v`` is current."""
@@ -50,7 +50,7 @@ class LargeEviction:
         return (view(self.ver)[larges] == vs) & (view(self.pages.in_e)[larges] == 1)
 
     def pick_one(self, group: int | None = None) -> tuple[int, int] | None:
-        """For ``PrefixEvictor.evict_large``: the large page with the smallest key (of ``group``
+        """For ``PrefixEvictor.pick_large``: the large page with the smallest key (of ``group``
         only, when given), popped, with its group; ``None`` when there is none."""
         heaps = self.heaps
         if group is None:
@@ -65,8 +65,8 @@ class LargeEviction:
         return g, heaps[g].pop()[2]
 
     def pick_many(self, m: int, out: list[int]) -> Iterator[tuple[int, list[int] | np.ndarray]]:
-        """For ``evict_large()`` up to ``m`` times: yields ``(group, larges)`` batches for the evictor
-        to evict (each before the next is picked); ``out`` gets the large pages in eviction order.
+        """For ``pick_large()`` up to ``m`` times: yields ``(group, larges)`` batches to evict (each
+        before the next is picked); ``out`` gets the large pages in eviction order.
 
         One element at a time: the smallest of the groups' heads is popped and only its group
         is looked at again.  Where the head is a run's element and a stretch of at least

@@ -44,8 +44,8 @@ DEPARTED = 1 << 59
 class PredictedEvictor(ReuseEvictor):
     """``ReuseEvictor`` whose protected classes are the predicted next uses (module doc)."""
 
-    def __init__(self, allocator, index, next_use: NextUse | None = None, *, hold_live: bool = True):
-        super().__init__(allocator, index)
+    def __init__(self, pages, index, next_use: NextUse | None = None, *, hold_live: bool = True):
+        super().__init__(pages, index)
         self.next_use = next_use if next_use is not None else NextUse()
         self.hold_live = hold_live  # class 4 pages hold admissions back too (module doc)
 
@@ -85,9 +85,9 @@ class PredictedEvictor(ReuseEvictor):
             self._protect(group, np.asarray(kept, dtype=np.int64) if len(kept) > BULK else [int(p) for p in kept], True)
         return np.asarray(prios, dtype=np.int64) if len(ids) > BULK else prios
 
-    def add_run(self, group: int, ids, negs, last_access: int) -> None:
-        """``PrefixEvictor.add_run`` (the reuse evictor's short-run loop reads use counts only)."""
-        PrefixEvictor.add_run(self, group, ids, negs, last_access)
+    def key_run(self, group: int, ids, negs, last_access: int) -> tuple:
+        """``PrefixEvictor.key_run`` (the reuse evictor's short-run loop reads use counts only)."""
+        return PrefixEvictor.key_run(self, group, ids, negs, last_access)
 
     def rekeyed(self, group: int, pages: list[int]) -> list[int]:
         keys, out = self.keys[group], []

@@ -35,15 +35,15 @@ class ReuseEvictor(PrefixEvictor):
 
     counts_uses = True
 
-    def __init__(self, allocator, index):
-        super().__init__(allocator, index)
+    def __init__(self, pages, index):
+        super().__init__(pages, index)
         # per group: each cached page's release time (its key's first part may be a class)
-        self.times = [zeros(allocator.num_large * k) for k in allocator.small_per_large]
-        self._flags = [bytearray(allocator.num_large * k) for k in allocator.small_per_large]  # 1: a class-3 page
-        self._num_prot = [0] * len(allocator.small_per_large)
+        self.times = [zeros(pages.num_large * k) for k in pages.small_per_large]
+        self._flags = [bytearray(pages.num_large * k) for k in pages.small_per_large]  # 1: a class-3 page
+        self._num_prot = [0] * len(pages.small_per_large)
         self.protected = [ProtectedPages(f, self._num_prot, g) for g, f in enumerate(self._flags)]  # class 3
-        self._prot_in = zeros(allocator.num_large)  # per large page: class-3 pages in it
-        self._prot_out = [0] * len(allocator.small_per_large)  # per group: class-3 pages outside E
+        self._prot_in = zeros(pages.num_large)  # per large page: class-3 pages in it
+        self._prot_out = [0] * len(pages.small_per_large)  # per group: class-3 pages outside E
         self._e_prot = 0  # large pages in E holding a class-3 page
 
     # class-3 pages are counted per large page, so an admission can ask what it may evict
@@ -52,7 +52,7 @@ class ReuseEvictor(PrefixEvictor):
         """Flag ``pages`` (distinct) as class 3 (``on``) or not; pages already so are left."""
         if not on and not self._num_prot[group]:
             return  # nothing to clear
-        flags, k, in_e, prot_in = self._flags[group], self.alloc.small_per_large[group], self.pages.in_e, self._prot_in
+        flags, k, in_e, prot_in = self._flags[group], self.pages.small_per_large[group], self.pages.in_e, self._prot_in
         if len(pages) <= BULK:
             for page in pages:
                 if flags[page] == on:
@@ -111,14 +111,13 @@ class ReuseEvictor(PrefixEvictor):
         self._protect(group, [p for p, r in zip(ids, reused, strict=True) if r], True)
         return [protected if r else last_access for r in reused]
 
-    def add_run(self, group: int, ids, negs, last_access: int) -> None:
-        """``PrefixEvictor.add_run``; a short run (a list) in one loop: ``priorities_of``, the
+    def key_run(self, group: int, ids, negs, last_access: int) -> tuple:
+        """``PrefixEvictor.key_run``; a short run (a list) in one loop: ``priorities_of``, the
         keys, the class-3 counts and, for a group of one page per large page, the large-page
         entries, which the allocator's ``on_evictable_many`` for exactly these pages pushes."""
         if type(ids) is not list or len(ids) > BULK:
-            super().add_run(group, ids, negs, last_access)
-            return
-        k = self.alloc.small_per_large[group]
+            return super().key_run(group, ids, negs, last_access)
+        k = self.pages.small_per_large[group]
         times, kt, kn, ver = self.times[group], self.key_t[group], self.key_n[group], self.large.ver
         t, protected, page_uses = last_access, None, self.index.page_uses[group]
         if last_access >= 0:
@@ -151,14 +150,16 @@ class ReuseEvictor(PrefixEvictor):
         self.num_keys[group] += len(ids)
         if k > 1:
             self._heaps[group].push(out, negs, ids, ids)  # (``_small_order``)
-            self.alloc.to_cached_many(group, ids)
-            return
+            return ids, None, None
         self._short = (ids, out, reused)
-        self.alloc.to_cached_many(group, ids)
+        return ids, None, None
+
+    def keyed(self) -> None:
+        super().keyed()
         self._short = None
 
-    #: ``(ids, large-page entries, class-3 pages)`` of the short run ``add_run``
-    #: is caching (one page per large page), until the allocator's call back; else None
+    #: ``(ids, large-page entries, class-3 pages)`` of the short run ``key_run`` keyed (one page
+    #: per large page), until the allocator's call back (``keyed``); else None
     _short = None
 
     def release_time(self, group: int, page: int, key: tuple[int, int]) -> int:
@@ -198,7 +199,7 @@ class ReuseEvictor(PrefixEvictor):
 
     def on_evictable_many(self, group: int, larges) -> None:
         short = self._short
-        if short is not None and larges is short[0]:  # ``add_run``'s pages, keyed and versioned
+        if short is not None and larges is short[0]:  # ``key_run``'s pages, keyed and versioned
             _, entries, reused = short
             if reused:  # ``_move_protected``: each class-3 page's large page enters E
                 self._prot_out[group] -= reused
@@ -244,16 +245,16 @@ class ReuseEvictor(PrefixEvictor):
 
     def protected_bytes(self) -> int:
         """Bytes of class-3 pages."""
-        pb = self.alloc.page_bytes
+        pb = self.pages.page_bytes
         return sum(len(p) * pb[g] for g, p in enumerate(self.protected))
 
     def check(self) -> None:
         """Recount the class-3 counters (for ``check_integrity``)."""
         super().check()
         assert [f.count(1) for f in self._flags] == self._num_prot, "class-3 page counts"
-        alloc, inside, out, e = self.alloc, {}, [0] * len(self.protected), set()
+        inside, out, e = {}, [0] * len(self.protected), set()
         for g, pages in enumerate(self.protected):
-            k = alloc.small_per_large[g]
+            k = self.pages.small_per_large[g]
             for page in pages:
                 assert page in self.keys[g] and self.keys[g][page][0] >= PROTECTED // 2, f"{g}:{page} not class 3"
                 inside[page // k] = inside.get(page // k, 0) + 1

@@ -18,7 +18,6 @@ Functions over the manager's parts; ``KVCacheManager``'s methods of the same nam
 from __future__ import annotations
 
 from jenga.core.alloc.allocator import LargePageAllocator
-from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.policy.base import Policy
 from jenga.core.prefix.events import KVEvent
 from jenga.core.prefix.index import PrefixIndex
@@ -76,7 +75,7 @@ def chunk_tokens(policies: list[Policy], req: Request, num_new_tokens: int, cach
     return stop - start
 
 
-def reset_prefix_cache(alloc: LargePageAllocator, index: PrefixIndex, evictor: PrefixEvictor) -> bool:
+def reset_prefix_cache(alloc: LargePageAllocator, index: PrefixIndex) -> bool:
     """``KVCacheManager.reset_prefix_cache``: every cached page becomes free, the index empties.
 
     Like vLLM's, it refuses while any request holds pages (their pages are shared through the
@@ -86,10 +85,10 @@ def reset_prefix_cache(alloc: LargePageAllocator, index: PrefixIndex, evictor: P
         return False
     events, index.events = index.events, None
     try:
-        while evictor.evict_large() is not None:
+        while alloc.evict_large() is not None:
             pass
         for g in range(len(alloc.small_per_large)):
-            while evictor.evict_small(g) is not None:
+            while alloc.evict_small(g) is not None:
                 pass
     finally:
         index.events = events

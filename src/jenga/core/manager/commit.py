@@ -17,8 +17,8 @@ order is refused, before any change.  Schedulers preempt in the running pass, be
 from __future__ import annotations
 
 from jenga.core.manager.ledger import PageLedger
-from jenga.core.manager.prompt_hashes import PromptHasher
 from jenga.core.policy.base import NEVER, Policy
+from jenga.core.prefix.hashing import PromptHasher
 from jenga.core.prefix.index import PrefixIndex
 from jenga.core.request import Request
 from jenga.errors import InvalidArgumentError

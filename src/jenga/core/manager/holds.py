@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from jenga.core.evict.evictor import PrefixEvictor
+from jenga.core.alloc.allocator import LargePageAllocator
 from jenga.core.flat_arrays import view, zeros
 
 Key = tuple[int, int]  # (release time, -prefix length)
@@ -77,7 +77,7 @@ class ReleasedKeys:
         view(self.n[group])[mine] = negs[held]
 
 
-def unhold_log(log: Iterable[tuple], refs: list, released: ReleasedKeys, evictor: PrefixEvictor, now: int) -> None:
+def unhold_log(log: Iterable[tuple], refs: list, released: ReleasedKeys, alloc: LargePageAllocator, now: int) -> None:
     """Undo ``hold`` calls (``key``: the evictor key the page had when it was held).
 
     Right after ``hold`` (a rolled-back allocate) this is exact.  A lookup's holds are
@@ -102,7 +102,7 @@ def unhold_log(log: Iterable[tuple], refs: list, released: ReleasedKeys, evictor
         ids.append(page)
         negs.append(key[1])
     for (group, t), (ids, negs) in batches.items():
-        evictor.add_run(group, ids, negs, t)
+        alloc.cache_run(group, ids, negs, t)
 
 def _unhold_run(ref, released: ReleasedKeys, group: int, pages: list[int], keys: list, batches: dict,
                 now_key: tuple[int, int]) -> None:

@@ -1,10 +1,13 @@
-"""Who holds which page: fresh pages in, references held and dropped, registered pages handed
-to the evictor at zero references, unregistered ones freed.
+"""Who holds which page: fresh pages in, references held and dropped, registered pages cached
+(keyed by the evictor) at zero references, unregistered ones freed.
 
 ``PageLedger`` is the ``PageOps`` the policies call.  It owns the per-group reference counts, the
 keys of releases by other holders (:mod:`jenga.core.manager.holds`), the log of holds an
 allocation may have to undo, the current allocation's grant and a lookup's deferred holds; the
-manager hands it the allocator, the index and the evictor it works on.
+manager hands it the allocator, the index and the evictor it works on.  A page cached, hit or
+evicted out of order moves through the allocator (``cache_run``, ``hit*``, ``evict_many``), which
+has its evictor key or forget it; the ledger asks the evictor directly only what moves no page
+(re-timing kept pages, release times).
 
 *A lookup's hit is held lazily (its holds deferred).*  ``lookup`` promises that the pages of its hit stay put until
 ``allocate`` or ``free``.  Holding them at once costs a reference, an evictor key and an allocator
@@ -131,7 +134,7 @@ class PageLedger(PageOps):
                     index.uncount_use_many(group, page)
                 else:
                     index.uncount_use(group, page)
-        unhold_log(log, self.ref, self.released, self.evictor, self.now)
+        unhold_log(log, self.ref, self.released, self.alloc, self.now)
 
     # ------------------------------------------------------------ page moves (PageOps)
     def take(self, group: int) -> int:
@@ -158,7 +161,7 @@ class PageLedger(PageOps):
             refs[ids] += 1
             kt, kn = np.zeros(len(ids), dtype=np.int64), np.zeros(len(ids), dtype=np.int64)
             if free.any():
-                kt[free], kn[free] = self.evictor.touch_run(group, ids[free])
+                kt[free], kn[free] = self.alloc.hit_run(group, ids[free])
             keys = (free.tolist(), kt.tolist(), kn.tolist())
         else:
             cached = []  # the pages no live request held: a reference each now, then touched
@@ -170,7 +173,7 @@ class PageLedger(PageOps):
             if not cached:  # every page held by a live request already
                 keys = [None] * len(pages)
             else:
-                keys = self.evictor.touch_many(group, cached)
+                keys = self.alloc.hit_many(group, cached)
                 if len(cached) != len(pages):
                     it = iter(keys)
                     keys = [next(it) if ref[page] == 1 else None for page in pages]
@@ -184,7 +187,7 @@ class PageLedger(PageOps):
         ref = self.ref[group]
         if self.index.uses is not None:
             self.index.count_use(group, page)
-        key = self.evictor.touch(group, page) if ref[page] == 0 else None
+        key = self.alloc.hit(group, page) if ref[page] == 0 else None
         ref[page] += 1
         if self._log is not None:
             self._log.append((group, page, key))
@@ -204,7 +207,7 @@ class PageLedger(PageOps):
     def drop_pages(self, group: int, pages: list[int], last_access: int, prefix_lens: list[int]) -> None:
         """``drop`` for each of ``pages`` in turn (a page may repeat), each with its own prefix
         length; the registered pages whose last reference goes are cached together, in one
-        ``add_run`` (the same keys as one ``drop`` each)."""
+        ``cache_run`` (the same keys as one ``drop`` each)."""
         ref, caching, index = self.ref[group], self.caching, self.index
         ids: list[int] = []
         negs: list[int] = []
@@ -224,7 +227,7 @@ class PageLedger(PageOps):
             else:
                 self._dropped(group, page, last_access, n)
         if ids:
-            self.evictor.add_run(group, ids, negs, last_access)
+            self.alloc.cache_run(group, ids, negs, last_access)
 
     def drop_run(self, group: int, pages: list[int | None], start: int, stop: int, last_access: int,
                  tokens_per_page: int) -> None:
@@ -262,10 +265,10 @@ class PageLedger(PageOps):
             self.released.forget_many(group, ids)
         reg = view(self.index.flags[group])[ids] == 1
         if self.caching and reg.all():
-            self.evictor.add_run(group, ids, negs, last_access)
+            self.alloc.cache_run(group, ids, negs, last_access)
             return
         if self.caching:
-            self.evictor.add_run(group, ids[reg], negs[reg], last_access)
+            self.alloc.cache_run(group, ids[reg], negs[reg], last_access)
             ids = ids[~reg]
         else:
             for page in ids[reg].tolist():
@@ -312,14 +315,14 @@ class PageLedger(PageOps):
         finally:
             released.count += recorded
         if cache_ids:
-            self.evictor.add_run(group, cache_ids, cache_negs, last_access)
+            self.alloc.cache_run(group, cache_ids, cache_negs, last_access)
         if to_free:
             self.alloc.release_many(group, to_free)
 
     def _dropped(self, group: int, page: int, last_access: int, prefix_len: int) -> None:
         """A page's last reference went: cached when registered (and caching), else free."""
         if self.caching and self.index.is_registered(group, page):
-            self.evictor.add(group, page, last_access, prefix_len)
+            self.alloc.cache_run(group, [page], [-prefix_len], last_access)
         else:
             if self.index.is_registered(group, page):
                 self.index.drop(group, page)
@@ -381,16 +384,16 @@ class PageLedger(PageOps):
         holder = index.get(group, key)
         if holder is not None and holder != page and not self.ref[group][holder] \
                 and not index.is_registered(group, page):
-            self.evictor.evict_page(group, holder)
+            self.alloc.evict_many(group, [holder])
         return index.register(group, page, key)
 
     def register_run(self, group: int, pages: list[int | None], keys: list[bytes]) -> None:
         index = self.index
         taken = index.register_many(group, pages, keys, self.ref[group])
         if taken:  # keys of CACHED duplicates: evicted, the live pages registered (``register``)
-            table, evictor = index.table[group], self.evictor
+            table, alloc = index.table[group], self.alloc
             for page, key in taken:
-                evictor.evict_page(group, table[key])
+                alloc.evict_many(group, [table[key]])
                 index.register(group, page, key)
 
     def find(self, group: int, key: bytes) -> int | None:

@@ -1,7 +1,7 @@
 """``KVCacheManager``: the one API an engine calls.
 
 A request's way through it: ``add_request`` (validate and keep the prompt; its block hashes are
-made lazily, :mod:`jenga.core.manager.prompt_hashes`) -> ``lookup`` (each group's policy proposes the longest
+made lazily, :mod:`jenga.core.prefix.hashing`) -> ``lookup`` (each group's policy proposes the longest
 valid hit; the manager iterates to the longest length every group accepts) -> ``allocate`` (count
 the pages each group needs, check them against free + evictable memory *before* touching anything,
 then take pages in the request-aware order; attention pages of full blocks of known tokens join
@@ -361,7 +361,7 @@ class KVCacheManager:
         """Forget every cached page and empty the prefix index; False (nothing changed) while any
         request holds pages (``jenga.core.manager.cache_control.reset_prefix_cache``)."""
         def reset() -> bool:
-            return cache_control.reset_prefix_cache(self.alloc, self.index, self.evictor)
+            return cache_control.reset_prefix_cache(self.alloc, self.index)
         return reset() if self.host is None else self.host.reset_with(reset)
 
     def take_copy_plan(self) -> CopyPlan:

@@ -26,7 +26,7 @@ from jenga.core.manager.manager import KVCacheManager
 from jenga.core.manager.model_floors import FloorAdmission
 from jenga.core.manager.model_scope import ModelScopes, ScopedPolicy, scoped_salt
 from jenga.core.manager.rules import ManagerRules
-from jenga.core.pagesize import PageSizeError, with_base_page
+from jenga.core.pagesize import PagePlan, PageSizeError, with_base_page
 from jenga.core.policy.registry import cdiv
 from jenga.core.specs import LayerGroup, ModelSpec
 from jenga.core.tables import PageTables
@@ -60,13 +60,27 @@ def check_models(models: Sequence[ModelSpec]) -> None:
                                        f"each spec with name={m.name!r}")
 
 
+#: State pads tried when the groups are split (the plan with the smallest large page wins): a state
+#: page is held once per request, a large page partly carved once per group.
+SPLIT_PAD_FRACS = (0.01, 0.02, 0.05)
+
+
 class ModelScopeRules(ManagerRules):
     """jenga's rules with every group's policy scoped to its model and the floors' admission."""
 
-    def __init__(self, scopes: ModelScopes):
+    def __init__(self, scopes: ModelScopes, plan: PagePlan | None = None):
         super().__init__()
         self.scopes = scopes
         self.admission_class = functools.partial(FloorAdmission, scopes=scopes)
+        self._plan = plan
+
+    def prepare_model(self, model: ModelSpec, tokens_per_page: int, max_ratio: float | None) -> ModelSpec:
+        """The plan the pool was fitted with at start (``plan``), else jenga's own fitting."""
+        if self._plan is None or max_ratio is None or \
+                [g.name for g in model.groups] != [g.name for g in self._plan.model.groups]:
+            return super().prepare_model(model, tokens_per_page, max_ratio)
+        self.page_plan = self._plan
+        return self._plan.model
 
     def policy(self, gi: int, group: LayerGroup, block: int, window_slack: int | None = None):
         return ScopedPolicy(super().policy(gi, group, block, window_slack), self.scopes.group_scope[gi], self.scopes)
@@ -75,14 +89,17 @@ class ModelScopeRules(ManagerRules):
 class MultiModelManager(KVCacheManager):
     """One pool for ``models`` (``ModelSpec``s with distinct names).  ``floors``: per model name, the
     bytes reserved for it (rounded up to large pages); models left out get what one request of their
-    ``max_model_lens`` entry (default: the model's own maximum) needs at its peak.  Other keyword
-    arguments are ``KVCacheManager``'s (no host tier)."""
+    ``max_model_lens`` entry (default: the model's own maximum) needs at its peak.  ``split_groups``:
+    split every group into power-of-two layer counts (:func:`~jenga.core.pagesize.split_layer_groups`)
+    always (True), never (False), or only when the models' page plan cannot bound the LCM page
+    otherwise (None, the default).  Other keyword arguments are ``KVCacheManager``'s (no host tier)."""
 
     name = "jenga"
 
     def __init__(self, models: Sequence[ModelSpec], memory_bytes: int | str, *,
                  floors: Mapping[str, int | str] | None = None, max_model_lens: Mapping[str, int] | None = None,
-                 tokens_per_page: int = 16, max_lcm_ratio: float = 8.0, **kwargs):
+                 tokens_per_page: int = 16, max_lcm_ratio: float = 8.0, split_groups: bool | None = None,
+                 **kwargs):
         models = list(models)
         check_models(models)
         if kwargs.get("host_memory_bytes") is not None:
@@ -95,10 +112,10 @@ class MultiModelManager(KVCacheManager):
         floors = {n: parse_bytes(v) for n, v in (floors or {}).items()}
         lens = {m.name: min(m.max_model_len, int((max_model_lens or {}).get(m.name, m.max_model_len)))
                 for m in models}
+        models, plan = self._fitting(models, tokens_per_page, max_lcm_ratio, split_groups)
         spec = composite_spec(models)
-        self._check_lcm(spec, models, tokens_per_page, max_lcm_ratio)
         self.scopes = ModelScopes(names, [i for i, m in enumerate(models) for _ in m.groups])
-        self.rules_class = functools.partial(ModelScopeRules, self.scopes)
+        self.rules_class = functools.partial(ModelScopeRules, self.scopes, plan)
         super().__init__(spec, memory_bytes, tokens_per_page=tokens_per_page, max_lcm_ratio=max_lcm_ratio,
                          **kwargs)
         # no single full-attention group bounds every request's lookup: each hashes up to its own hit
@@ -110,21 +127,42 @@ class MultiModelManager(KVCacheManager):
 
     # ------------------------------------------------------------------ start
     @staticmethod
-    def _check_lcm(spec: ModelSpec, models: list[ModelSpec], tokens_per_page: int, ratio: float) -> None:
-        from jenga.core.pagesize import manager_page_plan
+    def _fitting(models: list[ModelSpec], tokens_per_page: int, ratio: float,
+                 split: bool | None) -> tuple[list[ModelSpec], PagePlan]:
+        """``(models, plan)``: ``models`` if their composite page plan fits; else the models with their
+        groups split into power-of-two layer counts (:func:`~jenga.core.pagesize.split_layer_groups`),
+        planned with the smallest large page any state pad in :data:`SPLIT_PAD_FRACS` reaches (the
+        split brings more groups, each holding at most one partly carved large page); else
+        :class:`PageSizeError` naming the page sizes and the bound.  ``split``: True / False tries only
+        the split / unsplit models."""
+        from jenga.core.pagesize import fit_page_sizes, manager_page_plan, split_layer_groups
 
-        try:
-            manager_page_plan(with_base_page(spec, tokens_per_page), ratio)
-        except PageSizeError as e:
-            base = with_base_page(spec, tokens_per_page)
-            sizes = "; ".join(f"{m.name}: " + ", ".join(f"{g.name.split('/', 1)[1]} {fmt_bytes(g.page_bytes)}"
-                                                        for g in base.groups if g.spec.model == m.name)
-                              for m in models)
-            lcm = reduce(math.lcm, (g.page_bytes for g in base.groups))
-            raise PageSizeError(f"the models' small pages ({sizes}) give an LCM page of {fmt_bytes(lcm)}; the bound "
-                                f"is {ratio:g} x the largest small page ({fmt_bytes(base.max_small_page_bytes)}) = "
-                                f"{fmt_bytes(int(ratio * base.max_small_page_bytes))} and no page plan meets it "
-                                f"({e})") from None
+        first = None
+        if split is not True:
+            try:
+                return models, manager_page_plan(with_base_page(composite_spec(models), tokens_per_page), ratio)
+            except PageSizeError as e:
+                first = e
+        if split is not False:
+            parts = [split_layer_groups(m) for m in models]
+            base, plans = with_base_page(composite_spec(parts), tokens_per_page), []
+            for frac in SPLIT_PAD_FRACS:
+                try:
+                    plans.append(fit_page_sizes(base, max_ratio=ratio, max_pad_frac=frac, widen=True))
+                except PageSizeError as e:
+                    first = first or e
+            if plans:
+                return parts, min(plans, key=lambda p: (p.large_page_bytes, p.pad_frac))
+        base = with_base_page(composite_spec(models), tokens_per_page)
+        sizes = "; ".join(f"{m.name}: " + ", ".join(f"{g.name.split('/', 1)[1]} {fmt_bytes(g.page_bytes)}"
+                                                    for g in base.groups if g.spec.model == m.name)
+                          for m in models)
+        lcm = reduce(math.lcm, (g.page_bytes for g in base.groups))
+        raise PageSizeError(f"the models' small pages ({sizes}) give an LCM page of {fmt_bytes(lcm)}; the bound is "
+                            f"{ratio:g} x the largest small page ({fmt_bytes(base.max_small_page_bytes)}) = "
+                            f"{fmt_bytes(int(ratio * base.max_small_page_bytes))} and no page plan meets it"
+                            + ("" if split is not None else ", with the groups split into power-of-two layer counts "
+                               "or not") + f" ({first})")
 
     def _floors(self, given: dict[str, int], lens: dict[str, int]) -> tuple[dict[str, int], list[int]]:
         """(longest admitted request per model, floor in large pages per model); raises when the

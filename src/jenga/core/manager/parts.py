@@ -1,18 +1,21 @@
 """The manager's parts, built and wired together in one place.
 
 ``build_parts`` makes what :class:`jenga.core.manager.manager.KVCacheManager` owns and calls: the
-allocator, the prefix index and the evictor (the allocator evicts through it), the ledger (the
-``PageOps`` the policies call), one policy per group, admission, the prompt hasher, the host tier
-(when it has pages), the prefix lookup, the step commit, byte accounting, hit counts and the
-request intake.  Each part is handed the others it calls as constructor arguments; no part wires
-itself into another.  ``check_choices`` validates the named choices before anything is built.
+pool's per-page arrays, the prefix index and the evictor (built on both), the allocator (handed the
+evictor it evicts through), the ledger (the ``PageOps`` the policies call), one policy per group,
+admission, the prompt hasher, the host tier (when it has pages), the prefix lookup, the step
+commit, byte accounting, hit counts and the request intake.  Each part is handed the others it
+calls as constructor arguments; no part wires itself into another.  One link is set after
+construction: the host tier becomes the evictor's listener (``evictor.listener``), as the tier
+demotes through the device ledger, which is built on the evictor.  ``check_choices`` validates
+the named choices before anything is built.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jenga.core.alloc.allocator import LargePageAllocator
+from jenga.core.alloc.allocator import LargePageAllocator, PageViews
 from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.evict.predicted import PredictedEvictor
 from jenga.core.evict.reuse import ReuseEvictor
@@ -24,9 +27,9 @@ from jenga.core.manager.intake import RequestIntake
 from jenga.core.manager.ledger import PageLedger
 from jenga.core.manager.lookup import PrefixLookup
 from jenga.core.manager.pool import large_page_count
-from jenga.core.manager.prompt_hashes import PromptHasher
 from jenga.core.manager.rules import ManagerRules
 from jenga.core.policy.registry import Policy
+from jenga.core.prefix.hashing import PromptHasher
 from jenga.core.prefix.index import PrefixIndex
 from jenga.core.specs import ModelSpec
 from jenga.core.tier.host_tier import HOST_POLICIES, HostTier, host_page_count
@@ -73,14 +76,14 @@ def build_parts(model: ModelSpec, source_model: ModelSpec, memory_bytes: int, ho
     group's policy, the admission rule and the per-group caps (baselines bring their own)."""
     num_large = large_page_count(memory_bytes, model.large_page_bytes)
     num_host_large = 0 if host_memory_bytes is None else host_page_count(host_memory_bytes, model.large_page_bytes)
-    alloc = LargePageAllocator([g.page_bytes for g in model.groups], num_large, caps=rules.caps(model, num_large))
+    pages = PageViews.of([g.page_bytes for g in model.groups], num_large)  # the pool's per-page arrays
     index = PrefixIndex(len(model.groups))
-    sizes = [num_large * k for k in alloc.small_per_large]
+    sizes = [num_large * k for k in pages.small_per_large]
     index.track_pages(sizes)  # registered flags for bulk frees
     if EVICTORS[eviction].counts_uses:
         index.track_uses(sizes)
-    evictor = EVICTORS[eviction](alloc, index)
-    alloc.evictor = evictor
+    evictor = EVICTORS[eviction](pages, index)  # reads the pages; the allocator owns it and evicts through it
+    alloc = LargePageAllocator(pages, evictor, caps=rules.caps(model, num_large))
     ledger = PageLedger(alloc, index, evictor, caching=caching, out_of_window_age=out_of_window_age)
     policies = [rules.policy(i, g, block, window_slack) for i, g in enumerate(model.groups)]
     admission = rules.admission_class(policies, alloc, index, evictor, ledger, block)

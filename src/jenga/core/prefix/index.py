@@ -48,6 +48,9 @@ class PrefixIndex:
 
     def __init__(self, num_groups: int):
         self.table: list[dict[bytes, int]] = [{} for _ in range(num_groups)]
+        # one more at every call that may change a table (register, drop and their batch forms):
+        # a reader that saw the same version reads the same tables (a scheduler's repeated probe)
+        self.version = 0
         self.events = None  # a ``jenga.core.prefix.events.EventLog`` told of every change, when enabled
         # Use counts (times a key's content was computed or hit), None = not tracked: a
         # registered key's in ``page_uses`` (per group and page; 0 = not counted, and 0 on
@@ -140,6 +143,7 @@ class PrefixIndex:
     def register(self, group: int, page: int, key: bytes) -> bool:
         """Record that ``page`` holds ``key``.  Returns False (and changes nothing) when
         another page already holds that key or the page is already registered."""
+        self.version += 1
         table, flags = self.table[group], self.flags[group]
         if key in table or flags[page]:
             if self.uses is not None and key in table:
@@ -166,6 +170,7 @@ class PrefixIndex:
         ``held`` (per page: references), a pair whose key another page holds while
         ``held[that page] == 0`` (CACHED) is neither registered nor counted but returned, in
         order: the caller evicts that page and registers the pair (class doc)."""
+        self.version += 1
         if len(pages) > 8 and len(keys) == len(pages) and self.events is None and self._fresh_run(group, pages, keys):
             return []
         taken: list = []
@@ -236,6 +241,7 @@ class PrefixIndex:
         return self.flags[group][page] == 1
 
     def drop(self, group: int, page: int) -> None:
+        self.version += 1
         flags = self.flags[group]
         assert flags[page], f"drop of unregistered page {group}:{page}"
         key = self.keys[group][page]
@@ -253,6 +259,7 @@ class PrefixIndex:
     def drop_many(self, group: int, pages) -> None:
         """``drop`` each of ``pages`` (distinct; a list or an int array; a long run in one numpy
         pass each for the flags, keys and counts)."""
+        self.version += 1
         if len(pages) <= BULK:
             for page in pages:
                 self.drop(group, page)

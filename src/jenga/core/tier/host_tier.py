@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jenga.core.alloc.allocator import LargePageAllocator
+from jenga.core.alloc.allocator import LargePageAllocator, PageViews
 from jenga.core.alloc.page_states import CACHED, FREE, USED
 from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.evict.listener import EvictionListener
@@ -68,11 +68,11 @@ class HostTier(EvictionListener):
             raise InvalidArgumentError(f"unknown host_policy {policy!r}; choose one of {list(HOST_POLICIES)}")
         self.policy = policy
         self.page_bytes = page_bytes
-        self.alloc = alloc = LargePageAllocator(page_bytes, num_large)
+        pages = PageViews.of(page_bytes, num_large)
         self.index = index = PrefixIndex(len(page_bytes))
-        index.track_pages([num_large * k for k in alloc.small_per_large])
-        self.evictor = evictor = PrefixEvictor(alloc, index)
-        alloc.evictor = evictor
+        index.track_pages([num_large * k for k in pages.small_per_large])
+        self.evictor = evictor = PrefixEvictor(pages, index)
+        self.alloc = alloc = LargePageAllocator(pages, evictor)
         self.ledger = PageLedger(alloc, index, evictor, caching=True)
         n = len(page_bytes)
         self._grant = Grant("host", [UNLIMITED] * n, [True] * n)  # free slots of carved pages first
@@ -155,7 +155,7 @@ class HostTier(EvictionListener):
             if ref[g][page] == 0:
                 unused.setdefault(g, []).append(page)
         for g, group_pages in unused.items():  # ``evicting`` drops their pairs and unpins their sources
-            dev.evictor.evict_pages(g, group_pages)
+            dev.alloc.evict_many(g, group_pages)
 
     # ------------------------------------------------------------------ demotion
     def _can_take(self, alloc: LargePageAllocator, group: int) -> bool:
@@ -319,12 +319,12 @@ class HostTier(EvictionListener):
         self.pending.take()
         self._promoted_by.clear()
         self._promoter.clear()
-        ev, events, self.index.events = self.evictor, self.index.events, None
+        alloc, events, self.index.events = self.alloc, self.index.events, None
         try:
-            while ev.evict_large() is not None:
+            while alloc.evict_large() is not None:
                 pass
             for g in range(len(self.page_bytes)):
-                while ev.evict_small(g) is not None:
+                while alloc.evict_small(g) is not None:
                     pass
         finally:
             self.index.events = events
