@@ -76,6 +76,9 @@ class Request:
     misses: tuple = ()  # (reason, tokens) pairs of the last lookup (jenga.core.manager.miss_reasons)
     repeat: bool = False  # re-added after it was freed while running (a preemption)
     junction: int = 0  # where the prompt leaves the cached token prefix (lookup), if past the hit
+    # where its junction checkpoint goes instead of the junction (0: none), when the caller's steps
+    # cannot end there (KVCacheManager.move_junction_checkpoint); None: at the junction
+    junction_checkpoint: int | None = None
     next_event: int = 0  # append_tokens commits groups once num_computed reaches this
     salt_root: bytes = b""
     pairs: list | None = None  # (policy, group state) pairs with work, set at the first allocate

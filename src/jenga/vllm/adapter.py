@@ -56,8 +56,14 @@ class JengaKVCacheAdapter:
     def __init__(self, plan: VllmPlan, kv_cache_config, *, max_model_len: int, enable_caching: bool,
                  log_stats: bool, enable_kv_cache_events: bool, hash_block_size: int | None = None,
                  host_memory_bytes: int | None = None, admission: str | None = None,
-                 max_step_tokens: int | None = None, eviction: str | None = None):
+                 max_step_tokens: int | None = None, eviction: str | None = None, junction_stop=None):
         self.plan = plan
+        # where a junction off vLLM's Mamba block grid stops a step (jenga.vllm.junction_stop;
+        # None: at the junction); request id -> the stop moved off its junction
+        self.junction_stop = junction_stop
+        self._moved: dict[str, int] = {}
+        # (request, junction) -> the other requests known to wait for that prefix (the scheduler's)
+        self.junction_readers = lambda request, junction: 1
         # the most tokens one step computes for a request (vLLM's max_num_batched_tokens): the
         # full-sequence admission check counts what steps of that size hold at once
         self.max_step_tokens = max_step_tokens or max_model_len
@@ -269,7 +275,15 @@ class JengaKVCacheAdapter:
         self._rows.pop(request.request_id, None)
         # the junction (where the prompt leaves the cached prefix) is vLLM's shared-prefix
         # boundary: its align-mode scheduler ends a prefill step there, where jenga checkpoints
-        return self._blocks(request.request_id, only_new=False), hit, req.junction
+        # (off vLLM's block grid: where the junction stop puts it, jenga.vllm.junction_stop)
+        junction = req.junction
+        self._moved.pop(request.request_id, None)
+        if self.junction_stop is not None and self.sub_block and junction:
+            stop = self.junction_stop.stop(junction, hit, self.junction_readers(request, junction))
+            if stop != junction:
+                self.manager.move_junction_checkpoint(request.request_id, stop)
+                self._moved[request.request_id] = junction = stop
+        return self._blocks(request.request_id, only_new=False), hit, junction
 
     def allocate_slots(self, request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks=None, num_lookahead_tokens: int = 0,
@@ -284,6 +298,9 @@ class JengaKVCacheAdapter:
         if req.tables is None:  # first allocation: the scheduler may keep less of the hit
             if num_new_computed_tokens < req.hit:
                 mgr.shrink_hit(rid, num_new_computed_tokens)
+                moved = self._moved.get(rid)  # the new lookup put the checkpoint back on the junction
+                if moved is not None and moved <= req.junction:
+                    mgr.move_junction_checkpoint(rid, moved)
             if full_sequence_must_fit:
                 # vLLM's reservation of the whole prompt: what its steps will really hold at once (a
                 # sliding group its window plus a step, a chunked one its chunk plus a step, a state
@@ -340,6 +357,7 @@ class JengaKVCacheAdapter:
             self.num_preempted_or_freed += 1
         self._sent.pop(rid, None)
         self._rows.pop(rid, None)
+        self._moved.pop(rid, None)
         self._probes.pop(rid, None)
 
     def remove_skipped_blocks(self, request_id, processed_computed_tokens, num_prompt_tokens=None) -> None:

@@ -18,6 +18,7 @@ from jenga.errors import InsufficientMemoryError
 from jenga.vllm import compat
 from jenga.vllm.adapter import JengaKVCacheAdapter
 from jenga.vllm.admission import HitsFirst, admission_name, manager_admission, manager_eviction
+from jenga.vllm.junction_stop import JunctionStop, junction_stop_name
 from jenga.vllm.metrics import Snapshots, startup_line
 from jenga.vllm.offloading import uses_host_tier
 from jenga.vllm.plan import layout_name, uniform_plan
@@ -160,7 +161,11 @@ class JengaScheduler(Scheduler):
             log_stats=self.log_stats, enable_kv_cache_events=self.enable_kv_cache_events,
             hash_block_size=self.hash_block_size, host_memory_bytes=None if host is None else host.total_bytes,
             admission=manager_admission(ordered), max_step_tokens=self.scheduler_config.max_num_batched_tokens,
-            eviction=manager_eviction())
+            eviction=manager_eviction(),
+            # a junction off the Mamba block grid costs its request a step: priced (jenga.vllm.junction_stop)
+            junction_stop=JunctionStop(self.cache_config.block_size, rule=junction_stop_name(),
+                                       step_tokens=self.scheduler_config.max_num_batched_tokens,
+                                       num_requests=lambda: len(self.requests)))
         if host is not None:
             check_host_layout(self.kv_cache_manager.manager, host)
         if self.connector is not None:  # jenga's connector reads the copy plans off jenga's manager
@@ -188,6 +193,7 @@ class JengaScheduler(Scheduler):
         self.next_use = getattr(self.kv_cache_manager.manager.evictor, "next_use", None)
         if self.next_use is not None:  # admissions ordered by cached prefix serve the queued hits first
             self.kv_cache_manager.manager.evictor.hold_live = not ordered
+            self.kv_cache_manager.junction_readers = self._junction_readers
         # a waiting request whose prefix a step in flight computes waits for it (jenga.vllm.prefix_wait)
         wait = prefix_wait_name()
         self.prefix_wait = None
@@ -213,6 +219,14 @@ class JengaScheduler(Scheduler):
         if self.prefix_wait is not None:
             self.prefix_wait.forget(request.request_id)
         return super()._free_request(request, *args, **kwargs)
+
+    def _junction_readers(self, request, junction: int) -> int:
+        """The requests other than ``request`` waiting with its prompt's first ``junction`` tokens
+        (the common-prefix predictor's known future uses of a state checkpointed there)."""
+        nu, hashes, k = self.next_use, request.block_hashes, junction // self.hash_block_size
+        if not 0 < k <= len(hashes):
+            return 0
+        return nu.live.get(hashes[k - 1], 0) - (request.request_id in nu.waiting)
 
     def _handle_blocked_waiting_request(self, request) -> bool:
         """vLLM's check of a waiting request at the head of its queue (False: skipped this step),

@@ -59,6 +59,7 @@ class Junction:
         start, else ``top``), so with that group the only junction policy the junction is ``top``
         rounded down to its pages, without looking the prompt's page keys up again."""
         policies = self.policies
+        req.junction_checkpoint = None
         if policies is not None:
             if len(policies) == 1 and policies[0] is self.bound:
                 tpp = policies[0].tpp

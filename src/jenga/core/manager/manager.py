@@ -340,6 +340,17 @@ class KVCacheManager:
             return req.hit
         return self.lookup(request_id, max_tokens=num_tokens)
 
+    def move_junction_checkpoint(self, request_id: object, pos: int) -> None:
+        """Put the state checkpoint of the junction the last ``lookup`` found at ``pos`` instead
+        (0: none), for a caller whose steps end there rather than on the junction (``jenga.vllm.
+        junction_stop``); ``pos`` a block multiple in ``[0, junction]``.  Meant for before the first
+        ``allocate``; the next ``lookup`` puts it back on the junction."""
+        req = self._req(request_id)
+        if req.tables is not None or not 0 <= pos <= req.junction or pos % self.block:
+            raise InvalidArgumentError(f"request {request_id!r}: junction checkpoint at {pos} (junction "
+                                       f"{req.junction}, block {self.block}, allocated: {req.tables is not None})")
+        req.junction_checkpoint = pos
+
     def can_allocate(self, request_id: object, num_new_tokens: int, *, num_lookahead: int = 0,
                      step: int | None = None) -> bool:
         """Would ``allocate(request_id, num_new_tokens, num_lookahead=...)`` succeed now?  Exact and

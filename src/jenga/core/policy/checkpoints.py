@@ -37,7 +37,8 @@ class Checkpoints:
         self._tails_of: dict[int, tuple[int, ...]] = {}
 
     def marks(self, req: Request) -> tuple[int, ...]:
-        """The junction and prompt-end checkpoint positions (block multiples); a prompt whose
+        """The junction (or where ``req.junction_checkpoint`` moved its checkpoint) and prompt-end
+        checkpoint positions (block multiples); a prompt whose
         uncached part (after its hit or junction) is long adds checkpoints 1, 2, 4, ... blocks
         before its end (below one interval): a later prompt that branches off shortly before
         this one's end (another question on the same document) then resumes within a factor
@@ -45,9 +46,10 @@ class Checkpoints:
         them (a state page is large next to them; a prompt continuing a cached prefix, such as
         the next turn of a conversation, is branched off at its junction or its end)."""
         end = req.prompt_len // self.block * self.block
+        junction = req.junction if req.junction_checkpoint is None else req.junction_checkpoint
         if req.prompt_len - max(req.hit, req.junction) < self.TAIL_FROM * self.every:
-            return req.junction, end
-        return (req.junction, end) + self._tails(end)
+            return junction, end
+        return (junction, end) + self._tails(end)
 
     def _tails(self, end: int) -> tuple[int, ...]:
         """``end - d`` for ``d`` = 1, 2, 4, ... blocks below one interval (kept per ``end``: a
