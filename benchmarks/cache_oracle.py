@@ -5,11 +5,14 @@ Engine side (``tests/engine_cache_oracle.py``): every built-in tiny model, each 
 speculative draft, host tier, images, salts), over ``--seeds``; vLLM side
 (``tests/vllm_cache_oracle.py``, jenga's scheduler, vLLM's CPU build, in this process): every family
 the integration runs end to end, each feature it supports there (plain, speculative, host tier
-through ``kv_offloading_size``, salts, LoRA; images on its two VLMs), over ``--vllm-seeds``, at the
+through ``kv_offloading_size``, salts, LoRA; images on its two VLMs; a case jenga refuses at engine
+start (speculative decoding on a state hybrid) or stock vLLM's CPU build fails itself (LoRA on a MoE
+family) shows that), over ``--vllm-seeds``, at the
 budget (vLLM blocks, in the cell) where its caching-on run first preempted.  Each cell: requests whose
 greedy tokens agree between caching on and off / requests, then the caching-on runs' prefix hit
 tokens and preemptions (host hit tokens with the host tier; with images, images served from the
-engine's encoder cache, or inside vLLM requests whose prefix hit reached past their picture), summed
+engine's encoder cache, or inside vLLM requests whose prefix hit reached past their picture; inside
+vLLM with speculative decoding, the draft tokens it accepted), summed
 over the seeds; ``-``: a feature the family does not take.  Any request that
 differs, a hit past the trace's bound, a vacuous run (no hit, no preemption ...) or a run that
 raises (``failed`` in its cell) is listed under the table and the script exits 1.
@@ -37,14 +40,21 @@ def _cell(results) -> str:
         return "-"
     if any(isinstance(r, Failed) for r in results):
         return "failed: " + ", ".join(sorted({r.problems[0].split(":")[0] for r in results if isinstance(r, Failed)}))
+    if getattr(results[0], "refused", ""):  # vLLM side: jenga refuses it at start, or stock vLLM fails it
+        import vllm_cache_oracle as vo
+
+        who, what = vo.REFUSED[results[0].family, results[0].feature]
+        return f"refused by jenga at start ({what})" if who == "jenga" else f"stock vLLM fails too ({what})"
     equal, total = sum(r.equal for r in results), sum(r.total for r in results)
-    on = {k: sum(r.on.get(k, 0) for r in results) for k in ("hits", "preemptions", "host_hits", "image_hits")}
+    on = {k: sum(r.on.get(k, 0) for r in results) for k in ("hits", "preemptions", "host_hits", "image_hits", "accepted")}
     out = f"{equal}/{total}: {on['hits']} hit, {on['preemptions']} preempt"
     if results[0].feature == "host":
         out += f", {on['host_hits']} from host"
     blocks = sorted({r.blocks for r in results if getattr(r, "blocks", 0)})
     if results[0].feature == "images":  # the engine's encoder cache; inside vLLM, jenga's hits over a picture
         out += f", {on['image_hits']} " + ("hits past a picture" if blocks else "images cached")
+    if results[0].feature == "spec" and blocks:  # vLLM: draft tokens it accepted (the proposer ran)
+        out += f", {on['accepted']} drafts accepted"
     if blocks:  # vLLM: the budget the caching-on run preempted at
         out += f" ({'/'.join(map(str, blocks))} blocks)"
     return out

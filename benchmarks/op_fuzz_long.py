@@ -20,6 +20,9 @@ violations per manager and feature (``--markdown``: the tables of docs/reproduct
 violations themselves; exit status 1 when there is any, or when a run of 10^5 operations or more
 never demoted, promoted or evicted a host page.
 
+A run stopped early goes on with ``--first-slice K`` (K: the slice after the last one it ran, as its
+last line says): the slices are deterministic, so the two runs' tables add up to one whole run's.
+
     nice -n 15 python benchmarks/op_fuzz_long.py --ops 10000000 --jobs 2 --markdown
     python benchmarks/op_fuzz_long.py --ops 20000 --parts managers --markdown   # seconds
 """
@@ -102,12 +105,12 @@ def jobs(ops: int, seed: int, parts: str, vllm_share: float, slice_ops: int = 10
 
 
 def run(commands: list[tuple[str, list[str]]], parallel: int, log=None,
-        deadline: float | None = None) -> list[tuple[str, dict]]:
-    """Run ``commands``, ``parallel`` at once; (label, result) of each that ran, in order.  None
-    starts after ``deadline`` (``time.time()``)."""
+        deadline: float | None = None, first: int = 0) -> list[tuple[str, dict]]:
+    """Run ``commands[first:]``, ``parallel`` at once; (label, result) of each that ran, in order.
+    None starts after ``deadline`` (``time.time()``)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
                VLLM_LOGGING_LEVEL="ERROR", VLLM_TARGET_DEVICE="cpu", PYTHONHASHSEED="0")
-    pending, running, results = list(enumerate(commands)), [], {}
+    pending, running, results = list(enumerate(commands))[first:], [], {}
     while running or (pending and (deadline is None or time.time() < deadline)):
         while pending and len(running) < parallel and (deadline is None or time.time() < deadline):
             i, (label, cmd) = pending.pop(0)
@@ -213,17 +216,24 @@ def main(argv=None) -> int:
     ap.add_argument("--vllm-slice-ops", type=int, default=200_000, help="operations per adapter fuzz subprocess")
     ap.add_argument("--hours", type=float, default=None,
                     help="start no slice after this long (the tables then count the slices that ran)")
+    ap.add_argument("--first-slice", type=int, default=1,
+                    help="run the slices from this one on (1-based, as logged): the rest of a run --hours stopped")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)
     t0 = time.time()
     log = lambda msg: print(f"{time.time() - t0:8.0f}s {msg}", file=sys.stderr, flush=True)  # noqa: E731
     commands = jobs(int(args.ops), args.seed, args.parts, args.vllm_share, args.slice_ops, args.vllm_slice_ops)
-    results = run(commands, args.jobs, log, None if args.hours is None else t0 + args.hours * 3600)
+    if not 1 <= args.first_slice <= len(commands):
+        ap.error(f"--first-slice must be in 1..{len(commands)}")
+    results = run(commands, args.jobs, log, None if args.hours is None else t0 + args.hours * 3600,
+                  first=args.first_slice - 1)
     rows, events = tables(results)
     total = sum(r["ops"] for _, r in results)
     violations = [v for _, r in results for v in r["violations"]]
-    if len(results) < len(commands):
-        log(f"stopped at the deadline: {len(results)} of {len(commands)} slices ran, {total:,} of {int(args.ops):,} ops")
+    if len(results) < len(commands) - args.first_slice + 1:
+        log(f"stopped at the deadline: slices {args.first_slice}-{args.first_slice + len(results) - 1} of "
+            f"{len(commands)} ran, {total:,} of {int(args.ops):,} ops (the rest: --first-slice "
+            f"{args.first_slice + len(results)})")
     seen = Counter()
     for label, r in results:
         if label == "managers":

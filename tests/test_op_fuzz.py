@@ -8,7 +8,9 @@ the vLLM adapter fuzz's 10,000, ``tests/test_vllm_adapter_fuzz.py``, 10^5 in ``m
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from op_fuzz import MANAGERS, Fuzz, configurations, fuzz, run_one
@@ -16,6 +18,7 @@ from op_fuzz import MANAGERS, Fuzz, configurations, fuzz, run_one
 from jenga.core.tier.host_tier import HostTier
 
 OPS = int(float(os.environ.get("JENGA_FUZZ_OPS", "90000")))
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -89,3 +92,19 @@ def test_a_fuzz_whose_every_run_fails_its_first_operation_ends_and_reports_each(
     monkeypatch.setattr(manager_mod.KVCacheManager, "check_integrity", broken)
     done, violations, _ = fuzz(6, seed=0, runs_of=2, deadline=time.time() + 20)  # the deadline ends a stuck loop
     assert done == 6 and len(violations) == 6 and all("broken check" in v for v in violations)
+
+
+def test_the_long_fuzz_goes_on_from_a_slice_and_the_two_runs_add_up_to_one(capsys):
+    """``--first-slice K`` runs slices K.. only (the rest of a run ``--hours`` stopped): their
+    operations are the whole run's less the first K - 1 slices'."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("op_fuzz_long", ROOT / "benchmarks" / "op_fuzz_long.py")
+    long = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(long)
+    argv = ["--ops", "6000", "--parts", "managers", "--slice-ops", "2000", "--jobs", "2"]
+    assert long.main([*argv, "--first-slice", "2"]) == 0
+    rest = capsys.readouterr().out
+    assert re.search(r"^all\s+4,000 ops 0 violations", rest, re.M), rest
+    with pytest.raises(SystemExit):
+        long.main([*argv, "--first-slice", "4"])  # three slices of 2,000

@@ -204,8 +204,9 @@ def test_pipeline_parallelism_is_refused_in_the_uniform_layout_only(tmp_path_fac
 
 
 def test_speculative_state_blocks_of_a_hybrid_are_refused_by_name():
-    """MTP / EAGLE on a Mamba hybrid: vLLM asks for 1 + k state blocks per request, which jenga's
-    state pages do not plan (the measured end-to-end case is in ``test_vllm_spec_hybrid.py``)."""
+    """Speculative decoding on a Mamba hybrid (any method, n-gram included): vLLM asks for 1 + k state
+    blocks per request, which jenga's state pages do not plan (the measured end-to-end cases are in
+    ``test_vllm_spec_hybrid.py`` (MTP) and the cache oracle's (n-gram))."""
     import torch
     from vllm.v1 import kv_cache_interface as kvi
 

@@ -7,17 +7,21 @@ tokens) runs through two engines with ``scheduler_cls=JengaScheduler`` and the s
 preempt each other, cached pages are evicted), one with ``enable_prefix_caching`` and one
 without.  Every request's greedy tokens must be equal, and the caching-on run must have prefix hit
 tokens, preemptions and evicted pages (with the host tier: host hit tokens, promotions and
-demotions; with images: requests whose prefix hit covered their picture).
+demotions; with images: requests whose prefix hit covered their picture; with speculative decoding:
+draft tokens vLLM accepted).
 
 The budget is tuned per family and feature: :data:`FAMILIES` gives the first budget tried, and while
 the caching-on run has no preemption the budget shrinks by :data:`SHRINK` (at most :data:`TRIES`
 runs; a budget vLLM or jenga refuses at start, below one request of ``max_model_len``, grows
-back); the caching-off run then takes the budget of the caching-on run's last run.
+back, and once one was taken the next try lies halfway between the refused budget and the taken one);
+the caching-off run then takes the budget of the caching-on run's last taken run.
 
 Features per family (:data:`FAMILIES`): ``plain``; ``salts`` (``cache_salt`` per request, three
 tenants); ``lora`` (two random rank-8 adapters and the base model, one per request: a page shared
-across adapters would change the tokens); ``spec`` (n-gram proposals, or a draft model on Llama;
-vLLM's speculative decoding on a Mamba hybrid is refused at start); ``host`` (jenga's host tier
+across adapters would change the tokens; on the MoE families stock vLLM 0.32's CPU build itself fails,
+:data:`REFUSED`); ``spec`` (n-gram proposals, or a draft model on Llama;
+on a Mamba hybrid jenga refuses it at engine start, by name: vLLM keeps a state block per draft token,
+jenga's state pages one, :data:`REFUSED`); ``host`` (jenga's host tier
 through ``kv_offloading_size``); ``images`` (the VLMs of ``test_vllm_multimodal.py`` and
 ``test_vllm_gemma3_images.py``: the trace's documents each hold one of three pictures, prompts are
 the models' word-level text, answers restricted to words so that later rounds continue them).
@@ -40,7 +44,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine_cache_oracle import make_trace
-from vllm_support import allow_engines_after_numba, close, draft_dir, engine, lora_dir, model_dir, scheduler
+from vllm_support import (
+    allow_engines_after_numba,
+    close,
+    draft_dir,
+    engine,
+    lora_dir,
+    model_dir,
+    scheduler,
+    spec_stats,
+)
 
 from jenga.errors import InsufficientMemoryError
 
@@ -51,7 +64,15 @@ DOC_LEN, MAX_TOKENS = (48, 112), (32, 56)
 IMAGE_DOC_LEN = (16, 48)  # a VLM's documents: the picture's tokens (up to 67) come on top
 ADAPTERS = {"a": 1, "b": 2}  # LoRA name -> id and weight seed
 TEXT = ("plain", "salts", "lora", "spec", "host")
-STATE = ("plain", "salts", "lora", "host")  # vLLM refuses speculative decoding on a Mamba hybrid
+STATE = ("plain", "salts", "lora", "host", "spec")
+#: (family, feature) -> (who, what): a case with no reference to check, checked for that instead.
+#: "jenga": jenga's engine refuses it at start with an error naming ``what`` (``jenga.vllm.specs.state_spec``:
+#: vLLM keeps a state block per draft token, jenga's state pages one); "vLLM": stock vLLM 0.32's CPU
+#: build itself (no jenga) fails at its first step with an error naming ``what`` (with LoRA on, a MoE
+#: layer runs vLLM's Triton experts, and its CPU build has no Triton: ``triton.language`` has no
+#: ``float32``).  When such a case fails, the thing it records changed: run it as a case again.
+REFUSED = {**{(f, "spec"): ("jenga", "speculative Mamba blocks") for f in ("falcon_h1", "qwen3_next")},
+           **{(f, "lora"): ("vLLM", "triton.language") for f in ("gptoss", "llama4")}}
 FP32 = dict(dtype="float32")
 
 #: family -> (engine kwargs, first budget tried in vLLM blocks, features)
@@ -85,6 +106,7 @@ class VllmResult:
     off: dict
     problems: list[str]
     blocks: int = 0  # the budget both runs had
+    refused: str = ""  # a case of :data:`REFUSED`: the error jenga or stock vLLM gave
 
     @property
     def ok(self) -> bool:
@@ -155,6 +177,12 @@ def _image_prompt(family: str, ids: list[int], images: list) -> dict:
         {"prompt": " ".join(words)}
 
 
+def _accepted(llm, feature: str) -> int:
+    """Draft tokens vLLM has accepted in this process (its counters sum over the process's engines;
+    vLLM's stats are on for ``spec`` only, 0 otherwise)."""
+    return spec_stats(llm).get("accepted_tokens", 0) if feature == "spec" else 0
+
+
 def run(family: str, trace, root: Path, *, caching: bool, feature: str, seed: int,
         blocks: int | None = None, jenga: bool = True) -> tuple[list, dict]:
     """``trace`` round by round through one jenga engine of ``blocks`` vLLM blocks (default: the
@@ -170,6 +198,7 @@ def run(family: str, trace, root: Path, *, caching: bool, feature: str, seed: in
         llm = engine(path, jenga=jenga, num_blocks=blocks, max_model_len=320,
                      enable_prefix_caching=caching, **kw, **_feature_kw(family, feature, root, path, blocks))
         adapters = _adapters(path, root) if feature == "lora" else None
+        accepted_before = _accepted(llm, feature)
         pick = random.Random(f"lora:{seed}")
         tokens, prev, image_hits = [], [], 0
         try:
@@ -205,7 +234,7 @@ def run(family: str, trace, root: Path, *, caching: bool, feature: str, seed: in
             st = sched.jenga.stats()
             counts = dict(hits=st.prefix_hit_tokens, preemptions=sched.num_preemptions, evicted=st.evicted_pages,
                           host_hits=st.host_hit_tokens, promotions=st.promotions, demotions=st.demotions,
-                          image_hits=image_hits)
+                          image_hits=image_hits, accepted=_accepted(llm, feature) - accepted_before)
             mgr = sched.jenga
             assert mgr.used_bytes == 0 and not mgr.requests, "pages held after every request finished"
             mgr.check_integrity()
@@ -221,29 +250,49 @@ def oracle_trace(family: str, feature: str, seed: int, **trace_kw):
                       **{"doc_len": doc_len, "max_tokens": MAX_TOKENS, **trace_kw})
 
 
+def _refusal(family: str, feature: str, seed: int, root: Path, trace) -> VllmResult:
+    """A case of :data:`REFUSED`: jenga's engine refuses it at start, or stock vLLM fails it, naming why."""
+    from jenga.vllm.specs import UnsupportedInVllm
+
+    who, what = REFUSED[family, feature]
+    expected = UnsupportedInVllm if who == "jenga" else Exception  # vLLM: whatever its kernels raise
+    try:
+        run(family, trace, root, caching=True, feature=feature, seed=seed, jenga=who == "jenga")
+    except expected as e:
+        ok = what in str(e)
+        return VllmResult(family, feature, seed, 0, 0, {}, {}, [] if ok else [f"{who} failed otherwise: {e}"],
+                          refused=f"{type(e).__name__}: {e}")
+    return VllmResult(family, feature, seed, 0, 0, {}, {}, [f"ran: {who} was to fail it ({what})"])
+
+
 def compare(family: str, feature: str, seed: int, root: Path, **trace_kw) -> VllmResult:
-    """Caching on vs off over one seeded trace (``trace_kw``: :func:`engine_cache_oracle.make_trace`'s sizes)."""
+    """Caching on vs off over one seeded trace (``trace_kw``: :func:`engine_cache_oracle.make_trace`'s sizes);
+    a case of :data:`REFUSED`: its refusal or failure (:func:`_refusal`)."""
     trace = oracle_trace(family, feature, seed, **trace_kw)
-    blocks, accepted = FAMILIES[family][1], None
+    if (family, feature) in REFUSED:
+        return _refusal(family, feature, seed, root, trace)
+    blocks, accepted, refused = FAMILIES[family][1], None, 0
     for _ in range(TRIES):
         try:
             on, c_on = run(family, trace, root, caching=True, feature=feature, seed=seed, blocks=blocks)
         except (ValueError, InsufficientMemoryError) as e:  # a budget below one request of max_model_len
             if "max seq len" not in str(e) and "max_model_len" not in str(e):
                 raise
-            if accepted is not None:  # the last budget vLLM took stands
-                blocks = accepted
+            refused = blocks
+            if accepted is None:  # none taken yet: grow back
+                blocks = math.ceil(blocks / SHRINK)
+                continue
+        else:
+            accepted = blocks  # every budget tried after the first taken one lies below it
+            if c_on["preemptions"]:
                 break
-            blocks = math.ceil(blocks / SHRINK)
-            continue
-        accepted = blocks
-        if c_on["preemptions"]:
+        # shrink the last budget taken, and never to a refused one: halfway between the two
+        blocks = int(accepted * SHRINK) if int(accepted * SHRINK) > refused else (accepted + refused) // 2
+        if blocks <= refused:
             break
-        blocks = int(blocks * SHRINK)
-    else:
-        blocks = accepted
     if accepted is None:
         raise ValueError(f"vLLM refused every budget up to {blocks} blocks")
+    blocks = accepted  # on and c_on are this budget's run: the last one vLLM took
     off, c_off = run(family, trace, root, caching=False, feature=feature, seed=seed, blocks=blocks)
     problems = [f"request {i}: tokens {a} with caching, {b} without"
                 for i, (a, b) in enumerate(zip(on, off, strict=True)) if a != b]
@@ -252,6 +301,8 @@ def compare(family: str, feature: str, seed: int, root: Path, **trace_kw) -> Vll
         need.update(host_hits=c_on["host_hits"], promotions=c_on["promotions"], demotions=c_on["demotions"])
     if feature == "images":
         need["image_hits"] = c_on["image_hits"]
+    if feature == "spec":  # draft tokens vLLM accepted: the proposer ran and its tokens were kept
+        need["accepted"] = c_on["accepted"]
     problems += [f"vacuous: {k} = 0 with caching on" for k, v in need.items() if not v]
     return VllmResult(family, feature, seed, len(on) - sum(a != b for a, b in zip(on, off, strict=True)),
                       trace.num_requests, c_on, c_off, problems, blocks)

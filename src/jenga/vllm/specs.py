@@ -88,8 +88,8 @@ def state_spec(spec, model: str, *, checkpoint_interval: int) -> js.MambaSpec:
                                 f"protocol; use one of {sorted(STATE_SPECS)}")
     if spec.num_speculative_blocks:
         raise UnsupportedInVllm(
-            f"jenga.vllm: speculative Mamba blocks (MTP / EAGLE on a hybrid: vLLM keeps 1 + "
-            f"{spec.num_speculative_blocks} state blocks per request, jenga's state pages one) are not supported; "
+            f"jenga.vllm: speculative Mamba blocks (speculative decoding on a hybrid, any method, n-gram "
+            f"included: vLLM keeps 1 + {spec.num_speculative_blocks} state blocks per request, jenga's state pages one) are not supported; "
             "with prefix caching on, stock vLLM 0.32's CPU build has no reference either (its align-mode "
             "state pre-copy for drafts is a Triton kernel)")
     if spec.num_heads != 1 or spec.tokens_per_state != -1:
