@@ -44,7 +44,7 @@ def _break_host_eviction(host, how: str) -> None:
     ``"hash"`` keeps the evicted page's key in the host index, ``"slot"`` never frees its slot."""
     ev = host.evictor
     if how == "hash":
-        drop = ev._drop_pages
+        drop = ev.drop_many
 
         def keep_keys(group, pages):
             ev.index.drop_many = lambda g, ps: None
@@ -52,7 +52,7 @@ def _break_host_eviction(host, how: str) -> None:
                 drop(group, pages)
             finally:
                 del ev.index.drop_many
-        ev._drop_pages = keep_keys
+        ev.drop_many = keep_keys
     else:
         host.alloc.evict_cached = lambda g, p: None
         host.alloc.evict_whole_many = lambda g, larges: None
