@@ -35,9 +35,7 @@ and the rounds' prefixes are seen to return after they departed.
 
 from __future__ import annotations
 
-import os
-
-from jenga.errors import InvalidArgumentError
+from jenga.vllm.switches import switch
 
 ADMISSION_ENV = "JENGA_VLLM_ADMISSION"
 ADMISSIONS = ("hits-first", "deepest-first", "fcfs")
@@ -47,18 +45,13 @@ PROTECTS = ("auto", "always", "never", "predict")
 
 def admission_name() -> str:
     """The order ``JENGA_VLLM_ADMISSION`` asks for (default ``deepest-first``)."""
-    name = os.environ.get(ADMISSION_ENV, "deepest-first") or "deepest-first"
-    if name not in ADMISSIONS:
-        raise InvalidArgumentError(f"{ADMISSION_ENV}={name!r}; choose one of {', '.join(ADMISSIONS)}")
-    return name
+    return switch(ADMISSION_ENV, ADMISSIONS, "deepest-first")
 
 
 def manager_admission(ordered: bool) -> str:
     """The manager's admission rule (``KVCacheManager(admission=...)``) for a scheduler whose
     admissions are ``ordered`` by cached prefix or not, as ``JENGA_VLLM_PROTECT`` asks (module doc)."""
-    name = os.environ.get(PROTECT_ENV, "predict") or "predict"
-    if name not in PROTECTS:
-        raise InvalidArgumentError(f"{PROTECT_ENV}={name!r}; choose one of {', '.join(PROTECTS)}")
+    name = switch(PROTECT_ENV, PROTECTS, "predict")
     if name == "auto":
         return "ordered" if ordered else "protect"
     return "ordered" if name == "never" else "protect"
@@ -68,8 +61,7 @@ def manager_eviction() -> str | None:
     """The manager's eviction order (``KVCacheManager(eviction=...)``) ``JENGA_VLLM_PROTECT`` asks
     for: ``predict`` protects the pages a common-prefix predictor fed by this scheduler says will
     be read again (``jenga.core.evict.predicted``); else the manager's default."""
-    name = os.environ.get(PROTECT_ENV, "predict") or "predict"
-    return "predict" if name == "predict" else None
+    return "predict" if switch(PROTECT_ENV, PROTECTS, "predict") == "predict" else None
 
 
 class HitsFirst:

@@ -35,10 +35,10 @@ junction), ``grid`` (always at the boundary below, stock vLLM's rule).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 from jenga.errors import InvalidArgumentError
+from jenga.vllm.switches import switch
 
 JUNCTION_STOP_ENV = "JENGA_VLLM_JUNCTION_STOP"
 JUNCTION_STOPS = ("priced", "exact", "grid")
@@ -46,10 +46,7 @@ JUNCTION_STOPS = ("priced", "exact", "grid")
 
 def junction_stop_name() -> str:
     """The rule ``JENGA_VLLM_JUNCTION_STOP`` asks for (default ``priced``)."""
-    name = os.environ.get(JUNCTION_STOP_ENV, "priced") or "priced"
-    if name not in JUNCTION_STOPS:
-        raise InvalidArgumentError(f"{JUNCTION_STOP_ENV}={name!r}; choose one of {', '.join(JUNCTION_STOPS)}")
-    return name
+    return switch(JUNCTION_STOP_ENV, JUNCTION_STOPS, "priced")
 
 
 class JunctionStop:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from dataclasses import dataclass
 from functools import reduce
 
@@ -31,8 +30,8 @@ from vllm.v1 import kv_cache_interface as kvi
 
 from jenga.core.pagesize import manager_page_plan, with_base_page
 from jenga.core.specs import ModelSpec
-from jenga.errors import InvalidArgumentError
 from jenga.vllm.specs import UnsupportedInVllm, model_of_groups
+from jenga.vllm.switches import switch
 
 LAYOUT_ENV = "JENGA_VLLM_LAYOUT"
 LAYOUTS = ("pages", "uniform")
@@ -41,10 +40,7 @@ MAX_LCM_RATIO = 8.0
 
 def layout_name() -> str:
     """The layout ``JENGA_VLLM_LAYOUT`` asks for (default ``pages``)."""
-    name = os.environ.get(LAYOUT_ENV, "pages") or "pages"
-    if name not in LAYOUTS:
-        raise InvalidArgumentError(f"{LAYOUT_ENV}={name!r}; choose one of {', '.join(LAYOUTS)}")
-    return name
+    return switch(LAYOUT_ENV, LAYOUTS, "pages")
 
 
 @dataclass(frozen=True)

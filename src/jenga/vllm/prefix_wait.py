@@ -29,10 +29,10 @@ hit will grow), ``off`` (never hold).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 from jenga.errors import InvalidArgumentError
+from jenga.vllm.switches import switch
 
 PREFIX_WAIT_ENV = "JENGA_VLLM_PREFIX_WAIT"
 PREFIX_WAITS = ("priced", "always", "off")
@@ -40,10 +40,7 @@ PREFIX_WAITS = ("priced", "always", "off")
 
 def prefix_wait_name() -> str:
     """The rule ``JENGA_VLLM_PREFIX_WAIT`` asks for (default ``priced``)."""
-    name = os.environ.get(PREFIX_WAIT_ENV, "priced") or "priced"
-    if name not in PREFIX_WAITS:
-        raise InvalidArgumentError(f"{PREFIX_WAIT_ENV}={name!r}; choose one of {', '.join(PREFIX_WAITS)}")
-    return name
+    return switch(PREFIX_WAIT_ENV, PREFIX_WAITS, "priced")
 
 
 class PrefixWait:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 
 import torch
 from vllm.v1 import kv_cache_interface as kvi
 
 from jenga.core import specs as js
 from jenga.errors import JengaError
+from jenga.vllm.switches import switch
 
 TORCH_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.uint8: "fp8",
                 torch.float8_e4m3fn: "fp8", torch.float8_e5m2: "fp8", torch.int8: "int8"}
@@ -130,9 +130,7 @@ def step_end_from(groups: list[js.LayerGroup]) -> int:
 
 
 def _with_step_ends(groups: list[js.LayerGroup]) -> list[js.LayerGroup]:
-    name = os.environ.get(STEP_CHECKPOINTS_ENV, "value") or "value"
-    if name not in STEP_CHECKPOINTS:
-        raise UnsupportedInVllm(f"{STEP_CHECKPOINTS_ENV}={name!r}; choose one of {', '.join(STEP_CHECKPOINTS)}")
+    name = switch(STEP_CHECKPOINTS_ENV, STEP_CHECKPOINTS, "value", UnsupportedInVllm)
     first = step_end_from(groups) if name == "value" else 0
     if not first:
         return groups
