@@ -56,14 +56,15 @@ class JengaKVCacheAdapter:
     def __init__(self, plan: VllmPlan, kv_cache_config, *, max_model_len: int, enable_caching: bool,
                  log_stats: bool, enable_kv_cache_events: bool, hash_block_size: int | None = None,
                  host_memory_bytes: int | None = None, admission: str | None = None,
-                 max_step_tokens: int | None = None, eviction: str | None = None, junction_stop=None):
+                 max_step_tokens: int | None = None, eviction: str | None = None, junction_stop=None,
+                 junction_readers=None):
         self.plan = plan
         # where a junction off vLLM's Mamba block grid stops a step (jenga.vllm.junction_stop;
         # None: at the junction); request id -> the stop moved off its junction
         self.junction_stop = junction_stop
         self._moved: dict[str, int] = {}
         # (request, junction) -> the other requests known to wait for that prefix (the scheduler's)
-        self.junction_readers = lambda request, junction: 1
+        self.junction_readers = junction_readers or (lambda request, junction: 1)
         # the most tokens one step computes for a request (vLLM's max_num_batched_tokens): the
         # full-sequence admission check counts what steps of that size hold at once
         self.max_step_tokens = max_step_tokens or max_model_len

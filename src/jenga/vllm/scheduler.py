@@ -165,7 +165,8 @@ class JengaScheduler(Scheduler):
             # a junction off the Mamba block grid costs its request a step: priced (jenga.vllm.junction_stop)
             junction_stop=JunctionStop(self.cache_config.block_size, rule=junction_stop_name(),
                                        step_tokens=self.scheduler_config.max_num_batched_tokens,
-                                       num_requests=lambda: len(self.requests)))
+                                       num_requests=lambda: len(self.requests)),
+            junction_readers=lambda request, junction: self._junction_readers(request, junction))
         if host is not None:
             check_host_layout(self.kv_cache_manager.manager, host)
         if self.connector is not None:  # jenga's connector reads the copy plans off jenga's manager
@@ -193,7 +194,6 @@ class JengaScheduler(Scheduler):
         self.next_use = getattr(self.kv_cache_manager.manager.evictor, "next_use", None)
         if self.next_use is not None:  # admissions ordered by cached prefix serve the queued hits first
             self.kv_cache_manager.manager.evictor.hold_live = not ordered
-            self.kv_cache_manager.junction_readers = self._junction_readers
         # a waiting request whose prefix a step in flight computes waits for it (jenga.vllm.prefix_wait)
         wait = prefix_wait_name()
         self.prefix_wait = None
@@ -222,7 +222,9 @@ class JengaScheduler(Scheduler):
 
     def _junction_readers(self, request, junction: int) -> int:
         """The requests other than ``request`` waiting with its prompt's first ``junction`` tokens
-        (the common-prefix predictor's known future uses of a state checkpointed there)."""
+        (the common-prefix predictor's known future uses of a state checkpointed there; 1 without one)."""
+        if self.next_use is None:
+            return 1
         nu, hashes, k = self.next_use, request.block_hashes, junction // self.hash_block_size
         if not 0 < k <= len(hashes):
             return 0
