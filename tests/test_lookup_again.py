@@ -47,11 +47,11 @@ def test_a_lookup_asked_again_keeps_its_holds_and_changes_nothing_a_fresh_one_wo
         mgr.add_request("r", PREFIX[:30] + [95, 96, 97])
         first = mgr.lookup("r")
         assert first == 30
-        mgr.ref  # anything else: the deferred hit is held now
+        mgr.check_integrity()  # anything else: the deferred hit is held now
+        assert mgr.ledger.deferred is None and mgr.requests["r"].hit_holds
         twin = copy.deepcopy(mgr)
         unholds = []
-        inner = mgr.ledger.unhold
-        mgr.ledger.unhold = lambda log: unholds.append(log) or inner(log)
+        mgr.ledger.unhold = lambda log, inner=mgr.ledger.unhold, seen=unholds: seen.append(log) or inner(log)
         assert mgr.lookup("r") == first and not unholds, "the same lookup again let go of its hit"
         twin.requests["r"].looked_up = None  # the twin lets go and finds it again
         assert twin.lookup("r") == first
