@@ -185,7 +185,8 @@ class KVCacheManager:
         counted (a scheduler ordering its waiting queue by cached prefix).  0 once allocated.
         ``in_flight``: what it will answer once the steps allocated and not committed yet are
         (their state checkpoints join the index at the commit; ``Policy.writing_keys``), if
-        nothing is evicted meanwhile."""
+        nothing is evicted meanwhile.  Memoized per request until its tokens, ``max_tokens`` or the
+        index change (``PrefixLookup.peek``): cheap to ask every step."""
         req = self._req(request_id)
         if not self.caching or req.tables is not None or req.num_scheduled:
             return 0
