@@ -88,6 +88,9 @@ class Request:
     # jenga's block taken), read instead of hashing (jenga.core.prefix.hashing); None: jenga hashes
     source_hashes: object = None
     hash_step: int = 1
+    # the last read-only lookup's answer (``PrefixLookup.peek``), keyed by what it depends on:
+    # ((token count, max_tokens, the prefix index's version), tokens cached)
+    peeked: tuple | None = None
 
     @property
     def start(self) -> int:

@@ -102,10 +102,6 @@ class JengaKVCacheAdapter:
         self.num_groups = len(self.manager.model.groups)
         self.empty_kv_cache_blocks = Blocks(tuple([] for _ in range(self.num_groups)))
         self._sent: dict[str, list[int]] = {}  # request id -> block ids already sent, per group
-        # request id -> its last cached-prefix probe, keyed by what the answer depends on
-        # (``get_num_cached_tokens``); read through the device index's version, never settling a hit
-        self._probes: dict[str, tuple] = {}
-        self._index = self.manager.prefix_lookup.index
         self.num_preempted_or_freed = 0
         # what vLLM's own manager stamps on a group's stored events (its ``kv_cache_event_metadata``)
         self.event_kinds = tuple((get_kv_cache_spec_kind(s).value, get_kv_cache_spec_sliding_window(s)) for s in specs)
@@ -359,7 +355,6 @@ class JengaKVCacheAdapter:
         self._sent.pop(rid, None)
         self._rows.pop(rid, None)
         self._moved.pop(rid, None)
-        self._probes.pop(rid, None)
 
     def remove_skipped_blocks(self, request_id, processed_computed_tokens, num_prompt_tokens=None) -> None:
         pass  # jenga releases out-of-window pages when their tokens are committed
@@ -381,29 +376,16 @@ class JengaKVCacheAdapter:
     def get_num_cached_tokens(self, request, in_flight: bool = False) -> int:
         """Tokens of ``request``'s prompt jenga has cached now (vLLM >= 0.34's cache-aware
         admission; jenga's own ``HitsFirst``).  Read only: no page held, no hit or miss counted,
-        no KV event (``KVCacheManager.cached_tokens``); a request jenga has not seen yet gets
-        its record (tokens and vLLM's block hashes, no pages), as its first scheduling would
-        give it, and vLLM frees every request it finishes or aborts, waiting or not.
+        no KV event (``KVCacheManager.cached_tokens``, memoized per request: a waiting queue is
+        probed every step); a request jenga has not seen yet gets its record (tokens and vLLM's
+        block hashes, no pages), as its first scheduling would give it, and vLLM frees every
+        request it finishes or aborts, waiting or not.
         ``in_flight``: once the steps allocated so far commit (``jenga.vllm.prefix_wait``)."""
         if not self.enable_caching or not compat.reads_prefix_cache(request):
             return 0
-        rid, mgr = request.request_id, self.manager
-        rec = mgr.requests.get(rid)
-        if rec is None:
-            self._add(request)
-            rec = mgr.requests[rid]
+        self._add(request)
         limit = compat.max_cache_hit_length(request)
-        if in_flight or rec.tables is not None or rec.num_scheduled:
-            return mgr.cached_tokens(rid, max_tokens=limit, in_flight=in_flight)
-        # the same record, tokens, limit and index tables as at the last probe: the same answer
-        # (a waiting queue is probed every step, and most steps register or evict nothing)
-        ntok, version = len(rec.tokens), self._index.version
-        seen = self._probes.get(rid)
-        if seen is not None and seen[0] is rec and seen[1] == ntok and seen[2] == limit and seen[3] == version:
-            return seen[4]
-        n = mgr.cached_tokens(rid, max_tokens=limit)
-        self._probes[rid] = (rec, ntok, limit, version, n)
-        return n
+        return self.manager.cached_tokens(request.request_id, max_tokens=limit, in_flight=in_flight)
 
     def writes_in_flight(self) -> bool:
         """Whether a step in flight writes pages that join the cache at its commit (state checkpoints)."""

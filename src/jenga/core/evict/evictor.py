@@ -76,12 +76,14 @@ class PrefixEvictor(EvictionSource):
     #: whether this order reads the index's use counts (the manager then has the index keep them)
     counts_uses = False
 
-    def __init__(self, pages: PageViews, index: PrefixIndex):
+    def __init__(self, pages: PageViews, index: PrefixIndex, listener: EvictionListener | None = None):
         """Built on the pool's ``pages`` (read in place, never written) before the allocator, which
         is handed this evictor; the manager sizes the index's page arrays (``track_pages``, and
-        ``track_uses`` where ``counts_uses``)."""
+        ``track_uses`` where ``counts_uses``).  ``listener`` (a host tier) is told of each eviction
+        first."""
         self.pages = pages
         self.index = index
+        self.listener = listener
         a = pages
         n = len(a.small_per_large)
         self.key_t = [zeros(a.num_large * k) for k in a.small_per_large]  # per page: key (t, n) while CACHED
@@ -98,7 +100,6 @@ class PrefixEvictor(EvictionSource):
         # per group: the order of fully evictable large pages, and evicting many at once
         self.large = LargeEviction(pages, index)
         self.num_evicted_pages = 0
-        self.listener: EvictionListener | None = None  # told of each eviction first (a host tier)
 
     # ------------------------------------------------------------ keys
     def key_run(self, group: int, ids, negs, last_access: int) -> tuple:
@@ -240,7 +241,7 @@ class PrefixEvictor(EvictionSource):
         """Forget cached ``pages``: the host tier hears first, then their keys and index entries go
         (the allocator frees them next)."""
         if self.listener is not None:
-            self.listener.evicting(group, pages)
+            self.listener.evicting(self, group, pages)
         self.forget_many(group, pages)
         self.index.drop_many(group, pages)
         self.num_evicted_pages += len(pages)

@@ -44,8 +44,8 @@ DEPARTED = 1 << 59
 class PredictedEvictor(ReuseEvictor):
     """``ReuseEvictor`` whose protected classes are the predicted next uses (module doc)."""
 
-    def __init__(self, pages, index, next_use: NextUse | None = None, *, hold_live: bool = True):
-        super().__init__(pages, index)
+    def __init__(self, pages, index, listener=None, next_use: NextUse | None = None, *, hold_live: bool = True):
+        super().__init__(pages, index, listener)
         self.next_use = next_use if next_use is not None else NextUse()
         self.hold_live = hold_live  # class 4 pages hold admissions back too (module doc)
 

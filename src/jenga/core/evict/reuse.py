@@ -35,8 +35,8 @@ class ReuseEvictor(PrefixEvictor):
 
     counts_uses = True
 
-    def __init__(self, pages, index):
-        super().__init__(pages, index)
+    def __init__(self, pages, index, listener=None):
+        super().__init__(pages, index, listener)
         # per group: each cached page's release time (its key's first part may be a class)
         self.times = [zeros(pages.num_large * k) for k in pages.small_per_large]
         self._flags = [bytearray(pages.num_large * k) for k in pages.small_per_large]  # 1: a class-3 page

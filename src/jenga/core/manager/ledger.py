@@ -4,7 +4,7 @@
 ``PageLedger`` is the ``PageOps`` the policies call.  It owns the per-group reference counts, the
 keys of releases by other holders (:mod:`jenga.core.manager.holds`), the log of holds an
 allocation may have to undo, the current allocation's grant and a lookup's deferred holds; the
-manager hands it the allocator, the index and the evictor it works on.  A page cached, hit or
+manager hands it the allocator, the index and the evictor it works on, and the clock it reads.  A page cached, hit or
 evicted out of order moves through the allocator (``cache_run``, ``hit*``, ``evict_many``), which
 has its evictor key or forget it; the ledger asks the evictor directly only what moves no page
 (re-timing kept pages, release times).
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from jenga.core.alloc.allocator import LargePageAllocator
+from jenga.core.clock import Clock
 from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.flat_arrays import BULK, as_ids, int64s, view, zeros
 from jenga.core.manager.holds import ReleasedKeys, unhold_log
@@ -59,17 +60,19 @@ class PageLedger(PageOps):
     """Reference counts and the hand-offs between allocator, index and evictor (module doc)."""
 
     def __init__(self, alloc: LargePageAllocator, index: PrefixIndex, evictor: PrefixEvictor, *, caching: bool,
-                 out_of_window_age: int = OUT_OF_WINDOW_AGE):
+                 out_of_window_age: int = OUT_OF_WINDOW_AGE, clock: Clock | None = None):
         self.alloc, self.index, self.evictor = alloc, index, evictor
         self.caching = caching
         self.out_of_window_age = out_of_window_age
-        self.now = 0  # the manager's clock: one tick per allocate
+        self.clock = Clock() if clock is None else clock  # the manager's: one tick per allocate
         self.ref = [zeros(alloc.num_large * k) for k in alloc.small_per_large]  # per group and page: references
         self.released = ReleasedKeys([alloc.num_large * k for k in alloc.small_per_large])  # keys for undone holds
         self.deferred: Request | None = None  # the request whose recorded hit is not held yet
         self._deferring: list | None = None  # while ``lookup`` runs the policies' ``hit``: the holds
         self._log: list | None = None  # holds to undo if the allocation is rolled back
         self._grant: Grant | None = None  # the allocation being grown
+
+    now = property(lambda self: self.clock.now, doc="The clock's time (``PageOps.now``).")
 
     # ------------------------------------------------------------ hit, log and grant
     def settle(self) -> None:

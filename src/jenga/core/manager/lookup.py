@@ -118,10 +118,22 @@ class PrefixLookup:
         index tables only (``IndexReads``), so another request's deferred hit stays deferred: a
         scheduler probing its waiting queue each step does not hold, then let go of, the hit of
         the request it could not admit the step before.  ``in_flight``: what it will answer
-        once the steps in flight commit (``InFlightReads``)."""
-        ops = self.in_flight_reads if in_flight else self.reads
+        once the steps in flight commit (``InFlightReads``).  Memoized on the record (``peeked``):
+        the same tokens, ``max_tokens`` and index tables (its ``version``) as the last time give
+        the same answer; a scheduler probes its waiting queue every step, and most steps register
+        or evict nothing.  A request freed and added again is a new record, with no memo."""
+        if in_flight:
+            ops = self.in_flight_reads
+        else:
+            ops, key = self.reads, (len(req.tokens), max_tokens, self.index.version)
+            seen = req.peeked
+            if seen is not None and seen[0] == key:
+                return seen[1]
         reach = self.hasher.for_lookup(req, self.top(req, max_tokens), ops)
-        return self.fixed_point(req, reach, self.policies, self.hasher.bound, ops)
+        n = self.fixed_point(req, reach, self.policies, self.hasher.bound, ops)
+        if not in_flight:
+            req.peeked = (key, n)
+        return n
 
     def top(self, req: Request, max_tokens: int | None) -> int:
         """The longest hit a lookup may take: whole blocks, never the last token, ``max_tokens``."""

@@ -96,7 +96,7 @@ class KVCacheManager:
         p = build_parts(model, self.source_model, memory_bytes, host_memory_bytes, block=self.block, caching=self.caching,
                         eviction=eviction, out_of_window_age=out_of_window_age, window_slack=window_slack,
                         host_policy=host_policy, rules=rules)
-        self._alloc, self._index, self._evictor, self.ledger = p.alloc, p.index, p.evictor, p.ledger
+        self._alloc, self._index, self._evictor, self.ledger, self.clock = p.alloc, p.index, p.evictor, p.ledger, p.clock
         self.policies: list[Policy] = p.policies
         self.admission, self.hasher, self.host, self.prefix_lookup = p.admission, p.hasher, p.host, p.lookup
         self.junction = p.lookup.junction  # where a state hit's cached attention prefix ends
@@ -135,7 +135,7 @@ class KVCacheManager:
         return PoolShape(a.num_large, a.large_page_bytes, tuple(a.small_per_large), tuple(a.page_bytes),
                          None if a.caps is None else tuple(a.caps))
 
-    now = property(lambda self: self.ledger.now, doc="The clock: one tick per ``allocate``.")
+    now = property(lambda self: self.clock.now, doc="The clock: one tick per ``allocate``.")
     num_allocated = property(lambda self: self.admission.admitted, doc="Live requests past their first ``allocate``.")
 
     def view(self, request_id: object) -> RequestView | None:
@@ -185,7 +185,8 @@ class KVCacheManager:
         counted (a scheduler ordering its waiting queue by cached prefix).  0 once allocated.
         ``in_flight``: what it will answer once the steps allocated and not committed yet are
         (their state checkpoints join the index at the commit; ``Policy.writing_keys``), if
-        nothing is evicted meanwhile."""
+        nothing is evicted meanwhile.  Memoized per request until its tokens, ``max_tokens`` or the
+        index change (``PrefixLookup.peek``): cheap to ask every step."""
         req = self._req(request_id)
         if not self.caching or req.tables is not None or req.num_scheduled:
             return 0
@@ -212,8 +213,8 @@ class KVCacheManager:
                                        f"lookahead {num_lookahead}, placeholders {num_placeholders})")
         start = req.num_computed + req.num_scheduled
         end = start + num_new_tokens + num_lookahead
-        ledger = self.ledger
-        ledger.now = now = ledger.now + 1
+        clock = self.clock
+        clock.now = now = clock.now + 1
         if end < req.limit and req.tables is not None and num_lookahead == req.num_lookahead:
             if start + num_new_tokens > len(req.tokens) + num_placeholders:
                 self._too_far(req, start, num_new_tokens)
@@ -325,7 +326,7 @@ class KVCacheManager:
             self.hasher.memo.remember(request_id, req.tokens, req.hashes, req.salt_root, req.images)
         self.hits.freed(req)
         if self.host is not None:
-            self.host.forget(request_id, req.tables is None)
+            self.host.forget(self.ledger, request_id, req.tables is None)
 
     # ------------------------------------------------- scheduler queries (jenga.core.manager.cache_control)
     def shrink_hit(self, request_id: object, num_tokens: int) -> int:

@@ -1,14 +1,14 @@
 """The manager's parts, built and wired together in one place.
 
 ``build_parts`` makes what :class:`jenga.core.manager.manager.KVCacheManager` owns and calls: the
-pool's per-page arrays, the prefix index and the evictor (built on both), the allocator (handed the
-evictor it evicts through), the ledger (the ``PageOps`` the policies call), one policy per group,
-admission, the prompt hasher, the host tier (when it has pages), the prefix lookup, the step
-commit, byte accounting, hit counts and the request intake.  Each part is handed the others it
-calls as constructor arguments; no part wires itself into another.  One link is set after
-construction: the host tier becomes the evictor's listener (``evictor.listener``), as the tier
-demotes through the device ledger, which is built on the evictor.  ``check_choices`` validates
-the named choices before anything is built.
+clock, the pool's per-page arrays, the prefix index, one policy per group, the host tier (when it
+has pages: built on the index, the clock and the policies), the evictor (built on the arrays and
+the index, the host tier its listener), the allocator (handed the evictor it evicts through), the
+ledger (the ``PageOps`` the policies call), admission, the prompt hasher, the prefix lookup, the
+step commit, byte accounting, hit counts and the request intake.  Each part is handed the others
+it calls as constructor arguments; nothing is set after construction and no part wires itself
+into another (the host tier is handed the device ledger by the calls that move device pages).
+``check_choices`` validates the named choices before anything is built.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jenga.core.alloc.allocator import LargePageAllocator, PageViews
+from jenga.core.clock import Clock
 from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.evict.predicted import PredictedEvictor
 from jenga.core.evict.reuse import ReuseEvictor
@@ -56,6 +57,7 @@ class ManagerParts:
     index: PrefixIndex
     evictor: PrefixEvictor
     ledger: PageLedger
+    clock: Clock
     policies: list[Policy]
     admission: Admission
     hasher: PromptHasher
@@ -82,16 +84,17 @@ def build_parts(model: ModelSpec, source_model: ModelSpec, memory_bytes: int, ho
     index.track_pages(sizes)  # registered flags for bulk frees
     if EVICTORS[eviction].counts_uses:
         index.track_uses(sizes)
-    evictor = EVICTORS[eviction](pages, index)  # reads the pages; the allocator owns it and evicts through it
-    alloc = LargePageAllocator(pages, evictor, caps=rules.caps(model, num_large))
-    ledger = PageLedger(alloc, index, evictor, caching=caching, out_of_window_age=out_of_window_age)
+    clock = Clock()  # one tick per allocate: the ledger's time, and the host tier's
     policies = [rules.policy(i, g, block, window_slack) for i, g in enumerate(model.groups)]
-    admission = rules.admission_class(policies, alloc, index, evictor, ledger, block)
-    hasher = PromptHasher(policies, block)  # bounds how far a lookup hashes
     host = None  # the host tier (:mod:`jenga.core.tier.host_tier`): told of every eviction
     if num_host_large:
-        host = HostTier([g.page_bytes for g in model.groups], num_host_large, ledger, policies, policy=host_policy)
-        evictor.listener = host
+        host = HostTier([g.page_bytes for g in model.groups], num_host_large, index, clock, policies,
+                        out_of_window_age=out_of_window_age, policy=host_policy)
+    evictor = EVICTORS[eviction](pages, index, host)  # reads the pages; the allocator owns it and evicts through it
+    alloc = LargePageAllocator(pages, evictor, caps=rules.caps(model, num_large))
+    ledger = PageLedger(alloc, index, evictor, caching=caching, out_of_window_age=out_of_window_age, clock=clock)
+    admission = rules.admission_class(policies, alloc, index, evictor, ledger, block)
+    hasher = PromptHasher(policies, block)  # bounds how far a lookup hashes
     # a lookup's promotion of host pages follows admission's rule for the requests admitted now
     lookup = PrefixLookup(policies, block, caching, hasher, ledger, index, host,
                           lambda need: admission.promotion_quota(need, admission.admitted))
@@ -101,5 +104,5 @@ def build_parts(model: ModelSpec, source_model: ModelSpec, memory_bytes: int, ho
     # images are text spans (must lie inside the prompt) when some group embeds them in-sequence
     in_sequence = any(g.kind == "vision" for g in source_model.groups)
     intake = RequestIntake(policies, block, caching, model.max_model_len, in_sequence, hasher, hits)
-    return ManagerParts(alloc, index, evictor, ledger, policies, admission, hasher, host, lookup, commit, accounting,
+    return ManagerParts(alloc, index, evictor, ledger, clock, policies, admission, hasher, host, lookup, commit, accounting,
                         hits, intake)

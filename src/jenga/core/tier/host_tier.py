@@ -6,8 +6,8 @@ the device layout does), a prefix index keyed exactly like the device's (salts i
 LRU evictor and a ledger of references.  Every host page holds one key's content: it is CACHED
 (evictable) or, while a copy from or into it is pending, pinned (USED).
 
-*Demotion.*  The device evictor tells the tier (``EvictionListener``) of the cached pages it is
-about to drop.  A page whose key the host already holds costs nothing (the host copy is
+*Demotion.*  The device evictor, built on the tier (``EvictionListener``), tells it of the cached
+pages it is about to drop.  A page whose key the host already holds costs nothing (the host copy is
 refreshed); a page its kind's policy says can still serve a hit (``TierRules.demotable``; every page
 with ``policy="all-groups"``, what block-based offloaders store) gets a host page, taken in the
 host's own eviction order when the host is full, and a (device, host) pair in the pending plan.
@@ -34,6 +34,7 @@ import numpy as np
 
 from jenga.core.alloc.allocator import LargePageAllocator, PageViews
 from jenga.core.alloc.page_states import CACHED, FREE, USED
+from jenga.core.clock import Clock
 from jenga.core.evict.evictor import PrefixEvictor
 from jenga.core.evict.listener import EvictionListener
 from jenga.core.flat_arrays import zeros
@@ -59,11 +60,14 @@ def host_page_count(host_bytes: int, large_page_bytes: int) -> int:
 
 
 class HostTier(EvictionListener):
-    """The host tier of one manager (module doc).  ``device``: the device tier's ledger (whose
-    ``alloc``, ``index`` and ``evictor`` it reads); ``policies``: the device groups' policies."""
+    """The host tier of one manager (module doc), built before the device's evictor, which is
+    handed it as its listener.  ``device_index``: the device's prefix index (the keys of what it
+    evicts); ``clock``: the manager's; ``policies``: the device groups' policies;
+    ``out_of_window_age``: the device ledger's.  What moves device pages (``promote``, ``forget``)
+    is handed the device ledger by its caller."""
 
-    def __init__(self, page_bytes: list[int], num_large: int, device: PageLedger, policies: list, *,
-                 policy: str = "per-kind"):
+    def __init__(self, page_bytes: list[int], num_large: int, device_index: PrefixIndex, clock: Clock,
+                 policies: list, *, out_of_window_age: int, policy: str = "per-kind"):
         if policy not in HOST_POLICIES:
             raise InvalidArgumentError(f"unknown host_policy {policy!r}; choose one of {list(HOST_POLICIES)}")
         self.policy = policy
@@ -78,7 +82,9 @@ class HostTier(EvictionListener):
         self._grant = Grant("host", [UNLIMITED] * n, [True] * n)  # free slots of carved pages first
         self.ledger.grant(self._grant)
         self.prefix = [zeros(num_large * k) for k in alloc.small_per_large]  # per host page: its prefix length
-        self.device = device
+        self.device_index = device_index
+        self.clock = clock
+        self.out_of_window_age = out_of_window_age
         self.policies = policies
         self.pending = PendingCopies(page_bytes)
         self.listening = True
@@ -130,8 +136,8 @@ class HostTier(EvictionListener):
         """The request's hit of ``hit`` tokens is final (its first allocate): count what the host served."""
         self.hit_tokens += min(hit, self._gains.pop(request_id, 0))
 
-    def forget(self, request_id: object, never_ran: bool) -> None:
-        """The request was freed.  When it ``never_ran`` (freed before its first allocate: an
+    def forget(self, device: PageLedger, request_id: object, never_ran: bool) -> None:
+        """The request was freed (``device``: the device ledger).  When it ``never_ran`` (freed before its first allocate: an
         admission that did not fit), the pages its lookup promoted that nobody holds and whose copy
         has not been handed out yet are evicted again: their pair leaves the plan (no copy for a
         hit nobody used; the host still has them) and the device gets its pages back.  A page the
@@ -148,26 +154,25 @@ class HostTier(EvictionListener):
             del owner[gp]
         if not never_ran:
             return
-        dev = self.device
-        ref = dev.ref
+        ref = device.ref
         unused: dict[int, list[int]] = {}
         for g, page in mine:
             if ref[g][page] == 0:
                 unused.setdefault(g, []).append(page)
         for g, group_pages in unused.items():  # ``evicting`` drops their pairs and unpins their sources
-            dev.alloc.evict_many(g, group_pages)
+            device.alloc.evict_many(g, group_pages)
 
     # ------------------------------------------------------------------ demotion
     def _can_take(self, alloc: LargePageAllocator, group: int) -> bool:
         s = alloc.supply()
         return s.free_small[group] > 0 or s.cached_small[group] > 0 or s.whole_large > 0
 
-    def evicting(self, group: int, pages: list[int]) -> None:
-        """The device evicts ``pages`` of ``group`` (``EvictionListener``): demote what serves hits."""
+    def evicting(self, evictor: PrefixEvictor, group: int, pages: list[int]) -> None:
+        """The device's ``evictor`` evicts ``pages`` of ``group`` (``EvictionListener``): demote what
+        serves hits."""
         if not self.listening:
             return
-        dev = self.device
-        dev_keys, now = dev.index.keys[group], dev.now
+        dev_keys, now = self.device_index.keys[group], self.clock.now
         promote, host_table = self.pending.promote, self.index.table[group]
         keep: list[int] = []
         fresh: list[int] = []
@@ -184,15 +189,15 @@ class HostTier(EvictionListener):
                 fresh.append(page)
         if unpin:
             self._unpin_pages({group: unpin}, now)
-        key_t, key_n = dev.evictor.key_t[group], dev.evictor.key_n[group]
+        key_t, key_n = evictor.key_t[group], evictor.key_n[group]
         if keep:  # the host copy is refreshed: it was just in use
             self.ledger.retime_keys(group, [dev_keys[p] for p in keep], [-key_n[p] for p in keep], now)
         if not fresh:
             return
         if self.policy == "per-kind":
             ids = np.asarray(fresh, dtype=np.int64)
-            ts = dev.evictor.release_times(group, ids, np.asarray([key_t[p] for p in fresh], dtype=np.int64))
-            age = dev.out_of_window_age
+            ts = evictor.release_times(group, ids, np.asarray([key_t[p] for p in fresh], dtype=np.int64))
+            age = self.out_of_window_age
             aged_below = now - age // 2 if age > 0 else -UNLIMITED
             mask = self.policies[group].tier_rules.demotable(np.asarray(ts, dtype=np.int64), aged_below)
             fresh = [p for p, m in zip(fresh, mask.tolist(), strict=True) if m]
@@ -206,16 +211,16 @@ class HostTier(EvictionListener):
             demote[(group, h)] = page
 
     # ------------------------------------------------------------------ promotion
-    def promote(self, tag: object, wanted: list[tuple[int, int]], held: dict[int, list[int]],
+    def promote(self, dev: PageLedger, tag: object, wanted: list[tuple[int, int]], held: dict[int, list[int]],
                 quota_of=None) -> int:
-        """Copy the host pages ``wanted`` ((group, host page), in hit order) to fresh device pages
-        registered under their keys; ``held``: per group, the hit's device pages, kept from
+        """On the device tier (``dev``: its ledger), copy the host pages ``wanted`` ((group, host
+        page), in hit order) to fresh device pages registered under their keys; ``held``: per group, the hit's device pages, kept from
         eviction meanwhile.  ``quota_of(need)``: the admission rule (``Admission.promotion_quota``)
         for ``need[g]`` pages of each group once the hit is held: the large pages each group may
         take, or ``None``: then nothing is promoted (the promotion would evict pages an admission
         may not) and the request ``waits`` until its next lookup.  Stops at the first group the
         device cannot give a page (the hit is shorter).  Returns how many pages were promoted."""
-        dev, ledger = self.device, self.ledger
+        ledger = self.ledger
         now = dev.now
         wanted = list(dict.fromkeys(wanted))
         log = dev.start_log()
@@ -298,7 +303,7 @@ class HostTier(EvictionListener):
             pages.setdefault(g, []).append(h)
         for (g, h) in self.pending.demote:
             pages.setdefault(g, []).append(h)
-        self._unpin_pages(pages, self.device.now)
+        self._unpin_pages(pages, self.clock.now)
 
     def reset_with(self, device_reset) -> bool:
         """``KVCacheManager.reset_prefix_cache``: ``device_reset()`` (a reset drops pages, it
@@ -339,8 +344,8 @@ class HostTier(EvictionListener):
         pins: dict[tuple[int, int], int] = {}
         for (g, d), h in self.pending.promote.items():
             pins[(g, h)] = pins.get((g, h), 0) + 1
-            assert self.device.index.is_registered(g, d), f"promote target {g}:{d} not indexed on the device"
-            assert self.device.index.key_of[g][d] == index.key_of[g][h], f"promote {g}:{h}->{d} keys differ"
+            assert self.device_index.is_registered(g, d), f"promote target {g}:{d} not indexed on the device"
+            assert self.device_index.key_of[g][d] == index.key_of[g][h], f"promote {g}:{h}->{d} keys differ"
         for (g, h) in self.pending.demote:
             assert index.is_registered(g, h), f"demote target {g}:{h} not indexed on the host"
             pins[(g, h)] = pins.get((g, h), 0) + 1

@@ -57,4 +57,4 @@ def promote_hit(lookup, host: HostTier, req: Request, top: int, quota_of=None) -
     for g, pages in own.split()[1].items():
         held[g] = list(dict.fromkeys(held.get(g, []) + pages))
     host.note_hit(req.request_id, cand - device_only)
-    return host.promote(req.request_id, wanted, held, quota_of)
+    return host.promote(ledger, req.request_id, wanted, held, quota_of)
