@@ -93,7 +93,7 @@ class PrefixLookup:
         its pages back the keys they had when held, and the same lookup would hold the same
         pages again (a scheduler looking the head of its waiting queue up every step it cannot
         admit it)."""
-        if (req.looked_up is not None and req.looked_up == (self.index.version, len(req.tokens), max_tokens)
+        if (req.looked_up is not None and req.looked_up == (len(req.tokens), max_tokens, self.index.version)
                 and req.junction_checkpoint is None and self.host is None):
             return req.hit
         self.reset_hit(req)
@@ -109,7 +109,7 @@ class PrefixLookup:
                                                                   self.hasher.bound, self.ledger, self.index)
         req.hit = req.num_computed = cand
         self.ledger.record_hit(req, self.policies, self.junction.hit_of)  # held once anything else happens
-        req.looked_up = (self.index.version, len(req.tokens), max_tokens)
+        req.looked_up = (len(req.tokens), max_tokens, self.index.version)
         return cand
 
     def peek(self, req: Request, max_tokens: int | None, in_flight: bool = False) -> int:
