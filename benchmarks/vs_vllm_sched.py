@@ -29,7 +29,7 @@ Run with the 0.34 python (0.32 works too, without cache-aware admission)::
 
 A request whose prompt is ``max_model_len`` tokens or longer is left out on both sides, as vLLM's
 engine refuses it before any scheduler sees it (``served``; counted on stderr): with Nemotron-H-8B's
-8,192 tokens, 6 of the 48 round-robin turns.
+8,192 tokens, 6 of the 48 round-robin turns, and every prompt of ``articles16`` (the row is left out).
 
 Columns: steps, prefill tokens computed (prompt tokens not hit + recompute), hit % (first
 admissions), mean batch (requests per step), preemptions, req/s and TTFT p50 / p99 in simulated
@@ -149,6 +149,8 @@ def run_row(row: str, a) -> dict:
     reqs = trace_of(trace, a.scale)
     max_len = max_len_of(model, reqs, a)
     reqs, refused = served(reqs, max_len)
+    if not reqs:
+        return dict(row=row, refused=refused, max_len=max_len)
     best, tried = None, []
     for s in sweep(model, a.sweep):
         m = one("vllm", model, s, memory, setup, reqs, a, max_len)
@@ -243,6 +245,10 @@ def main(argv=None) -> int:
         print("| " + " | ".join(header) + " |\n|" + "---|" * len(header), flush=True)
     for row in rows:
         res = run_row(row, a)
+        if "jenga" not in res:
+            print(f"{row}: left out, all {res['refused']} prompts are max_model_len ({res['max_len']}) tokens or "
+                  "longer", file=sys.stderr, flush=True)
+            continue
         cells = outcome(res) if a.outcome else fmt(res)
         table.append(cells)
         ratios.append(res["jenga"]["rps"] / res["vllm"]["rps"])
@@ -254,6 +260,8 @@ def main(argv=None) -> int:
         widths = [max(len(x[i]) for x in table + [header]) for i in range(len(header))]
         for r in [header] + table:
             print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+    if not ratios:
+        return 0
     geo = math.exp(statistics.fmean(math.log(x) for x in ratios))
     if a.markdown and a.outcome:
         print(f"| geo-mean over {len(ratios)} rows | | | | | {geo:.2f}x | | |")
