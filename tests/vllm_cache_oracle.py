@@ -70,9 +70,9 @@ STATE = ("plain", "salts", "lora", "host", "spec")
 #: vLLM keeps a state block per draft token, jenga's state pages one); "vLLM": stock vLLM 0.32's CPU
 #: build itself (no jenga) fails at its first step with an error naming ``what`` (with LoRA on, a MoE
 #: layer runs vLLM's Triton experts, and its CPU build has no Triton: ``triton.language`` has no
-#: ``float32``).  When such a case fails, the thing it records changed: run it as a case again.
+#: ``float32``, nor ``bfloat16`` for Qwen3-Next).  When such a case fails, the thing it records changed: run it as a case again.
 REFUSED = {**{(f, "spec"): ("jenga", "speculative Mamba blocks") for f in ("falcon_h1", "qwen3_next")},
-           **{(f, "lora"): ("vLLM", "triton.language") for f in ("gptoss", "llama4")}}
+           **{(f, "lora"): ("vLLM", "triton.language") for f in ("gptoss", "llama4", "qwen3_next")}}
 FP32 = dict(dtype="float32")
 
 #: family -> (engine kwargs, first budget tried in vLLM blocks, features)
