@@ -267,6 +267,35 @@ def test_a_waiting_hit_never_breaks_another_models_floor():
     serve(mgr, "b0", "b", list(range(500, 524)), n_out=1)  # model b still runs
 
 
+def test_another_models_protected_pages_never_hold_an_admission_back():
+    """Pages model a reused (served twice: the reuse evictor protects them) stay cached once a's
+    requests end.  While b runs a request, b's next admissions may still evict them: cached pages
+    are anyone's, as the floors count them.  Only b's own protected pages hold b back; before,
+    a's four large pages kept b at two requests with half the pool free."""
+    mgr = pool(num_large=12, floors=SMALL_FLOORS)
+    prompt = list(range(100, 140))
+    serve(mgr, "a0", "a", prompt, n_out=1)
+    assert serve(mgr, "a1", "a", prompt, n_out=1) == 36
+    a_groups, b_groups = mgr.scopes.groups
+    assert mgr.evictor.protected_supply()[1] == 4  # a's pages: four fully evictable large pages
+    assert mgr.evictor.protected_supply(a_groups)[1] == 4
+    assert mgr.evictor.protected_supply(b_groups) == ([0, 0, 0], 0)
+    serve(mgr, "b0", "b", list(range(500, 512)), free=False)
+    admitted = 0
+    for i in range(8):
+        mgr.add_request(("b", i), [600 + 50 * i + t for t in range(12)], model="b")
+        mgr.lookup(("b", i))
+        if mgr.allocate(("b", i), 12) is None:
+            mgr.free(("b", i))
+            break
+        admitted += 1
+        mgr.check_integrity()
+    assert admitted == 4
+    assert mgr.admission.held_large() == [0, 11]
+    assert mgr.evictor.protected_supply(a_groups)[1] == 1  # b took three of a's four
+    mgr.check_integrity()
+
+
 def test_split_layer_groups_cuts_each_group_into_power_of_two_layer_counts_in_layer_order():
     from jenga.core.pagesize import split_layer_groups
 

@@ -67,6 +67,7 @@ class Request:
     num_lookahead: int = 0
     last_access: int = 0
     hit: int = 0  # tokens the last lookup found (held until allocate)
+    looked_up: tuple | None = None  # (index version, tokens, max_tokens) the last lookup saw (jenga.core.manager.lookup)
     hit_holds: list[tuple] = field(default_factory=list)  # the hit's holds done: (group, page, key) or (group, pages, keys)
     deferred_holds: list | None = None  # the lookup's holds, recorded but not done yet (jenga.core.manager.ledger)
     deferred_cached_bytes: int | None = None  # bytes of cached pages among them (computed when first asked)

@@ -252,10 +252,11 @@ class PrefixEvictor(EvictionSource):
         counted = [st.count(CACHED) for st in self.pages.state]
         assert counted == self.num_keys, f"keyed pages {self.num_keys} != cached pages {counted}"
 
-    def protected_supply(self) -> tuple[list[int], int] | None:
+    def protected_supply(self, groups=None) -> tuple[list[int], int] | None:
         """(per group: protected pages outside fully evictable large pages, fully evictable large
         pages holding a protected page): what an admission must leave alone while others run
-        (``Admission``); ``None``: this order protects no page."""
+        (``Admission``); ``None``: this order protects no page.  ``groups``: count only those
+        groups' protected pages (default: every group's)."""
         return None
 
     def protected_bytes(self) -> int:

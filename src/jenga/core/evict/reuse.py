@@ -44,7 +44,7 @@ class ReuseEvictor(PrefixEvictor):
         self.protected = [ProtectedPages(f, self._num_prot, g) for g, f in enumerate(self._flags)]  # class 3
         self._prot_in = zeros(pages.num_large)  # per large page: class-3 pages in it
         self._prot_out = [0] * len(pages.small_per_large)  # per group: class-3 pages outside E
-        self._e_prot = 0  # large pages in E holding a class-3 page
+        self._e_prot = [0] * len(pages.small_per_large)  # per group: large pages in E holding a class-3 page
 
     # class-3 pages are counted per large page, so an admission can ask what it may evict
     # without touching them (``protected_supply``) in O(groups)
@@ -64,7 +64,7 @@ class ReuseEvictor(PrefixEvictor):
                 if not in_e[large]:
                     self._prot_out[group] += 1 if on else -1
                 elif n == (1 if on else 0):
-                    self._e_prot += 1 if on else -1
+                    self._e_prot[group] += 1 if on else -1
             return
         ids = as_ids(pages)
         ids = ids[view(flags)[ids] != on]
@@ -80,7 +80,7 @@ class ReuseEvictor(PrefixEvictor):
         pin[larges] = after
         e = view(in_e)[larges] == 1
         self._prot_out[group] += (1 if on else -1) * int(counts[~e].sum())
-        self._e_prot += int((e & (before == 0)).sum()) if on else -int((e & (after == 0)).sum())
+        self._e_prot[group] += int((e & (before == 0)).sum()) if on else -int((e & (after == 0)).sum())
 
     def record_times(self, group: int, ids, last_access: int) -> None:
         """Each page's last access (per run: one numpy store past ``BULK`` pages)."""
@@ -139,7 +139,7 @@ class ReuseEvictor(PrefixEvictor):
                     if not in_e[large]:
                         self._prot_out[group] += 1
                     elif n == 1:
-                        self._e_prot += 1
+                        self._e_prot[group] += 1
             kt[page] = prio
             kn[page] = neg
             if k == 1:
@@ -203,7 +203,7 @@ class ReuseEvictor(PrefixEvictor):
             _, entries, reused = short
             if reused:  # ``_move_protected``: each class-3 page's large page enters E
                 self._prot_out[group] -= reused
-                self._e_prot += reused
+                self._e_prot[group] += reused
             if len(entries) <= SMALL:
                 self.large.heaps[group].push_singles(entries)
             else:  # (t, n, id, version) columns
@@ -231,17 +231,23 @@ class ReuseEvictor(PrefixEvictor):
                 n = prot_in[large]
                 if n:
                     self._prot_out[group] += sign * n
-                    self._e_prot -= sign
+                    self._e_prot[group] -= sign
             return
         n = view(self._prot_in)[as_ids(larges)]
         self._prot_out[group] += sign * int(n.sum())
-        self._e_prot -= sign * int(np.count_nonzero(n))
+        self._e_prot[group] -= sign * int(np.count_nonzero(n))
 
-    def protected_supply(self) -> tuple[list[int], int]:
+    def protected_supply(self, groups=None) -> tuple[list[int], int]:
         """(per group: class-3 pages outside fully evictable large pages, fully evictable
         large pages holding a class-3 page): what ``supply()`` counts that an allocation
-        must leave alone to evict no page reused at least twice."""
-        return self._prot_out, self._e_prot
+        must leave alone to evict no page reused at least twice.  ``groups``: only those
+        groups' class-3 pages (the others count none); default every group."""
+        if groups is None:
+            return self._prot_out, sum(self._e_prot)
+        out = [0] * len(self._prot_out)
+        for g in groups:
+            out[g] = self._prot_out[g]
+        return out, sum(self._e_prot[g] for g in groups)
 
     def protected_bytes(self) -> int:
         """Bytes of class-3 pages."""
@@ -252,21 +258,22 @@ class ReuseEvictor(PrefixEvictor):
         """Recount the class-3 counters (for ``check_integrity``)."""
         super().check()
         assert [f.count(1) for f in self._flags] == self._num_prot, "class-3 page counts"
-        inside, out, e = {}, [0] * len(self.protected), set()
+        inside, out, e = {}, [0] * len(self.protected), [set() for _ in self.protected]
         for g, pages in enumerate(self.protected):
             k = self.pages.small_per_large[g]
             for page in pages:
                 assert page in self.keys[g] and self.keys[g][page][0] >= PROTECTED // 2, f"{g}:{page} not class 3"
                 inside[page // k] = inside.get(page // k, 0) + 1
                 if self.pages.in_e[page // k]:
-                    e.add(page // k)
+                    e[g].add(page // k)
                 else:
                     out[g] += 1
         for g in range(len(self.index.key_of)):
             self.index.check_uses(g)
         recorded = {large: n for large, n in enumerate(self._prot_in) if n}
-        assert inside == recorded and out == self._prot_out and len(e) == self._e_prot, \
-            f"class-3 counters {recorded, self._prot_out, self._e_prot} != {inside, out, len(e)}"
+        e_counts = [len(larges) for larges in e]
+        assert inside == recorded and out == self._prot_out and e_counts == self._e_prot, \
+            f"class-3 counters {recorded, self._prot_out, self._e_prot} != {inside, out, e_counts}"
 
 
 class ProtectedPages:

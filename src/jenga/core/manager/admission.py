@@ -65,17 +65,23 @@ class Admission:
         return [state or req.prompt_len <= (k // 4) * pol.tpp
                 for state, k, pol in zip(self.state_group, self.alloc.small_per_large, self.policies, strict=True)]
 
-    def protected(self, allocated: int) -> tuple[list[int], int] | None:
+    def holding_groups(self, req: Request) -> list[int] | None:
+        """The groups whose protected pages hold ``req``'s admission back (``protected``): every
+        group (``None``) here; a pool of several models counts the request's own model's only."""
+        return None
+
+    def protected(self, allocated: int, groups: list[int] | None = None) -> tuple[list[int], int] | None:
         """What a first allocation (an admission) may not evict now: (per group, protected pages
         outside fully evictable large pages; fully evictable large pages holding one), or ``None``
-        when it may evict anything.  A page the evictor protects (one reused at least twice,
+        when it may evict anything; ``groups``: only those groups' protected pages count (default
+        every group's).  A page the evictor protects (one reused at least twice,
         ``eviction="reuse"``) stays out of reach while ``allocated`` other requests hold pages: the
         request waits for running ones to finish instead of evicting a hot prefix (its window, on a
         sliding model) that the next requests would miss.  Alone, a request may evict anything (it
         could never run else); and while protected pages hold more than ``protected_share`` of the
         pool (a reused working set larger than the pool, e.g. a cyclic one) admissions may evict
         them in the evictor's order (newest first), so the protected set cannot starve admission."""
-        prot = self.evictor.protected_supply()
+        prot = self.evictor.protected_supply(groups)
         if prot is None or not allocated:
             return None
         alloc = self.alloc
@@ -95,7 +101,7 @@ class Admission:
         quota = self.quota_for(need, sup)
         if quota is None or req.tables is not None:
             return quota
-        prot = self.protected(allocated)
+        prot = self.protected(allocated, self.holding_groups(req))
         if prot is None:
             return quota
         outside, e_prot = prot
@@ -215,7 +221,7 @@ class Admission:
         # may overlap, so the larger counts (both lie in cached pages and the free slots of fully
         # evictable large pages)
         out = req.deferred_cached_bytes
-        prot = self.protected(allocated)
+        prot = self.protected(allocated, self.holding_groups(req))
         if prot is not None:
             outside, e_prot = prot
             out = max(out, sum(o * p for o, p in zip(outside, pb, strict=True)) + e_prot * alloc.large_page_bytes)

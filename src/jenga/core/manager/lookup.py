@@ -85,7 +85,17 @@ class PrefixLookup:
         self.in_flight_reads = InFlightReads(index, policies)
 
     def find(self, req: Request, max_tokens: int | None) -> int:
-        """Let go of the last hit, then find and record the new one (``KVCacheManager.lookup``)."""
+        """Let go of the last hit, then find and record the new one (``KVCacheManager.lookup``).
+
+        A lookup asked again with nothing it reads changed (the index's version, the request's
+        tokens, ``max_tokens``; its junction checkpoint where the last lookup put it; no host tier,
+        whose promotions change pages) keeps the hit it found and holds: letting go of it gives
+        its pages back the keys they had when held, and the same lookup would hold the same
+        pages again (a scheduler looking the head of its waiting queue up every step it cannot
+        admit it)."""
+        if (req.looked_up is not None and req.looked_up == (self.index.version, len(req.tokens), max_tokens)
+                and req.junction_checkpoint is None and self.host is None):
+            return req.hit
         self.reset_hit(req)
         if not self.caching:
             return 0
@@ -99,6 +109,7 @@ class PrefixLookup:
                                                                   self.hasher.bound, self.ledger, self.index)
         req.hit = req.num_computed = cand
         self.ledger.record_hit(req, self.policies, self.junction.hit_of)  # held once anything else happens
+        req.looked_up = (self.index.version, len(req.tokens), max_tokens)
         return cand
 
     def peek(self, req: Request, max_tokens: int | None, in_flight: bool = False) -> int:
@@ -127,6 +138,7 @@ class PrefixLookup:
     def reset_hit(self, req: Request) -> None:
         """Let go of the hit the last lookup found (deferred or held); fresh group states."""
         self.unhold_hit(req)
+        req.looked_up = None
         req.hit_holds = []
         req.groups = [pol.state_type() for pol in self.policies]
         req.hit = req.num_computed = 0

@@ -28,7 +28,12 @@ of either model.
 
 ``FloorAdmission`` is the manager's admission with that rule; the rule's other parts (the protected
 pages of the reuse evictor, the margin kept for running requests) count the requests of the
-allocating model only, since only those run beside it in its own scheduler.
+allocating model only, since only those run beside it in its own scheduler.  Likewise only the
+allocating model's protected pages hold its admission back (:meth:`FloorAdmission.holding_groups`):
+another model's cached pages are anyone's, as the floors count them, and a page that model reused
+twice could otherwise keep the other model below its floor or its even share (a large page holding
+one cached page of a preempted and recomputed request kept a second model at one running request
+until the first model's wave ended).
 """
 
 from __future__ import annotations
@@ -111,6 +116,11 @@ class FloorAdmission(Admission):
                  zip(quota, need, sup.free_small, sup.cached_small, alloc.small_per_large, strict=True)]
         fits = least != quota and self.fits_floors(scope, sum(least)) and (not first or self.within_share(scope, sum(least)))
         return least if fits else None
+
+    def holding_groups(self, req: Request) -> list[int]:
+        """Only the groups of ``req``'s own model: its admission never waits on pages another model
+        protects (module doc)."""
+        return self.scopes.groups[self.scopes.of[req.request_id]]
 
     def hit_cannot_fit(self, req: Request, end: int, allocated: int, step: int | None = None) -> bool:
         return super().hit_cannot_fit(req, end, self.scopes.allocated[self.scopes.of[req.request_id]], step)

@@ -27,7 +27,7 @@ from jenga.core.manager.admission import Admission
 class OrderedAdmission(Admission):
     """``Admission`` without the protected-page hold on admissions (module doc)."""
 
-    def protected(self, allocated: int) -> None:
+    def protected(self, allocated: int, groups: list[int] | None = None) -> None:
         return None
 
 
