@@ -67,7 +67,9 @@ def run(sched, hash_block: int, trace, clock, *, max_steps: int = 200_000) -> di
         cpu += time.perf_counter() - t0
         steps += 1
         if steps > max_steps:
-            raise SystemExit(f"sched_driver: no end after {max_steps} steps")
+            left = [f"{r.request_id} {r.num_computed_tokens}/{r.num_tokens}" for r in reqs.values() if not r.is_finished()]
+            raise SystemExit(f"sched_driver: no end after {max_steps} steps; requests left (computed/known tokens): "
+                             f"{', '.join(left[:8])}{' ...' if len(left) > 8 else ''}")
         for r in out.scheduled_new_reqs:
             hit.setdefault(r.req_id, r.num_computed_tokens)
         ids, sampled = [], []

@@ -27,6 +27,10 @@ Run with the 0.34 python (0.32 works too, without cache-aware admission)::
 
     VLLM_TARGET_DEVICE=cpu PYTHONPATH=$PWD/src .vllm-envs/0.34.0/bin/python benchmarks/vs_vllm_sched.py --rows quick
 
+A request whose prompt is ``max_model_len`` tokens or longer is left out on both sides, as vLLM's
+engine refuses it before any scheduler sees it (``served``; counted on stderr): with Nemotron-H-8B's
+8,192 tokens, 6 of the 48 round-robin turns, and every prompt of ``articles16`` (the row is left out).
+
 Columns: steps, prefill tokens computed (prompt tokens not hit + recompute), hit % (first
 admissions), mean batch (requests per step), preemptions, req/s and TTFT p50 / p99 in simulated
 seconds, jenga / vLLM req/s.
@@ -105,10 +109,24 @@ def trace_of(trace: str, scale: float):
     return TRACES[trace](**kw)
 
 
-def one(side: str, model, settings, memory: int, setup, reqs, a) -> dict:
-    from jenga.sim.step_clock import StepClock
+def max_len_of(model, reqs, a) -> int:
+    """The engine's ``max_model_len``: ``--max-model-len``, else the trace's longest request rounded
+    up to 4,096, at most the model's own."""
     longest = max(len(r.tokens) + r.output_len for r in reqs)
-    max_len = a.max_model_len or min(model.max_model_len, -(-longest // 4096) * 4096)
+    return a.max_model_len or min(model.max_model_len, -(-longest // 4096) * 4096)
+
+
+def served(reqs, max_len: int) -> tuple[list, int]:
+    """The requests vLLM's engine accepts, and how many it refuses: its input processor refuses a
+    prompt of ``max_model_len`` tokens or more (``InputProcessor._validate_prompt_len``) before any
+    scheduler sees it.  Handed one, a scheduler never finishes it: on a Mamba hybrid the step is cut
+    to ``max_model_len - 1`` tokens, then down to the block grid, to 0 tokens every step."""
+    ok = [r for r in reqs if len(r.tokens) < max_len]
+    return ok, len(reqs) - len(ok)
+
+
+def one(side: str, model, settings, memory: int, setup, reqs, a, max_len: int) -> dict:
+    from jenga.sim.step_clock import StepClock
     sched, hash_block = scheduler(side, model, settings, memory, max_model_len=max_len,
                                   batched_tokens=a.batched_tokens, max_seqs=a.max_seqs)
     t0 = time.perf_counter()
@@ -129,22 +147,27 @@ def run_row(row: str, a) -> dict:
     model = ModelSpec.from_hf_config(name, vision=False)  # text traces: a VLM's tower holds no KV here
     memory = int(setup.memory_bytes * (a.tight if budget == "tight" else 1.0))
     reqs = trace_of(trace, a.scale)
+    max_len = max_len_of(model, reqs, a)
+    reqs, refused = served(reqs, max_len)
+    if not reqs:
+        return dict(row=row, refused=refused, max_len=max_len)
     best, tried = None, []
     for s in sweep(model, a.sweep):
-        m = one("vllm", model, s, memory, setup, reqs, a)
+        m = one("vllm", model, s, memory, setup, reqs, a, max_len)
         tried.append(m)
         if a.verbose:
             print(f"  {row} vLLM {s.name()}: {_brief(m)}", file=sys.stderr, flush=True)
         if better(m, best):
             best = m
     jset = VllmSettings(match_unit=best["settings"].match_unit)
-    out = dict(row=row, memory=memory, gpu=f"{setup.gpu} x TP{setup.tp}", vllm=best, tried=tried, variants={})
+    out = dict(row=row, memory=memory, gpu=f"{setup.gpu} x TP{setup.tp}", vllm=best, tried=tried, variants={},
+               refused=refused)
     for var in [None] + a.variants:
         env = VARIANTS[var] if var else {}
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
         try:
-            j = one("jenga", model, jset, memory, setup, reqs, a)
+            j = one("jenga", model, jset, memory, setup, reqs, a, max_len)
         finally:
             for k, v in saved.items():
                 os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
@@ -222,16 +245,23 @@ def main(argv=None) -> int:
         print("| " + " | ".join(header) + " |\n|" + "---|" * len(header), flush=True)
     for row in rows:
         res = run_row(row, a)
+        if "jenga" not in res:
+            print(f"{row}: left out, all {res['refused']} prompts are max_model_len ({res['max_len']}) tokens or "
+                  "longer", file=sys.stderr, flush=True)
+            continue
         cells = outcome(res) if a.outcome else fmt(res)
         table.append(cells)
         ratios.append(res["jenga"]["rps"] / res["vllm"]["rps"])
-        print(f"{row}: {res['jenga']['n']} requests, {res['gpu']}", file=sys.stderr, flush=True)
+        refused = f" ({res['refused']} refused: prompt not below max_model_len)" if res["refused"] else ""
+        print(f"{row}: {res['jenga']['n']} requests{refused}, {res['gpu']}", file=sys.stderr, flush=True)
         if a.markdown:
             print("| " + " | ".join(cells) + " |", flush=True)
     if not a.markdown:
         widths = [max(len(x[i]) for x in table + [header]) for i in range(len(header))]
         for r in [header] + table:
             print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+    if not ratios:
+        return 0
     geo = math.exp(statistics.fmean(math.log(x) for x in ratios))
     if a.markdown and a.outcome:
         print(f"| geo-mean over {len(ratios)} rows | | | | | {geo:.2f}x | | |")

@@ -193,7 +193,10 @@ class JengaScheduler(Scheduler):
         # the common-prefix predictor of JENGA_VLLM_PROTECT=predict: fed every request held and finished
         self.next_use = getattr(self.kv_cache_manager.manager.evictor, "next_use", None)
         if self.next_use is not None:  # admissions ordered by cached prefix serve the queued hits first
-            self.kv_cache_manager.manager.evictor.hold_live = not ordered
+            evictor = self.kv_cache_manager.manager.evictor
+            evictor.hold_live = not ordered
+            # a held prefix's checkpoint whose miss would cost its reader a step more is protected
+            evictor.step_tokens = self.scheduler_config.max_num_batched_tokens
         # a waiting request whose prefix a step in flight computes waits for it (jenga.vllm.prefix_wait)
         wait = prefix_wait_name()
         self.prefix_wait = None

@@ -156,7 +156,7 @@ class PrefixEvictor(EvictionSource):
         if self._plain:  # a window kept for a held prefix (``UNTIL_FREE + now``): LRU reads ``now``
             prios = held_window_time(last_access)[0]
         else:
-            prios = self.priorities_of(group, ids, last_access)
+            prios = self.priorities_of(group, ids, last_access, negs)
         if bulk:
             view(self.key_t[group])[ids] = prios
             view(self.key_n[group])[ids] = negs
@@ -188,9 +188,10 @@ class PrefixEvictor(EvictionSource):
     #: True when ``priority`` is the release time itself (plain LRU: the fast path)
     _plain = True
 
-    def priorities_of(self, group: int, ids, last_access: int):
-        """The first part of each page's key (smaller goes first): a list, or one int for all.
-        Only called when ``_plain`` is False (here it is the release time)."""
+    def priorities_of(self, group: int, ids, last_access: int, negs=None):
+        """The first part of each page's key (smaller goes first): a list, or one int for all;
+        ``negs``: the pages' ``-prefix length`` (a sequence as long as ``ids``).  Only called when
+        ``_plain`` is False (here it is the release time)."""
         return last_access
 
     def release_time(self, group: int, page: int, key: Key) -> int:

@@ -91,7 +91,7 @@ class ReuseEvictor(PrefixEvictor):
             for page in ids:
                 times[page] = last_access
 
-    def priorities_of(self, group: int, ids, last_access: int):
+    def priorities_of(self, group: int, ids, last_access: int, negs=None):
         self.record_times(group, ids, last_access)
         if last_access < 0:
             return last_access
