@@ -83,6 +83,56 @@ def test_whole_sequence_check_refuses_without_holding_only_what_the_exact_check_
         assert any(step for _, step in seen), f"{eviction}: the pre-check never refused a whole-sequence check"
 
 
+def test_precheck_refuses_a_held_hit_only_what_the_exact_check_refuses():
+    """The head of a scheduler's waiting queue that does not fit stays there, looked up again each
+    step: the lookup keeps its hit, held since another request's call settled it
+    (``PrefixLookup.find``).  Its whole-prompt check and its allocate then answer a sure refusal
+    without planning (nothing of a held hit is cached: referenced pages are never evictable), and
+    only then: the same answers as planning exactly."""
+    spec = model(group("full", full(), 1), group("swa", sliding(8), 1, first_layer=1))
+    rng = random.Random(5)
+    for eviction in ("reuse", "lru"):
+        mgr = make_manager(spec, 60, tokens_per_page=2, eviction=eviction)
+        seen: list = []
+        _checked(mgr, seen)
+        held: list = []
+        inner = mgr.admission.hit_cannot_fit
+
+        def note_held(req, end, allocated, step=None, inner=inner, held=held):
+            refused = inner(req, end, allocated, step)
+            if refused and req.hit and req.deferred_holds is None:
+                held.append((req.request_id, step))
+            return refused
+
+        mgr.admission.hit_cannot_fit = note_held
+        prefixes = [[rng.randrange(1, 50) for _ in range(rng.randrange(4, 30))] for _ in range(4)]
+        waiting = list(range(150))
+        prompts = {rid: rng.choice(prefixes) + [rng.randrange(1, 50) for _ in range(rng.randrange(1, 12))]
+                   for rid in waiting}
+        running: list = []
+        for _ in range(900):  # a step: decodes allocate (settling a deferred hit), the head, commits
+            for r in list(running):
+                if mgr.allocate(r, 1) is None:
+                    mgr.free(r)
+                    running.remove(r)
+            if waiting:
+                rid = waiting[0]
+                if rid not in mgr.requests:
+                    mgr.add_request(rid, prompts[rid])
+                hit = mgr.lookup(rid)  # the same lookup again keeps its hit (held, or deferred)
+                n = len(prompts[rid]) - hit
+                if mgr.can_allocate(rid, n, step=rng.choice([2, 4, 64])) and mgr.allocate(rid, n) is not None:
+                    running.append(waiting.pop(0))
+            for r in list(running):
+                mgr.append_tokens(r, [rng.randrange(1, 50)])
+                if rng.random() < 0.1:
+                    mgr.free(r)
+                    running.remove(r)
+            mgr.check_integrity()
+        assert held, f"{eviction}: the pre-check never refused a held hit (the test exercises nothing)"
+        assert any(step for _, step in held) and len(seen) >= len(held)
+
+
 def test_precheck_counts_the_cached_pages_of_a_long_hit_run_exactly():
     """A hit run longer than ``BULK`` pages is counted in one numpy gather: its cached (zero
     reference) pages, not the ones a live request still holds.  Where the free pages alone

@@ -186,10 +186,12 @@ class Admission:
 
     def hit_cannot_fit(self, req: Request, end: int, allocated: int, step: int | None = None) -> bool:
         """True when the first ``allocate`` of ``req`` up to ``end`` surely fails: its new pages
-        need more bytes than are free plus cached outside its deferred hit and, for an admission
-        while others hold pages, outside the ``protected`` pages (then holding the hit would be
-        undone at once).  Reads the structures without holding the hit.  ``step``: the same for
-        the steps of at most that many tokens up to ``end`` (``plan``'s ``step``, ``can_allocate``)."""
+        need more bytes than are free plus cached outside its hit and, for an admission while
+        others hold pages, outside the ``protected`` pages.  A deferred hit is read without holding
+        it (then holding it would be undone at once); a held one (a lookup asked again and kept,
+        ``PrefixLookup.find``) is out of the cached pages already, and counts nothing.  ``step``:
+        the same for the steps of at most that many tokens up to ``end`` (``plan``'s ``step``,
+        ``can_allocate``)."""
         if req.images:
             return False  # image policies may hold cached pages while planning
         alloc, ledger, keys = self.alloc, self.ledger, self.evictor.keys
@@ -202,7 +204,9 @@ class Admission:
         free = alloc.free_bytes()
         if need <= free:  # free pages alone hold it (what is out of reach below is all cached)
             return False
-        if req.deferred_cached_bytes is None:
+        if req.deferred_holds is None:  # held (referenced pages are never evictable) or no hit
+            req.deferred_cached_bytes = 0
+        elif req.deferred_cached_bytes is None:
             held = 0
             for group, pages in req.deferred_holds:
                 r = ref[group]

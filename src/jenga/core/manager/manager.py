@@ -244,7 +244,7 @@ class KVCacheManager:
         if req.tables is None and self.host is not None and self.host.waits(req.request_id):
             return None  # its host hit's promotion was refused (jenga.core.tier.host_tier)
         old_lookahead, req.num_lookahead = req.num_lookahead, lookahead
-        if ledger.deferred is req:  # refused at once without holding its hit, or held now
+        if req.tables is None:  # an admission: a sure refusal answers before planning (its hit deferred or held)
             if admission.hit_cannot_fit(req, end, admission.admitted):
                 req.num_lookahead = old_lookahead
                 return None
