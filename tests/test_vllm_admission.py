@@ -329,3 +329,59 @@ def test_manager_reads_the_callers_hashes_and_hashes_nothing():
     with pytest.raises(InvalidArgumentError, match="hash_block"):
         mgr.add_request("c", [5] * 16, block_hashes=hashes, hash_block=3)
     assert "c" not in mgr.requests
+
+
+def test_an_unchanged_window_at_the_same_version_is_kept_without_probing():
+    """A window of the same requests, in the same order, at the same cache version as the last
+    reorder that changed nothing is left as it is without a probe; any change (a new version, a
+    request joining or leaving the window) probes again, and every step orders the queue exactly
+    as a reorder that probes every step (random queues, answers and versions)."""
+    import random
+
+    rng = random.Random(3)
+    for deepest in (False, True):
+        cache = {"v": 0, "cached": {}}
+        probed = []
+
+        def probe(r):
+            probed.append(r.request_id)
+            return cache["cached"].get((r.request_id, cache["v"]), 0)
+
+        kept = HitsFirst(probe, window=4, max_overtaken=3, deepest=deepest, version=lambda: cache["v"])
+        plain = HitsFirst(lambda r: cache["cached"].get((r.request_id, cache["v"]), 0), window=4,
+                          max_overtaken=3, deepest=deepest)
+        reqs = [_req(f"r{i}", preempted=rng.random() < 0.1) for i in range(12)]
+        q1, q2 = deque(reqs[:6]), deque(reqs[:6])
+        skipped = 0
+        for step in range(300):
+            if rng.random() < 0.3:
+                cache["v"] += 1
+                for r in reqs:
+                    cache["cached"][(r.request_id, cache["v"])] = rng.choice([0, 0, 16, 32])
+            if rng.random() < 0.1 and q1:  # the head is admitted
+                q1.popleft()
+                q2.popleft()
+            if rng.random() < 0.1:  # an arrival
+                r = rng.choice(reqs)
+                if r not in q1:
+                    q1.append(r)
+                    q2.append(r)
+            before = len(probed)
+            kept.reorder(q1)
+            plain.reorder(q2)
+            assert _ids(q1) == _ids(q2), step
+            assert kept.overtaken == plain.overtaken, step
+            skipped += len(probed) == before and len(q1) >= 2
+        assert skipped > 20, "the window was never kept (the test exercises nothing)"
+
+    # the same window again at the same version: kept without a probe; a new version: probed
+    cache = {"v": 0}
+    probed = []
+    adm = HitsFirst(lambda r: probed.append(r.request_id) or 0, window=8, version=lambda: cache["v"])
+    q = deque([_req("a"), _req("b")])
+    adm.reorder(q)
+    adm.reorder(q)
+    assert probed == ["a", "b"]
+    cache["v"] = 1
+    adm.reorder(q)
+    assert probed == ["a", "b", "a", "b"]

@@ -387,6 +387,12 @@ class JengaKVCacheAdapter:
         limit = compat.max_cache_hit_length(request)
         return self.manager.cached_tokens(request.request_id, max_tokens=limit, in_flight=in_flight)
 
+    def cache_version(self) -> int:
+        """Changes whenever ``get_num_cached_tokens(request)`` of a request that waits (its tokens
+        unchanged) may answer otherwise: the prefix index's version (read without holding a
+        deferred hit)."""
+        return self.manager.prefix_lookup.index.version
+
     def writes_in_flight(self) -> bool:
         """Whether a step in flight writes pages that join the cache at its commit (state checkpoints)."""
         return any(pol.writing_keys() for pol in self.manager.policies)

@@ -67,20 +67,39 @@ def manager_eviction() -> str | None:
 class HitsFirst:
     """Reorders a vLLM FCFS waiting queue in place (module doc)."""
 
-    def __init__(self, probe, *, window: int, max_overtaken: int = 64, deepest: bool = False):
+    def __init__(self, probe, *, window: int, max_overtaken: int = 64, deepest: bool = False, version=None):
         self.probe = probe  # request -> tokens of its prompt jenga has cached (holds nothing)
         self.deepest = deepest  # hits ordered by cached tokens, most first
         self.window = window
         self.max_overtaken = max_overtaken
         self.overtaken: dict[str, int] = {}  # request id -> steps it was moved back
+        # () -> a value that changes whenever a probe's answer of a waiting request may change
+        # (the prefix index's version); None: probe every step
+        self.version = version
+        # (version, head) of the last reorder that left its window as it was: the same requests in
+        # the same order at the same version are left so again, without probing (a blocked queue)
+        self._kept: tuple | None = None
 
     def reorder(self, waiting) -> None:
         """Stable partition of the first ``window`` requests of ``waiting`` (a deque): first the
-        ones that go first anyway (preempted, overtaken too often) or hit, then the misses."""
+        ones that go first anyway (preempted, overtaken too often) or hit, then the misses.
+
+        A window of the same request objects in the same order as the last reorder that changed
+        nothing, at the same ``version``, is left as it is at once: every input of that decision
+        is the same (a waiting request's tokens and preemptions do not change while it waits,
+        the probes' answers only with the version, the overtaken counts only when the order
+        changes)."""
         if len(waiting) < 2:
             self.overtaken.clear()
+            self._kept = None
             return
         head = [waiting[i] for i in range(min(self.window, len(waiting)))]
+        version = None if self.version is None else self.version()
+        kept = self._kept
+        if kept is not None and kept[0] == version and len(kept[1]) == len(head) \
+                and all(a is b for a, b in zip(kept[1], head)):
+            return
+        self._kept = None
         first, hits, later = [], [], []
         for r in head:
             if r.num_preemptions > 0 or self.overtaken.get(r.request_id, 0) >= self.max_overtaken:
@@ -95,9 +114,11 @@ class HitsFirst:
             hits.sort(key=lambda x: -x[0])  # stable: queue order among equals
         first += [r for _, r in hits]
         if not first or (not later and not self.deepest):
+            self._kept = None if version is None else (version, head)
             return
         order = first + later
         if order == head:
+            self._kept = None if version is None else (version, head)
             return
         last_first = max(i for i, r in enumerate(head) if r in first)
         for r in head[:last_first]:  # a miss that some hit passes is overtaken this step

@@ -209,7 +209,8 @@ class JengaScheduler(Scheduler):
         if hits_first:
             self.admission = HitsFirst(self.kv_cache_manager.get_num_cached_tokens,
                                        window=2 * self.scheduler_config.max_num_seqs,
-                                       deepest=admission_name() == "deepest-first")
+                                       deepest=admission_name() == "deepest-first",
+                                       version=self.kv_cache_manager.cache_version)
 
     def add_request(self, request, *args, **kwargs) -> None:
         if self.next_use is not None and request.request_id not in self.requests:
