@@ -343,13 +343,15 @@ def test_an_unchanged_window_at_the_same_version_is_kept_without_probing():
         cache = {"v": 0, "cached": {}}
         probed = []
 
-        def probe(r):
-            probed.append(r.request_id)
+        def answer(r, cache=cache):
             return cache["cached"].get((r.request_id, cache["v"]), 0)
 
-        kept = HitsFirst(probe, window=4, max_overtaken=3, deepest=deepest, version=lambda: cache["v"])
-        plain = HitsFirst(lambda r: cache["cached"].get((r.request_id, cache["v"]), 0), window=4,
-                          max_overtaken=3, deepest=deepest)
+        def probe(r, probed=probed, answer=answer):
+            probed.append(r.request_id)
+            return answer(r)
+
+        kept = HitsFirst(probe, window=4, max_overtaken=3, deepest=deepest, version=lambda cache=cache: cache["v"])
+        plain = HitsFirst(answer, window=4, max_overtaken=3, deepest=deepest)
         reqs = [_req(f"r{i}", preempted=rng.random() < 0.1) for i in range(12)]
         q1, q2 = deque(reqs[:6]), deque(reqs[:6])
         skipped = 0

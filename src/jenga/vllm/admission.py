@@ -97,7 +97,7 @@ class HitsFirst:
         version = None if self.version is None else self.version()
         kept = self._kept
         if kept is not None and kept[0] == version and len(kept[1]) == len(head) \
-                and all(a is b for a, b in zip(kept[1], head)):
+                and all(a is b for a, b in zip(kept[1], head, strict=True)):
             return
         self._kept = None
         first, hits, later = [], [], []
