@@ -168,8 +168,8 @@ class JengaKVCacheAdapter:
         out = []
         for g, t in enumerate(tables):
             if type(t) is TokenTable:
-                pages = t.page_ids
-                n, ids = len(pages), self._exec_ids(t, sent[g] if only_new else 0)
+                n = len(t.page_ids)
+                ids = [] if only_new and n == sent[g] else self._exec_ids(t, sent[g] if only_new else 0)
             elif isinstance(t, StateTable):
                 row = self._state_row(req, t)
                 n, ids = len(row), row[sent[g]:] if only_new else list(row)
@@ -178,14 +178,14 @@ class JengaKVCacheAdapter:
             out.append(ids)
             if only_new:
                 sent[g] = n
-        return Blocks(tuple(out))
+        # none at all: the shared empty blocks, as vLLM's own manager answers (read only there too)
+        return Blocks(tuple(out)) if any(out) else self.empty_kv_cache_blocks
 
     def _check_step_ends(self, req, start: int) -> None:
         """vLLM's worker writes a state only at a step's end: every checkpoint jenga placed
         in this allocation must be the step's last position (vLLM's align-mode scheduler
-        stops prefill chunks at the prompt's last block boundary and at the junction)."""
-        if not self._state_groups:
-            return
+        stops prefill chunks at the prompt's last block boundary and at the junction).
+        Called for models with state groups only."""
         end = req.start
         for t in req.tables.groups:
             if isinstance(t, StateTable):
@@ -227,8 +227,11 @@ class JengaKVCacheAdapter:
 
     def _ensure(self, request):
         """The view of ``request``'s jenga record, added at its first sight."""
-        self._add(request)
-        return self.manager.view(request.request_id)
+        view = self.manager.view(request.request_id)
+        if view is None:
+            self._add(request)
+            view = self.manager.view(request.request_id)
+        return view
 
     def _add(self, request) -> None:
         mgr = self.manager
@@ -317,7 +320,8 @@ class JengaKVCacheAdapter:
         unknown = max(0, start + num_new_tokens - req.num_tokens)
         if mgr.allocate(rid, num_new_tokens, num_lookahead=lookahead, num_placeholders=unknown) is None:
             return None
-        self._check_step_ends(req, start)
+        if self._state_groups:
+            self._check_step_ends(req, start)
         blocks = self._blocks_of(req, only_new=True)
         if self.sub_block:
             self._sub_block_copies(req, start)
