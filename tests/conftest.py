@@ -81,14 +81,15 @@ def model(*groups: LayerGroup, max_len: int = 4096, name: str = "toy") -> ModelS
 
 
 def make_manager(spec: ModelSpec, num_large: int, *, tokens_per_page: int = 1, caching: bool = True,
-                 window_slack: int = 0, out_of_window_age: int = 0, eviction: str = "lru") -> KVCacheManager:
+                 window_slack: int = 0, out_of_window_age: int = 0, eviction: str = "lru",
+                 eviction_options=None) -> KVCacheManager:
     """A manager with exactly ``num_large`` large pages (the budget keeps one slack page);
     no window slack, no extra age for out-of-window pages and LRU eviction by default, so
     pages follow the paper's text exactly."""
     budget = (num_large + 1) * with_base_page(spec, tokens_per_page).large_page_bytes
     mgr = KVCacheManager(spec, budget, tokens_per_page=tokens_per_page, enable_prefix_caching=caching,
                          fit_pages=False, window_slack=window_slack, out_of_window_age=out_of_window_age,
-                         eviction=eviction)
+                         eviction=eviction, eviction_options=eviction_options)
     assert mgr.alloc.num_large == num_large
     return mgr
 

@@ -5,11 +5,14 @@ to return."""
 
 from __future__ import annotations
 
+import pytest
 from conftest import cached_keys, full, group, make_manager, model, serve
 
-from jenga.core.evict.predicted import DEPARTED
+import jenga.core.manager.manager as manager_module
+from jenga.core.evict.predicted import DEPARTED, PredictedOptions
 from jenga.core.evict.reuse import PROTECTED
 from jenga.core.prefix.next_use import NextUse
+from jenga.errors import InvalidArgumentError
 
 
 def test_return_rate_counts_departures_and_returns_per_block():
@@ -90,9 +93,9 @@ def test_the_reuse_order_is_unchanged_without_a_predictor_fed():
 
 
 def test_without_hold_live_a_queued_readers_pages_are_evicted_last_but_hold_no_admission_back():
-    mgr = make_manager(model(group("full", full(), 1)), 8, eviction="predict")
-    mgr.evictor.hold_live = False  # the scheduler serves queued hits first
-    nu = mgr.evictor.next_use
+    nu = NextUse()  # the scheduler serves queued hits first
+    mgr = make_manager(model(group("full", full(), 1)), 8, eviction="predict",
+                       eviction_options=PredictedOptions(nu, hold_live=False))
     serve(mgr, "x", [1, 2, 3], [0], free=False)
     nu.arrive("waiting", _pages(mgr, [0, 1]))
     mgr.free("x")
@@ -129,9 +132,9 @@ def test_a_held_prefixs_reused_page_is_protected_when_its_miss_costs_more_than_a
     keeps that whole prefix reusable: with the scheduler's step budget known (``step_tokens``) it is
     protected when it ends past that budget (a miss there costs its reader steps more; Falcon-H1-7B
     articles at a quarter of the H100 budget: 0.87x -> 1.36x vLLM-best), not when a miss fits one step."""
-    mgr = make_manager(model(group("full", full(), 1)), 8, eviction="predict")
-    mgr.evictor.step_tokens = 1
-    nu = mgr.evictor.next_use
+    nu = NextUse()
+    mgr = make_manager(model(group("full", full(), 1)), 8, eviction="predict",
+                       eviction_options=PredictedOptions(nu, step_tokens=1))
     serve(mgr, "x", [1, 2, 3], [0])
     nu.arrive("r", _pages(mgr, [0, 1]))
     nu.admitted("r")  # running, holding x's first two blocks
@@ -139,3 +142,41 @@ def test_a_held_prefixs_reused_page_is_protected_when_its_miss_costs_more_than_a
     assert sorted(mgr.evictor.protected[0]) == [1]
     assert cached_keys(mgr, 0)[1][0] == PROTECTED - DEPARTED - 2 and cached_keys(mgr, 0)[0][0] == 2
     mgr.check_integrity()
+
+
+def test_the_options_reach_the_evictor_as_it_is_built():
+    """A scheduler's predictor, admission order and step budget are handed in with the manager
+    (``eviction_options``); nothing is set on the evictor afterwards."""
+    nu = NextUse()
+    ev = make_manager(model(group("full", full(), 1)), 8, eviction="predict",
+                      eviction_options=PredictedOptions(nu, hold_live=False, step_tokens=64)).evictor
+    assert ev.next_use is nu and ev.hold_live is False and ev.step_tokens == 64
+    plain = make_manager(model(group("full", full(), 1)), 8, eviction="predict").evictor  # the defaults
+    assert plain.next_use is not nu and plain.hold_live is True and plain.step_tokens is None
+
+
+@pytest.mark.parametrize("eviction, options, problem", [
+    ("reuse", PredictedOptions(), "eviction 'reuse' takes no options, got PredictedOptions"),
+    ("lru", PredictedOptions(), "eviction 'lru' takes no options"),
+    ("predict", {"hold_live": False}, "eviction 'predict' takes PredictedOptions options, got dict"),
+])
+def test_options_another_order_takes_are_refused_before_anything_is_built(monkeypatch, eviction, options, problem):
+    def built(*args, **kwargs):
+        raise AssertionError("the parts were built")
+
+    monkeypatch.setattr(manager_module, "build_parts", built)
+    with pytest.raises(InvalidArgumentError, match=problem):
+        make_manager(model(group("full", full(), 1)), 8, eviction=eviction, eviction_options=options)
+
+
+@pytest.mark.parametrize("fields, problem", [
+    (dict(hold_live="no"), "hold_live must be a bool"),
+    (dict(hold_live=1), "hold_live must be a bool"),
+    (dict(step_tokens=0), "step_tokens must be >= 1"),
+    (dict(step_tokens=2.5), "step_tokens must be an int"),
+    (dict(next_use={}), "next_use must be a NextUse, got dict"),
+])
+def test_bad_options_are_refused_with_the_field_named(fields, problem):
+    with pytest.raises(InvalidArgumentError, match=problem):
+        PredictedOptions(**fields)
+    assert PredictedOptions(step_tokens=8192).step_tokens == 8192

@@ -46,6 +46,7 @@ from jenga.vllm.admission import (
     admission_name,
     manager_admission,
     manager_eviction,
+    manager_eviction_options,
 )
 from jenga.vllm.plan import rewrite_config
 
@@ -122,9 +123,12 @@ def test_protect_env(monkeypatch):
     monkeypatch.delenv(PROTECT_ENV, raising=False)
     assert [manager_admission(o) for o in (True, False)] == ["protect", "protect"]  # the default: predict
     assert manager_eviction() == "predict"
+    ordered, queued = manager_eviction_options(True, 2048), manager_eviction_options(False, 512)
+    assert (ordered.hold_live, ordered.step_tokens, queued.hold_live, queued.step_tokens) == (False, 2048, True, 512)
+    assert ordered.next_use is not queued.next_use  # each scheduler feeds its own
     monkeypatch.setenv(PROTECT_ENV, "always")
     assert [manager_admission(o) for o in (True, False)] == ["protect", "protect"]
-    assert manager_eviction() is None
+    assert manager_eviction() is None and manager_eviction_options(True, 2048) is None
     monkeypatch.setenv(PROTECT_ENV, "auto")
     assert [manager_admission(o) for o in (True, False)] == ["ordered", "protect"]
     monkeypatch.setenv(PROTECT_ENV, "never")
@@ -247,6 +251,10 @@ def test_predicted_protection_keeps_the_rounds_that_need_it(gemma3, monkeypatch)
         got[protect] = serve_rounds(sched, hash_block, rounds)
         if protect == "predict":
             assert sched.next_use.keeps_departed() and sched.next_use.returns >= 6, got
+            # the scheduler's predictor, order (hits first) and step budget, handed in as the manager was built
+            ev = sched.kv_cache_manager.manager.evictor
+            assert ev.next_use is sched.next_use and ev.hold_live is False
+            assert ev.step_tokens == sched.scheduler_config.max_num_batched_tokens
     assert sum(got["predict"]["hits"]) >= sum(got["always"]["hits"]), got
     assert got["predict"]["computed"] <= got["always"]["computed"], got
 

@@ -56,8 +56,8 @@ class JengaKVCacheAdapter:
     def __init__(self, plan: VllmPlan, kv_cache_config, *, max_model_len: int, enable_caching: bool,
                  log_stats: bool, enable_kv_cache_events: bool, hash_block_size: int | None = None,
                  host_memory_bytes: int | None = None, admission: str | None = None,
-                 max_step_tokens: int | None = None, eviction: str | None = None, junction_stop=None,
-                 junction_readers=None):
+                 max_step_tokens: int | None = None, eviction: str | None = None, eviction_options=None,
+                 junction_stop=None, junction_readers=None):
         self.plan = plan
         # where a junction off vLLM's Mamba block grid stops a step (jenga.vllm.junction_stop;
         # None: at the junction); request id -> the stop moved off its junction
@@ -74,7 +74,7 @@ class JengaKVCacheAdapter:
         self.manager = KVCacheManager(plan.model, plan.memory_bytes, tokens_per_page=plan.tokens_per_page,
                                       enable_prefix_caching=enable_caching, fit_pages=plan.fit_pages,
                                       device="meta", host_memory_bytes=host_memory_bytes, admission=admission,
-                                      eviction=eviction)
+                                      eviction=eviction, eviction_options=eviction_options)
         # state groups: vLLM's Mamba mode per group ("align" / "none"; None for token groups) and
         # its block (a block-table column covers that many tokens); per request, each state
         # group's block-table row as sent (vLLM's worker keeps it append-only)

@@ -35,6 +35,7 @@ and the rounds' prefixes are seen to return after they departed.
 
 from __future__ import annotations
 
+from jenga.core.evict.predicted import PredictedOptions
 from jenga.vllm.switches import switch
 
 ADMISSION_ENV = "JENGA_VLLM_ADMISSION"
@@ -62,6 +63,18 @@ def manager_eviction() -> str | None:
     for: ``predict`` protects the pages a common-prefix predictor fed by this scheduler says will
     be read again (``jenga.core.evict.predicted``); else the manager's default."""
     return "predict" if switch(PROTECT_ENV, PROTECTS, "predict") == "predict" else None
+
+
+def manager_eviction_options(ordered: bool, step_tokens: int) -> PredictedOptions | None:
+    """The options of :func:`manager_eviction`'s order (``KVCacheManager(eviction_options=...)``), for
+    a scheduler whose admissions are ``ordered`` by cached prefix or not and whose step computes at
+    most ``step_tokens`` tokens (vLLM's ``max_num_batched_tokens``); ``None``: the manager's default
+    order, which takes none.  The predictor in them is new: the scheduler feeds it."""
+    if manager_eviction() != "predict":
+        return None
+    # admissions ordered by cached prefix serve the queued hits first: their pages hold none back;
+    # a held prefix's checkpoint whose miss would cost its reader a step more is protected
+    return PredictedOptions(hold_live=not ordered, step_tokens=step_tokens)
 
 
 class HitsFirst:

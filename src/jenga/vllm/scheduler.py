@@ -17,7 +17,13 @@ from jenga.capacity import fits, max_context_tokens
 from jenga.errors import InsufficientMemoryError
 from jenga.vllm import compat
 from jenga.vllm.adapter import JengaKVCacheAdapter
-from jenga.vllm.admission import HitsFirst, admission_name, manager_admission, manager_eviction
+from jenga.vllm.admission import (
+    HitsFirst,
+    admission_name,
+    manager_admission,
+    manager_eviction,
+    manager_eviction_options,
+)
 from jenga.vllm.junction_stop import JunctionStop, junction_stop_name
 from jenga.vllm.metrics import Snapshots, startup_line
 from jenga.vllm.offloading import uses_host_tier
@@ -156,12 +162,16 @@ class JengaScheduler(Scheduler):
         hits_first = (admission_name() != "fcfs" and self.policy.value == "fcfs"
                       and self.cache_config.enable_prefix_caching and not compat.cache_aware_admission(vllm_config))
         ordered = hits_first or (compat.cache_aware_admission(vllm_config) and self.policy.value == "fcfs")
+        # JENGA_VLLM_PROTECT=predict: the evictor's common-prefix predictor, fed every request held and
+        # finished here, handed to the manager with this scheduler's admission order and step budget
+        eviction_options = manager_eviction_options(ordered, self.scheduler_config.max_num_batched_tokens)
+        self.next_use = None if eviction_options is None else eviction_options.next_use
         self.kv_cache_manager = JengaKVCacheAdapter(
             plan, kv_cache_config, max_model_len=self.max_model_len, enable_caching=self.cache_config.enable_prefix_caching,
             log_stats=self.log_stats, enable_kv_cache_events=self.enable_kv_cache_events,
             hash_block_size=self.hash_block_size, host_memory_bytes=None if host is None else host.total_bytes,
             admission=manager_admission(ordered), max_step_tokens=self.scheduler_config.max_num_batched_tokens,
-            eviction=manager_eviction(),
+            eviction=manager_eviction(), eviction_options=eviction_options,
             # a junction off the Mamba block grid costs its request a step: priced (jenga.vllm.junction_stop)
             junction_stop=JunctionStop(self.cache_config.block_size, rule=junction_stop_name(),
                                        step_tokens=self.scheduler_config.max_num_batched_tokens,
@@ -190,13 +200,6 @@ class JengaScheduler(Scheduler):
         if self.snapshots is not None:
             self.snapshots.write(self.kv_cache_manager.manager, force=True)
         self.num_preemptions = 0
-        # the common-prefix predictor of JENGA_VLLM_PROTECT=predict: fed every request held and finished
-        self.next_use = getattr(self.kv_cache_manager.manager.evictor, "next_use", None)
-        if self.next_use is not None:  # admissions ordered by cached prefix serve the queued hits first
-            evictor = self.kv_cache_manager.manager.evictor
-            evictor.hold_live = not ordered
-            # a held prefix's checkpoint whose miss would cost its reader a step more is protected
-            evictor.step_tokens = self.scheduler_config.max_num_batched_tokens
         # a waiting request whose prefix a step in flight computes waits for it (jenga.vllm.prefix_wait)
         wait = prefix_wait_name()
         self.prefix_wait = None

@@ -75,6 +75,9 @@ class PrefixEvictor(EvictionSource):
 
     #: whether this order reads the index's use counts (the manager then has the index keep them)
     counts_uses = False
+    #: the options this order takes, a frozen dataclass handed to its constructor after ``listener``
+    #: (``KVCacheManager(eviction_options=...)``); None: it takes none
+    options_class = None
 
     def __init__(self, pages: PageViews, index: PrefixIndex, listener: EvictionListener | None = None):
         """Built on the pool's ``pages`` (read in place, never written) before the allocator, which

@@ -44,9 +44,15 @@ the default) no such page is protected.
 The predictor is fed by the scheduler (``jenga.vllm``: every request added and finished); fed
 nothing (the simulator, the engine) it predicts no live use and keeps reused pages at its
 prior return rate, as ``ReuseEvictor`` does.  A page's class is decided when it is released.
+
+The scheduler hands its predictor, ``hold_live`` and ``step_tokens`` in when the manager is built
+(:class:`PredictedOptions`, ``KVCacheManager(eviction="predict", eviction_options=...)``); they are
+fixed for the evictor's life.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -55,22 +61,49 @@ from jenga.core.evict.reuse import PROTECTED, ReuseEvictor
 from jenga.core.flat_arrays import BULK
 from jenga.core.policy.base import held_window_time
 from jenga.core.prefix.next_use import NextUse
+from jenga.core.validation import checked_int
+from jenga.errors import InvalidArgumentError
 
 #: class 3 keys lie this far below class 4's (both above ``PROTECTED // 2``: evicted after classes 1-2)
 DEPARTED = 1 << 59
 
 
+@dataclass(frozen=True)
+class PredictedOptions:
+    """The predicted evictor's options, given when the manager is built (module doc).
+
+    ``next_use``: the predictor the scheduler feeds (it keeps the same object; default: a fresh one
+    nothing feeds); ``hold_live``: class 4 pages hold admissions back too (False for a scheduler that
+    admits cached prefixes first); ``step_tokens``: the scheduler's token budget of one step (a
+    reused page of a held prefix ending past it is protected; None: none is).  A bad field raises
+    ``InvalidArgumentError`` naming it, here, before any manager state exists."""
+
+    next_use: NextUse = field(default_factory=NextUse)
+    hold_live: bool = True
+    step_tokens: int | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.next_use, NextUse):
+            raise InvalidArgumentError(f"PredictedOptions: next_use must be a NextUse, got {type(self.next_use).__name__}")
+        if type(self.hold_live) is not bool:
+            raise InvalidArgumentError(f"PredictedOptions: hold_live must be a bool, got {self.hold_live!r}")
+        if self.step_tokens is not None:
+            object.__setattr__(self, "step_tokens", checked_int(self.step_tokens, "PredictedOptions: step_tokens"))
+
+
 class PredictedEvictor(ReuseEvictor):
     """``ReuseEvictor`` whose protected classes are the predicted next uses (module doc)."""
 
-    def __init__(self, pages, index, listener=None, next_use: NextUse | None = None, *, hold_live: bool = True,
-                 step_tokens: int | None = None):
+    options_class = PredictedOptions
+
+    def __init__(self, pages, index, listener=None, options: PredictedOptions | None = None):
         super().__init__(pages, index, listener)
-        self.next_use = next_use if next_use is not None else NextUse()
-        self.hold_live = hold_live  # class 4 pages hold admissions back too (module doc)
+        options = PredictedOptions() if options is None else options
+        self.next_use = options.next_use
+        self.hold_live = options.hold_live  # class 4 pages hold admissions back too (module doc)
         # the scheduler's token budget of one step: a reused page of a held prefix ending past it
         # is protected (module doc); None: none is
-        self.step_tokens = step_tokens
+        self.step_tokens = options.step_tokens
 
     def classes(self, group: int, ids, held_window: bool = False, ends=None) -> list[int]:
         """Per page of ``ids`` (``ends``: the token position each ends at): 4 (a live request reads

@@ -53,9 +53,11 @@ class KVCacheManager:
     leave the window or chunk are stamped ``out_of_window_age`` clock ticks older, so they are evicted first
     (0: their release time, the paper's text).  ``eviction``: ``"reuse"`` (jenga's default; pages reused at
     least twice outlive one-off pages and a stable subset of them survives a cyclic working set larger than
-    the pool, see :mod:`jenga.core.evict.reuse`) or ``"lru"`` (the paper's order; the baselines'
-    default).  ``admission``: ``"protect"`` (the default: pages the evictor protects hold admissions back
-    while others run) or ``"ordered"`` (for a scheduler that admits cached prefixes first, see
+    the pool, see :mod:`jenga.core.evict.reuse`), ``"lru"`` (the paper's order; the baselines'
+    default) or ``"predict"`` (:mod:`jenga.core.evict.predicted`); ``eviction_options``: the options that
+    order takes (its ``options_class``, e.g. ``PredictedOptions``; ``None``: its defaults), handed to the
+    evictor as it is built.  ``admission``: ``"protect"`` (the default: pages the evictor protects hold
+    admissions back while others run) or ``"ordered"`` (for a scheduler that admits cached prefixes first, see
     :mod:`jenga.core.manager.ordered_admission`).  ``device`` is only used by :attr:`layout`.  What a
     variant changes (model transform, policies, admission, eviction default, caps, a step before
     allocating) is its ``rules_class`` (:mod:`jenga.core.manager.rules`; the baselines bring theirs),
@@ -69,7 +71,8 @@ class KVCacheManager:
                  enable_prefix_caching: bool = True, device: str = "cpu", max_lcm_ratio: float = 8.0,
                  fit_pages: bool = True, window_slack: int | None = None, out_of_window_age: int = OUT_OF_WINDOW_AGE,
                  eviction: str | None = None, host_memory_bytes: int | str | None = None,
-                 host_policy: str = "per-kind", admission: str | None = None, rules: ManagerRules | None = None):
+                 host_policy: str = "per-kind", admission: str | None = None, rules: ManagerRules | None = None,
+                 eviction_options: object = None):
         tokens_per_page = checked_int(tokens_per_page, "tokens_per_page")
         memory_bytes = parse_bytes(memory_bytes)  # an int, or "64GiB" like the CLI
         if host_memory_bytes is not None:
@@ -78,7 +81,7 @@ class KVCacheManager:
             window_slack = checked_int(window_slack, "window_slack", minimum=0)
         self.rules = rules = self.rules_class() if rules is None else rules  # a variant's rules, injected
         eviction = eviction or rules.default_eviction
-        check_choices(eviction, host_policy)
+        check_choices(eviction, host_policy, eviction_options)
         if admission is not None and admission not in ADMISSION_RULES:
             raise InvalidArgumentError(f"unknown admission rule {admission!r}; choose one of {sorted(ADMISSION_RULES)}")
         if admission is not None:  # this manager's rules only
@@ -95,7 +98,7 @@ class KVCacheManager:
         self.memory_bytes = memory_bytes
         p = build_parts(model, self.source_model, memory_bytes, host_memory_bytes, block=self.block, caching=self.caching,
                         eviction=eviction, out_of_window_age=out_of_window_age, window_slack=window_slack,
-                        host_policy=host_policy, rules=rules)
+                        host_policy=host_policy, rules=rules, eviction_options=eviction_options)
         self._alloc, self._index, self._evictor, self.ledger, self.clock = p.alloc, p.index, p.evictor, p.ledger, p.clock
         self.policies: list[Policy] = p.policies
         self.admission, self.hasher, self.host, self.prefix_lookup = p.admission, p.hasher, p.host, p.lookup

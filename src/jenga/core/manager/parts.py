@@ -37,16 +37,22 @@ from jenga.core.tier.host_tier import HOST_POLICIES, HostTier, host_page_count
 from jenga.errors import InvalidArgumentError
 
 #: eviction orders: plain LRU by (release time, -prefix length), use-count classes, or the classes
-#: of a next-use predictor (:mod:`jenga.core.evict.predicted`)
+#: of a next-use predictor (:mod:`jenga.core.evict.predicted`); each class names the options it
+#: takes (``options_class``)
 EVICTORS = {"lru": PrefixEvictor, "reuse": ReuseEvictor, "predict": PredictedEvictor}
 
 
-def check_choices(eviction: str, host_policy: str) -> None:
-    """Raise ``InvalidArgumentError`` on an unknown eviction order or host policy."""
+def check_choices(eviction: str, host_policy: str, eviction_options: object = None) -> None:
+    """Raise ``InvalidArgumentError`` on an unknown eviction order or host policy, or on
+    ``eviction_options`` that are not the options that order takes (``None``: its defaults)."""
     if host_policy not in HOST_POLICIES:
         raise InvalidArgumentError(f"unknown host_policy {host_policy!r}; choose one of {list(HOST_POLICIES)}")
     if eviction not in EVICTORS:
         raise InvalidArgumentError(f"unknown eviction policy {eviction!r}; choose one of {sorted(EVICTORS)}")
+    wanted = EVICTORS[eviction].options_class
+    if eviction_options is not None and type(eviction_options) is not wanted:
+        takes = "no options" if wanted is None else f"{wanted.__name__} options"
+        raise InvalidArgumentError(f"eviction {eviction!r} takes {takes}, got {type(eviction_options).__name__}")
 
 
 @dataclass(frozen=True)
@@ -71,11 +77,12 @@ class ManagerParts:
 
 def build_parts(model: ModelSpec, source_model: ModelSpec, memory_bytes: int, host_memory_bytes: int | None, *,
                 block: int, caching: bool, eviction: str, out_of_window_age: int, window_slack: int | None,
-                host_policy: str, rules: ManagerRules) -> ManagerParts:
+                host_policy: str, rules: ManagerRules, eviction_options: object = None) -> ManagerParts:
     """Build and wire the parts of a manager of ``model`` (the groups it allocates; ``source_model``:
     the one it was given) over the large pages ``memory_bytes`` holds (and ``host_memory_bytes`` on the
     host; ``None``: no host tier; raises when a budget holds no large page).  ``rules`` make each
-    group's policy, the admission rule and the per-group caps (baselines bring their own)."""
+    group's policy, the admission rule and the per-group caps (baselines bring their own);
+    ``eviction_options`` (checked by :func:`check_choices`) go to the evictor's constructor."""
     num_large = large_page_count(memory_bytes, model.large_page_bytes)
     num_host_large = 0 if host_memory_bytes is None else host_page_count(host_memory_bytes, model.large_page_bytes)
     pages = PageViews.of([g.page_bytes for g in model.groups], num_large)  # the pool's per-page arrays
@@ -90,7 +97,9 @@ def build_parts(model: ModelSpec, source_model: ModelSpec, memory_bytes: int, ho
     if num_host_large:
         host = HostTier([g.page_bytes for g in model.groups], num_host_large, index, clock, policies,
                         out_of_window_age=out_of_window_age, policy=host_policy)
-    evictor = EVICTORS[eviction](pages, index, host)  # reads the pages; the allocator owns it and evicts through it
+    # reads the pages; the allocator owns it and evicts through it
+    order = EVICTORS[eviction]
+    evictor = order(pages, index, host) if eviction_options is None else order(pages, index, host, eviction_options)
     alloc = LargePageAllocator(pages, evictor, caps=rules.caps(model, num_large))
     ledger = PageLedger(alloc, index, evictor, caching=caching, out_of_window_age=out_of_window_age, clock=clock)
     admission = rules.admission_class(policies, alloc, index, evictor, ledger, block)
