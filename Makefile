@@ -15,15 +15,17 @@ VLLM_STAMPS := $(VLLM_VERSIONS:%=$(VLLM_ENVS)/%/.installed)
 VLLM_VERSION_TESTS := tests/test_vllm_drift.py tests/test_vllm_compat.py tests/test_vllm_async.py \
   tests/test_vllm_sched_families.py tests/test_vllm_host_connector.py tests/test_vllm_no_stall.py tests/test_vllm_kv_bytes.py \
   tests/test_vllm_adapter_fuzz.py tests/test_vs_vllm_sched.py
-# uniform against vLLM 0.34's real manager within 1 % (a minute and a half of CPU): in test-vllm-slow
-VLLM_034_SLOW_TESTS := tests/test_uniform_vs_vllm034.py
+# uniform against vLLM 0.34's real manager within 1 % (a minute and a half of CPU) and the slow pinned row of
+# vs_vllm_sched (marked slow: the version runs of make test leave it out): in test-vllm-slow
+VLLM_034_SLOW_TESTS := tests/test_uniform_vs_vllm034.py \
+  tests/test_vs_vllm_sched.py::test_the_tight_falcon_articles_row_keeps_the_checkpoints_of_articles_still_decoding
 
 # START_VLLM_VERSIONS launches one pytest per extra vLLM version in the background (niced: they take
 # the cores the main pytest leaves idle, e.g. its last long vLLM group); WAIT_VLLM_VERSIONS waits for
 # them and shows each one's last line, or its whole log when it failed ($$rc: 1 if one failed)
 define START_VLLM_VERSIONS
 for v in $(VLLM_VERSIONS); do \
-  VLLM_TARGET_DEVICE=cpu JENGA_ADAPTER_FUZZ_OPS=4000 nice -n 10 $(VLLM_ENVS)/$$v/bin/python -m pytest -n 0 -p no:randomly $(VLLM_VERSION_TESTS) \
+  VLLM_TARGET_DEVICE=cpu JENGA_ADAPTER_FUZZ_OPS=4000 nice -n 10 $(VLLM_ENVS)/$$v/bin/python -m pytest -n 0 -p no:randomly -m 'not slow' $(VLLM_VERSION_TESTS) \
     > $(VLLM_ENVS)/$$v/pytest.log 2>&1 & echo $$! > $(VLLM_ENVS)/$$v/pytest.pid; \
 done
 endef

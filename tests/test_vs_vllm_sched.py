@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from vs_vllm_sched import run_row  # noqa: E402
 
@@ -68,6 +70,7 @@ def test_the_tight_agent_branch_row_stops_off_grid_junctions_only_where_they_pay
     _holds_vllm_best("jamba-1.5-mini:agent-branch:tight")
 
 
+@pytest.mark.slow  # two rows with vLLM's whole sweep: in make test-vllm-slow (vLLM 0.34), with the 1 % check
 def test_the_tight_falcon_articles_row_keeps_the_checkpoints_of_articles_still_decoding(monkeypatch):
     """Falcon-H1-7B (attention and Mamba in every layer), 16 articles x 4 questions at a quarter of
     the H100 budget: the checkpoint an article's question resumed from is the one page that keeps the
