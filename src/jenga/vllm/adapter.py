@@ -395,7 +395,7 @@ class JengaKVCacheAdapter:
         """Changes whenever ``get_num_cached_tokens(request)`` of a request that waits (its tokens
         unchanged) may answer otherwise: the prefix index's version (read without holding a
         deferred hit)."""
-        return self.manager.prefix_lookup.index.version
+        return self.manager.prefix_version()
 
     def writes_in_flight(self) -> bool:
         """Whether a step in flight writes pages that join the cache at its commit (state checkpoints)."""

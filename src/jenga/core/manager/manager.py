@@ -183,6 +183,11 @@ class KVCacheManager:
         self._settle(req)
         return self.prefix_lookup.find(req, max_tokens)
 
+    def prefix_version(self) -> int:
+        """A number that changes whenever the prefix index's tables do (so ``cached_tokens`` of a
+        request whose tokens did not change may answer otherwise); read without holding a deferred hit."""
+        return self._index.version
+
     def cached_tokens(self, request_id: object, *, max_tokens: int | None = None, in_flight: bool = False) -> int:
         """What ``lookup`` would answer now, read only: no page held, no hit recorded, nothing
         counted (a scheduler ordering its waiting queue by cached prefix).  0 once allocated.
