@@ -104,6 +104,10 @@ class LargePageAllocator:
         """Free slots of ``group``'s carved large pages outside ``E`` (visible to steps 1 and 4)."""
         return self.slots.free_small[group]
 
+    def stranded_bytes(self) -> int:
+        """Bytes of the free slots of carved large pages outside ``E`` (no other group can use them)."""
+        return sum(n * b for n, b in zip(self.slots.free_small, self.page_bytes, strict=True))
+
     def free_bytes(self) -> int:
         """Bytes free without evicting: free large pages and the free slots outside ``E``."""
         free = len(self.free_large) * self.large_page_bytes

@@ -414,6 +414,9 @@ class KVCacheManager:
     used_bytes = property(lambda self: self._settled(self.accounting).used_bytes(),
                           doc="Bytes of pages live requests hold (their hits included); 0 once all are freed.")
 
+    stranded_bytes = property(lambda self: self._settled(self._alloc).stranded_bytes(),
+                              doc="Bytes of free slots stranded in carved large pages (``CacheStats.stranded_bytes``).")
+
     usage = property(lambda self: self.used_bytes / self.total_bytes,
                      doc="``used_bytes / total_bytes`` (vLLM's KV-cache usage: cached pages count as free).")
 

@@ -118,7 +118,7 @@ def collect_stats(mgr) -> CacheStats:
     cached = sum(len(mgr.evictor.keys[g]) * pb[g] for g in n)
     # free slots in large pages that live requests use (slots beside cached pages in a fully
     # evictable large page are reclaimable at once, so they count as free, not waste)
-    carved_free = sum(alloc.free_slots(g) * pb[g] for g in n)
+    carved_free = alloc.stranded_bytes()
     total = alloc.num_large * alloc.large_page_bytes
     partial = padding = 0
     for req in mgr.requests.values():
