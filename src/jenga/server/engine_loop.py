@@ -79,11 +79,16 @@ class Handle:
 class EngineLoop:
     """Drives ``llm`` in a daemon thread; see the module docstring."""
 
-    def __init__(self, llm, metrics: ServerMetrics, *, max_waiting: int = 256, idle_poll_s: float = 0.5):
+    def __init__(self, llm, metrics: ServerMetrics, *, max_waiting: int = 256, idle_poll_s: float = 0.5,
+                 metrics_interval_s: float = 0.25):
         self.llm = llm
         self.metrics = metrics
         self.max_waiting = max_waiting
         self.idle_poll_s = idle_poll_s
+        # the gauges' refresh (``manager.stats()``: its needed bytes cost O(held pages), 0.1 s at a
+        # real model's full pool) runs at most this often while requests run, and whenever none does
+        self.metrics_interval_s = metrics_interval_s
+        self._observe_due = 0.0
         self._cmds: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._waiting = 0  # accepted, not yet scheduled once
@@ -140,7 +145,11 @@ class EngineLoop:
                         log.exception("engine step failed; its requests were aborted")
                         error = e
                 self._publish(error)
-                self._observe()
+                now = time.monotonic()
+                full = not llm.has_unfinished or now >= self._observe_due
+                if full:
+                    self._observe_due = now + self.metrics_interval_s
+                self._observe(full)
         finally:  # stopping, or a bug in the loop itself: no handler may wait forever
             self.dead = True
             try:
@@ -255,10 +264,12 @@ class EngineLoop:
         for rid in done:
             del self._handles[rid]
 
-    def _observe(self) -> None:
+    def _observe(self, full: bool = True) -> None:
+        """The peak batch, every step; with ``full``, the gauges and counters too."""
         llm = self.llm
         sched = llm.scheduler
         running = len(sched.running)
         self.peak_running = max(self.peak_running, running)
-        self.metrics.observe_engine(llm.manager.stats(), running, len(sched.waiting) + self._pending_adds,
-                                    sched.stats.preemptions)
+        if full:
+            self.metrics.observe_engine(llm.manager.stats(), running, len(sched.waiting) + self._pending_adds,
+                                        sched.stats.preemptions)

@@ -48,10 +48,12 @@ class MultiEngineLoop(EngineLoop):
         return self.llm.add_request(h.model, h.prompt_token_ids, h.params, request_id=h.request_id,
                                     cache_salt=h.cache_salt)
 
-    def _observe(self) -> None:
+    def _observe(self, full: bool = True) -> None:
         lanes = list(self.llm.lanes.values())
         running = sum(len(lane.scheduler.running) for lane in lanes)
         self.peak_running = max(self.peak_running, running)
+        if not full:
+            return
         waiting = sum(len(lane.scheduler.waiting) for lane in lanes) + self._pending_adds
         self.metrics.observe_engine(self.llm.manager.stats(), running, waiting,
                                     sum(lane.scheduler.stats.preemptions for lane in lanes))
