@@ -90,7 +90,10 @@ class ByteAccounting:
                     total -= max(0, sum(r) - self.ledger.alloc.used_pages(pol.gi)) * groups[pol.gi].page_bytes
                 continue
             per_layer = pol.footprint.token_bytes // max(1, pol.group.num_layers)
-            shared: dict[tuple[int, int], list[tuple[int, int]]] = {}
+            # shared pages (more than one reference): those a holder needs whole, and the needed
+            # slots of those a holder needs in part (the first and last page of its range only)
+            whole: dict[int, set[int]] = {gi: set() for gi, _ in grp.parts}
+            spans: dict[tuple[int, int], list[tuple[int, int]]] = {}
             for req in requests:
                 n = req.num_computed
                 a = pol.footprint.first_needed(n)
@@ -99,30 +102,43 @@ class ByteAccounting:
                 for gi, layers in grp.parts:
                     tpp, pages = groups[gi].tokens_per_page, req.groups[gi].token_pages()
                     i0, i1 = a // tpp, min(-(-n // tpp), len(pages))
-                    held = [(i, p) for i, p in enumerate(pages[i0:i1], i0) if p is not None] \
-                        if None in pages[i0:i1] else None
-                    if held is None:  # every page of the range held: one gather finds the shared ones
-                        ids = pages[i0:i1]
-                        many = np.flatnonzero(view(ref[gi])[int64s(ids)] > 1) if ids else ()
-                        tokens = max(0, min(n, i1 * tpp) - a)
-                        held = [(i0 + int(j), ids[j]) for j in many]
-                    else:
+                    if None in pages[i0:i1]:
+                        held = [(i, p) for i, p in enumerate(pages[i0:i1], i0) if p is not None]
                         tokens = sum(min(n, (i + 1) * tpp) - max(a, i * tpp) for i, _ in held)
-                        held = [(i, p) for i, p in held if ref[gi][p] > 1]
-                    for i, p in held:  # shared pages: their slots go to the union below
+                        many = [(i, p) for i, p in held if ref[gi][p] > 1]
+                    elif i0 < i1:  # every page of the range held: one gather finds the shared ones
+                        ids = int64s(pages[i0:i1])
+                        tokens = max(0, min(n, i1 * tpp) - a)
+                        js = np.flatnonzero(view(ref[gi])[ids] > 1)
+                        # the pages strictly inside the range are needed whole
+                        inner = js[(js > 0) & (js < i1 - i0 - 1)] if len(js) else js
+                        if len(inner):
+                            tokens -= len(inner) * tpp
+                            whole[gi].update(ids[inner].tolist())
+                        many = [(i0 + int(j), pages[i0 + int(j)]) for j in js if j == 0 or j == i1 - i0 - 1]
+                    else:
+                        continue
+                    for i, p in many:  # shared pages: their slots go to the union below
                         lo, hi = max(a, i * tpp) - i * tpp, min(n, (i + 1) * tpp) - i * tpp
                         tokens -= hi - lo
-                        shared.setdefault((gi, p), []).append((lo, hi))
+                        if lo == 0 and hi == tpp:
+                            whole[gi].add(p)
+                        else:
+                            spans.setdefault((gi, p), []).append((lo, hi))
                     total += tokens * layers * per_layer
-            for (gi, _), spans in shared.items():
-                layers = dict(grp.parts)[gi]
-                spans.sort()
+            parts = dict(grp.parts)
+            for gi, pages in whole.items():
+                total += len(pages) * groups[gi].tokens_per_page * parts[gi] * per_layer
+            for (gi, p), sp in spans.items():
+                if p in whole[gi]:
+                    continue  # another holder needs it whole
+                sp.sort()
                 covered, end = 0, 0
-                for lo, hi in spans:
+                for lo, hi in sp:
                     lo = max(lo, end)
                     if hi > lo:
                         covered, end = covered + hi - lo, hi
-                total += covered * layers * per_layer
+                total += covered * parts[gi] * per_layer
         return total
 
     def duplicate_bytes(self, requests: Iterable[Request]) -> int:
