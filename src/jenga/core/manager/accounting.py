@@ -62,7 +62,7 @@ class ByteAccounting:
         ledger = self.ledger
         shared = 0
         for g, ref in enumerate(ledger.ref):
-            extra = sum(ref) - ledger.alloc.used_pages(g)
+            extra = int(view(ref).sum()) - ledger.alloc.used_pages(g)
             shared += extra * self.model.groups[g].page_bytes
         return shared, self.duplicate_bytes(requests)
 
@@ -87,7 +87,7 @@ class ByteAccounting:
                     total += pol.footprint.needed_bytes(req, grp.record(req))
                 if grp.parts == ((pol.gi, pol.group.num_layers),) and pol.group is groups[pol.gi]:
                     r = ref[pol.gi]
-                    total -= max(0, sum(r) - self.ledger.alloc.used_pages(pol.gi)) * groups[pol.gi].page_bytes
+                    total -= max(0, int(view(r).sum()) - self.ledger.alloc.used_pages(pol.gi)) * groups[pol.gi].page_bytes
                 continue
             per_layer = pol.footprint.token_bytes // max(1, pol.group.num_layers)
             # shared pages (more than one reference): those a holder needs whole, and the needed

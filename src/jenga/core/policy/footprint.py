@@ -16,6 +16,7 @@ from math import lcm
 
 import numpy as np
 
+from jenga.core.flat_arrays import BULK, int64s, view
 from jenga.core.request import GroupState, Request
 from jenga.core.specs import (
     ChunkedLocalSpec,
@@ -143,12 +144,15 @@ class TokenFootprint(Footprint):
         gi, pages, m = self.gi, gs.pages, self.tpp // self.block
         table, registered, ref = ops.index_table(gi), ops.index.flags[gi], ops.ref[gi]
         hashes, n = req.hashes, 0
-        for i in range(gs.released, min(len(pages), len(hashes) // m, req.num_computed // self.tpp)):
-            page = pages[i]
-            if page is not None and not registered[page]:
-                other = table.get(hashes[(i + 1) * m - 1])
-                if other is not None and other != page and ref[other] > 0:
-                    n += 1
+        lo, hi = gs.released, min(len(pages), len(hashes) // m, req.num_computed // self.tpp)
+        if hi - lo > BULK and None not in pages[lo:hi]:  # one gather finds the unregistered pages
+            unregistered = (lo + j for j in np.flatnonzero(view(registered)[int64s(pages[lo:hi])] == 0).tolist())
+        else:
+            unregistered = (i for i in range(lo, hi) if pages[i] is not None and not registered[pages[i]])
+        for i in unregistered:
+            other = table.get(hashes[(i + 1) * m - 1])
+            if other is not None and other != pages[i] and ref[other] > 0:
+                n += 1
         return n
 
 
