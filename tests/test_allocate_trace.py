@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from allocate_trace import allocate_modules, traced  # noqa: E402
 
 #: modules entered by one allocate (jenga.* only): ratchet down as modules merge
-MOST = {"hit": 13, "miss": 12}
+MOST = {"hit": 12, "miss": 11}
 
 
 def test_allocate_enters_few_modules():
@@ -26,3 +26,8 @@ def test_the_tracer_sees_every_module_called():
     import jenga.core.flat_arrays as fa
     import jenga.units as units
     assert traced(lambda: (units.parse_bytes("1KiB"), fa.zeros(3))) == ["jenga.units", "jenga.core.flat_arrays"]
+
+
+def test_a_generated_dataclass_init_counts_for_no_module():
+    from jenga.core.tables import TokenTable
+    assert traced(lambda: TokenTable(0, 16, [])) == []
