@@ -216,10 +216,13 @@ def test_whole_image_eviction():
 
 def reaches(root, target, skip=()) -> bool:
     """Whether ``target`` is reachable from ``root`` through object references (``gc``), not
-    passing through the objects in ``skip``."""
+    passing through the objects in ``skip`` nor through a module or its namespace (every function
+    refers to its module's globals: through them everything reaches everything)."""
     import gc
+    import sys
 
-    seen, stack = {id(o) for o in skip}, [root]
+    modules = [m for m in list(sys.modules.values()) if m is not None]
+    seen, stack = {id(o) for o in skip} | {id(m) for m in modules} | {id(vars(m)) for m in modules}, [root]
     while stack:
         obj = stack.pop()
         if obj is target:
