@@ -13,7 +13,9 @@ change left the decisions alone::
     .venv/bin/python benchmarks/vllm_sched_calls.py chat --stock '{"prefix_cache_retention_interval": null}'
 
 ``--stock`` / ``--jenga``: extra engine arguments (JSON), e.g. the setting that won the row in the
-side-by-side table; ``--blocks``: the budget (default the row's first).
+side-by-side table; ``--blocks``: the budget (default the row's first); ``--hits``: also each
+request's hit (the last lookup before its admission), as (prompt tokens, hit) pairs per engine,
+and for jenga each group's longest cached prefix at that lookup where it differs from the hit.
 """
 
 from __future__ import annotations
@@ -34,17 +36,36 @@ CALLS = ("get_computed_blocks", "allocate_slots", "free", "cache_blocks", "take_
 
 
 class Timed(sbs.Counters):
-    """``vllm_side_by_side.Counters`` plus the CPU time and count of each manager call (``calls``)."""
+    """``vllm_side_by_side.Counters`` plus the CPU time and count of each manager call (``calls``)
+    and each request's last lookup (``hits``: request id -> (prompt tokens, hit, per-group longest
+    prefixes or None))."""
 
-    def __init__(self, sched):
+    def __init__(self, sched, hits: bool = False):
         super().__init__(sched)
         self.calls: dict[str, list] = {}
+        self.hits: dict[str, tuple] = {}
+        if hits:  # inside the timed lookups: their times then count this too
+            self._record_hits(sched.kv_cache_manager)
         for name in CALLS:
             self._wrap(sched.kv_cache_manager, name, name)
         for hook, name in ((getattr(sched, "admission", None), "reorder"), (getattr(sched, "prefix_wait", None),
                                                                             "holds")):
             if hook is not None:
                 self._wrap(hook, name, f"{type(hook).__name__}.{name}")
+
+    def _record_hits(self, kv) -> None:
+        lookup, mgr = kv.get_computed_blocks, getattr(kv, "manager", None)
+
+        def get_computed_blocks(request, *a, **k):
+            out = lookup(request, *a, **k)
+            groups = None
+            if mgr is not None and request.request_id in mgr.requests:
+                req, pl = mgr.requests[request.request_id], mgr.prefix_lookup
+                top = pl.top(req, None)
+                groups = tuple(pol.longest_prefix(req, top, mgr.ledger) for pol in pl.policies)
+            self.hits[request.request_id] = (request.num_tokens, out[1], groups)
+            return out
+        kv.get_computed_blocks = get_computed_blocks
 
     def _wrap(self, obj, name: str, label: str) -> None:
         f = getattr(type(obj), name, None) and getattr(obj, name)
@@ -69,6 +90,7 @@ def main(argv=None) -> None:
     ap.add_argument("--stock", default="{}", help="stock's extra engine arguments (JSON)")
     ap.add_argument("--jenga", default="{}", help="jenga's extra engine arguments (JSON)")
     ap.add_argument("--chunk", type=int, default=128, help="max_num_batched_tokens, both engines")
+    ap.add_argument("--hits", action="store_true", help="each request's hit per engine (and jenga's per group)")
     args = ap.parse_args(argv)
     sbs._need_vllm()
     from vllm_support import close, engine, model_dir
@@ -77,7 +99,7 @@ def main(argv=None) -> None:
     blocks = args.blocks or budgets[0]
     path = model_dir(family, Path(tempfile.mkdtemp(prefix="jenga-vllm-calls-")))
     counters: list[Timed] = []
-    sbs.Counters = lambda sched: counters.append(Timed(sched)) or counters[-1]
+    sbs.Counters = lambda sched: counters.append(Timed(sched, args.hits)) or counters[-1]
     per_step = {}
     for side, extra in (("stock", json.loads(args.stock)), ("jenga", json.loads(args.jenga))):
         llm = engine(path, jenga=side == "jenga", num_blocks=blocks, max_model_len=sbs.longest(rounds_fn),
@@ -91,6 +113,12 @@ def main(argv=None) -> None:
         for label, (n, s) in sorted(c.calls.items(), key=lambda kv: -kv[1][1]):
             if n:
                 print(f"    {label:34s} {n:7d} calls {1e3 * s:9.1f} ms {1e6 * s / n:8.1f} µs/call")
+        if args.hits:
+            pairs = sorted((n, hit) for n, hit, _ in c.hits.values())
+            print(f"    hits (prompt, hit), {sum(h for _, h in pairs)} tokens: {pairs}")
+            for n, hit, groups in sorted(c.hits.values(), key=lambda v: v[:2]):
+                if groups is not None and any(g != hit for g in groups):
+                    print(f"    prompt {n}: hit {hit}, longest cached prefix per group {list(groups)}")
         sys.stdout.flush()
     print(f"{args.row} {blocks}: scheduler CPU per step jenga / stock {per_step['jenga'] / per_step['stock']:.2f}x")
 

@@ -115,7 +115,8 @@ class ByteAccounting:
                         if len(inner):
                             tokens -= len(inner) * tpp
                             whole[gi].update(ids[inner].tolist())
-                        many = [(i0 + int(j), pages[i0 + int(j)]) for j in js if j == 0 or j == i1 - i0 - 1]
+                        ends = {0, i1 - i0 - 1} & {int(js[0]), int(js[-1])} if len(js) else ()
+                        many = [(i0 + j, pages[i0 + j]) for j in sorted(ends)]
                     else:
                         continue
                     for i, p in many:  # shared pages: their slots go to the union below
