@@ -96,8 +96,8 @@ class PreNormDecoderLayer(nn.Module):
     is the order :func:`~jenga.engine.models.weights.randomize_` fills parameters in (so a tiny
     random model keeps its weights).  ``args`` are what :meth:`DecoderModel.layer_args` gives, ``ctx`` last.  :meth:`mix`
     runs ``self_attn(h, *args)``, or in a layer without attention its state mixer ``mamba(h, ctx)``;
-    a family with another mixer (Gated DeltaNet, Falcon-H1's parallel pair) overrides it, and one
-    with scaled residuals overrides :meth:`forward`.
+    a family with another mixer (Gated DeltaNet) overrides it, and one with scaled residuals or
+    two mixers each added to the residual (Granite, Falcon-H1) overrides :meth:`forward`.
     """
 
     def __init__(self, hidden: int, eps: float, *, offset: bool = False,

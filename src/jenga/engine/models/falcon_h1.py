@@ -72,13 +72,15 @@ class FalconH1DecoderLayer(PreNormDecoderLayer):
         self.attn_in, self.attn_out = config.attention_in_multiplier, config.attention_out_multiplier
         self._mup = [mup_vector(config)]  # not a parameter or buffer: HF's is non-persistent too
 
-    def mix(self, h: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
-        """Mamba-2 and attention side by side, summed before the residual (as HF adds them)."""
+    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
+        """Mamba-2 and attention side by side on one norm, each added to the residual."""
+        h = self.input_layernorm(x)
         mup = self._mup[0]
-        if mup.device != h.device or mup.dtype != h.dtype:
-            mup = self._mup[0] = mup.to(h.device, h.dtype)
+        if mup.device != x.device or mup.dtype != x.dtype:
+            mup = self._mup[0] = mup.to(x.device, x.dtype)
         m = self.mamba(h * self.ssm_in, ctx, proj_scale=mup) * self.ssm_out
-        return m + self.self_attn(h * self.attn_in, cos_sin, ctx) * self.attn_out
+        x = x + m + self.self_attn(h * self.attn_in, cos_sin, ctx) * self.attn_out
+        return x + self.feed_forward(self.pre_ff_layernorm(x))
 
 
 class FalconH1ForCausalLM(HybridCausalLM):
