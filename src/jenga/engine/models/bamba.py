@@ -9,19 +9,8 @@ in ``final_layernorm``.  :func:`granite_mamba2` builds the mixer for Granite-4.0
 
 from __future__ import annotations
 
-from torch import Tensor, nn
-
-from jenga.engine.attention import ForwardContext
-from jenga.engine.models.common import (
-    GatedMLP,
-    PagedAttentionBase,
-    PartialRotary,
-    RMSNorm,
-    cfg,
-    head_dim_of,
-    rope_parameters,
-)
-from jenga.engine.models.decoder import DecoderModel
+from jenga.engine.models.common import GatedMLP, PagedAttentionBase, PartialRotary, attention_dims, cfg
+from jenga.engine.models.decoder import DecoderModel, PreNormDecoderLayer
 from jenga.engine.models.hybrid import HybridCausalLM
 from jenga.engine.models.mamba2 import Mamba2Mixer
 
@@ -37,40 +26,22 @@ def granite_mamba2(config, layer_idx: int) -> Mamba2Mixer:
 
 class BambaAttention(PagedAttentionBase):
     def __init__(self, config, layer_idx: int, rotary: PartialRotary):
-        head_dim = head_dim_of(config)
-        super().__init__(layer_idx, config.hidden_size, config.num_attention_heads,
-                         cfg(config, "num_key_value_heads", config.num_attention_heads), head_dim,
-                         bias=cfg(config, "attention_bias", False))
-        self._rotary = [rotary]  # shared, not a submodule
-
-    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
-        q, k, v = self.project(x)
-        rot = self._rotary[0]
-        return self.attend(ctx, rot(q, cos_sin), rot(k, cos_sin), v)
+        super().__init__(layer_idx, *attention_dims(config), bias=cfg(config, "attention_bias", False),
+                         rotary=rotary)
 
 
-class BambaDecoderLayer(nn.Module):
+class BambaDecoderLayer(PreNormDecoderLayer):
     def __init__(self, config, layer_idx: int, rotary: PartialRotary):
-        super().__init__()
-        if config.layers_block_type[layer_idx] == "full_attention":
-            self.self_attn = BambaAttention(config, layer_idx, rotary)
-        else:
-            self.mamba = granite_mamba2(config, layer_idx)
-        self.feed_forward = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
-                                     bias=cfg(config, "mlp_bias", False))
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.pre_ff_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
-        h = self.input_layernorm(x)
-        x = x + (self.self_attn(h, cos_sin, ctx) if hasattr(self, "self_attn") else self.mamba(h, ctx))
-        return x + self.feed_forward(self.pre_ff_layernorm(x))
+        mixer = ({"self_attn": BambaAttention(config, layer_idx, rotary)}
+                 if config.layers_block_type[layer_idx] == "full_attention"
+                 else {"mamba": granite_mamba2(config, layer_idx)})
+        super().__init__(config.hidden_size, config.rms_norm_eps, ff_norm="pre_ff_layernorm", **mixer,
+                         feed_forward=GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
+                                               bias=cfg(config, "mlp_bias", False)))
 
 
 class BambaForCausalLM(HybridCausalLM):
     def __init__(self, config):
-        head_dim = head_dim_of(config)
-        rotary = PartialRotary(rope_parameters(config), head_dim)
-        super().__init__(config, DecoderModel(
-            config, lambda i: BambaDecoderLayer(config, i, rotary),
-            RMSNorm(config.hidden_size, config.rms_norm_eps), rotary=rotary, norm_name="final_layernorm"))
+        super().__init__(config, DecoderModel.with_rope(
+            config, lambda i, rotary: BambaDecoderLayer(config, i, rotary), rotary_cls=PartialRotary,
+            norm_name="final_layernorm"))

@@ -189,13 +189,28 @@ class LayerAttention:
         return FullAttentionSpec(**common)
 
 
+def attention_dims(config) -> tuple[int, int, int, int]:
+    """``(hidden, heads, kv_heads, head_dim)`` of a config (kv heads default to the heads)."""
+    heads = config.num_attention_heads
+    return config.hidden_size, heads, cfg(config, "num_key_value_heads", heads), head_dim_of(config)
+
+
 class PagedAttentionBase(nn.Module):
-    """q/k/v/o projections (HF names) + the call into the paged cache for one layer."""
+    """q/k/v/o projections (HF names) + the call into the paged cache for one layer.
+
+    :meth:`forward` is the attention most families share: project, norm q and k per head when
+    the family gave the layer ``q_norm`` / ``k_norm`` (HF names), rotate them by ``rotary`` when
+    there is one (shared by all layers, held outside the module tree so that ``state_dict`` names
+    stay HF's; None: no RoPE), attend.  A family with another order or extra inputs (a gated query,
+    a position-dependent temperature) overrides :meth:`forward` and uses :meth:`project` /
+    :meth:`attend`; one that scales a projection overrides :meth:`project`.
+    """
 
     def __init__(self, layer_idx: int, hidden: int, num_heads: int, num_kv_heads: int, head_dim: int, *,
                  bias: bool = False, scale: float | None = None, window: int | None = None,
-                 chunk: int | None = None, softcap: float | None = None):
+                 chunk: int | None = None, softcap: float | None = None, rotary: nn.Module | None = None):
         super().__init__()
+        self._rotary = [rotary]
         self.layer_idx, self.num_heads, self.num_kv_heads, self.head_dim = layer_idx, num_heads, num_kv_heads, head_dim
         self.scale = head_dim ** -0.5 if scale is None else scale
         self.window, self.chunk, self.softcap = window, chunk, softcap
@@ -219,6 +234,15 @@ class PagedAttentionBase(nn.Module):
         out = ctx.attend(self.layer_idx, q, k, v, scale=self.scale, window=self.window, chunk=self.chunk,
                          softcap=self.softcap)
         return self.o_proj(out.reshape(out.shape[0], -1))
+
+    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
+        q, k, v = self.project(x)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        rot = self._rotary[0]
+        if rot is not None:
+            q, k = rot(q, cos_sin), rot(k, cos_sin)
+        return self.attend(ctx, q, k, v)
 
 
 # ------------------------------------------------------------------------------------ base model

@@ -17,6 +17,9 @@ Layers are called as ``layer(x, *self.layer_args(positions, ctx))``; the default
 Llama-4's NoPE layers, one table per layer type for Gemma) overrides :meth:`layer_args`.
 ``embeds = (rows, values)`` replaces the (scaled) embeddings of some rows of the step with other
 vectors (a VLM's image features), for every family alike.
+
+:meth:`DecoderModel.with_rope` builds the skeleton of a RoPE family (one rotary for all layers, a
+final RMSNorm); :class:`PreNormDecoderLayer` is the pre-norm residual layer most families share.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Callable
 from torch import Tensor, nn
 
 from jenga.engine.attention import ForwardContext
+from jenga.engine.models.common import RMSNorm, Rotary, cfg, head_dim_of, rope_parameters
 
 
 class DecoderModel(nn.Module):
@@ -41,6 +45,18 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(layer(i) for i in range(config.num_hidden_layers))
         setattr(self, norm_name, norm)
         self.embed_multiplier = embed_multiplier
+
+    @classmethod
+    def with_rope(cls, config, layer: Callable[[int, nn.Module], nn.Module], *,
+                  rotary_cls: Callable[[dict, int], nn.Module] | None = Rotary, offset: bool = False,
+                  eps: float = 1e-6, **kwargs) -> DecoderModel:
+        """The skeleton of a RoPE family: one ``rotary_cls(rope_parameters, head_dim)`` shared by
+        ``layer(i, rotary)`` for every layer (``rotary_cls`` None: no RoPE, ``rotary`` is None) and a
+        final RMSNorm of ``rms_norm_eps`` (``eps`` when the config has none; ``offset``: Gemma's
+        ``1 + w``).  ``kwargs`` go to the constructor (``norm_name``, ``embed_multiplier``)."""
+        rotary = None if rotary_cls is None else rotary_cls(rope_parameters(config), head_dim_of(config))
+        norm = RMSNorm(config.hidden_size, cfg(config, "rms_norm_eps", eps), offset=offset)
+        return cls(config, lambda i: layer(i, rotary), norm, rotary=rotary, **kwargs)
 
     @property
     def embedding(self) -> nn.Embedding:
@@ -65,3 +81,37 @@ class DecoderModel(nn.Module):
         for layer in self.layers:
             x = layer(x, *args)
         return getattr(self, self._norm_name)(x)
+
+
+class PreNormDecoderLayer(nn.Module):
+    """The pre-norm residual layer most families share::
+
+        x = x + mix(input_layernorm(x), *args)
+        x = x + ff(ff_norm(x))
+
+    ``parts``: the family's modules under their HF names, mixer(s) first (``self_attn``, ``mamba``,
+    ``linear_attn``), the feed-forward ``ff`` last (``mlp``, ``feed_forward``); they are registered
+    in that order, then the two RMSNorms ``input_layernorm`` and ``ff_norm``
+    (``post_attention_layernorm`` or ``pre_ff_layernorm``; ``offset``: Gemma's ``1 + w``), which
+    is the order :func:`~jenga.engine.models.weights.randomize_` fills parameters in (so a tiny
+    random model keeps its weights).  ``args`` are what :meth:`DecoderModel.layer_args` gives, ``ctx`` last.  :meth:`mix`
+    runs ``self_attn(h, *args)``, or in a layer without attention its state mixer ``mamba(h, ctx)``;
+    a family with another mixer (Gated DeltaNet) overrides it, and one with scaled residuals or
+    two mixers each added to the residual (Granite, Falcon-H1) overrides :meth:`forward`.
+    """
+
+    def __init__(self, hidden: int, eps: float, *, offset: bool = False,
+                 ff_norm: str = "post_attention_layernorm", **parts: nn.Module):
+        super().__init__()
+        for name, part in parts.items():
+            setattr(self, name, part)
+        self._ff, self._ff_norm = next(reversed(parts)), ff_norm
+        self.input_layernorm = RMSNorm(hidden, eps, offset=offset)
+        setattr(self, ff_norm, RMSNorm(hidden, eps, offset=offset))
+
+    def mix(self, h: Tensor, *args) -> Tensor:
+        return self.self_attn(h, *args) if hasattr(self, "self_attn") else self.mamba(h, args[-1])
+
+    def forward(self, x: Tensor, *args) -> Tensor:
+        x = x + self.mix(self.input_layernorm(x), *args)
+        return x + getattr(self, self._ff)(getattr(self, self._ff_norm)(x))

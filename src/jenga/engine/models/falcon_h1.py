@@ -13,16 +13,8 @@ import torch
 from torch import Tensor, nn
 
 from jenga.engine.attention import ForwardContext
-from jenga.engine.models.common import (
-    PagedAttentionBase,
-    RMSNorm,
-    Rotary,
-    activation,
-    cfg,
-    head_dim_of,
-    rope_parameters,
-)
-from jenga.engine.models.decoder import DecoderModel
+from jenga.engine.models.common import PagedAttentionBase, Rotary, activation, attention_dims, cfg
+from jenga.engine.models.decoder import DecoderModel, PreNormDecoderLayer
 from jenga.engine.models.hybrid import HybridCausalLM
 from jenga.engine.models.mamba2 import Mamba2Mixer
 
@@ -41,17 +33,13 @@ def mup_vector(config) -> Tensor:
 
 class FalconH1Attention(PagedAttentionBase):
     def __init__(self, config, layer_idx: int, rotary: Rotary):
-        head_dim = head_dim_of(config)
-        super().__init__(layer_idx, config.hidden_size, config.num_attention_heads,
-                         cfg(config, "num_key_value_heads", config.num_attention_heads), head_dim,
-                         bias=cfg(config, "attention_bias", False))
+        super().__init__(layer_idx, *attention_dims(config), bias=cfg(config, "attention_bias", False),
+                         rotary=rotary)
         self.key_multiplier = cfg(config, "key_multiplier", 1.0)
-        self._rotary = [rotary]  # shared, not a submodule
 
-    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
-        q, k, v = self.project(x)
-        rot = self._rotary[0]
-        return self.attend(ctx, rot(q, cos_sin), rot(k * self.key_multiplier, cos_sin), v)
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        q, k, v = super().project(x)
+        return q, k * self.key_multiplier, v
 
 
 class FalconH1MLP(nn.Module):
@@ -68,43 +56,37 @@ class FalconH1MLP(nn.Module):
         return self.down_proj(self.up_proj(x) * self.act(self.gate_proj(x) * self.gate_mult)) * self.down_mult
 
 
-class FalconH1DecoderLayer(nn.Module):
+class FalconH1DecoderLayer(PreNormDecoderLayer):
     def __init__(self, config, layer_idx: int, rotary: Rotary):
-        super().__init__()
         heads = config.mamba_n_heads
-        self.mamba = Mamba2Mixer(
+        mamba = Mamba2Mixer(
             layer_idx, hidden=config.hidden_size, heads=heads, head_dim=mamba_inner(config) // heads,
             groups=config.mamba_n_groups, d_state=config.mamba_d_state, d_conv=config.mamba_d_conv,
             conv_bias=config.mamba_conv_bias, proj_bias=config.mamba_proj_bias, out_bias=config.projectors_bias,
             eps=config.rms_norm_eps, norm_groups=config.mamba_n_groups if config.mamba_rms_norm else None,
             norm_before_gate=config.mamba_norm_before_gate, dt_limit=tuple(config.time_step_limit),
             act=config.hidden_act)
-        self.self_attn = FalconH1Attention(config, layer_idx, rotary)
-        self.feed_forward = FalconH1MLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.pre_ff_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        super().__init__(config.hidden_size, config.rms_norm_eps, ff_norm="pre_ff_layernorm", mamba=mamba,
+                         self_attn=FalconH1Attention(config, layer_idx, rotary), feed_forward=FalconH1MLP(config))
         self.ssm_in, self.ssm_out = config.ssm_in_multiplier, config.ssm_out_multiplier
         self.attn_in, self.attn_out = config.attention_in_multiplier, config.attention_out_multiplier
         self._mup = [mup_vector(config)]  # not a parameter or buffer: HF's is non-persistent too
 
     def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
+        """Mamba-2 and attention side by side on one norm, each added to the residual."""
         h = self.input_layernorm(x)
         mup = self._mup[0]
         if mup.device != x.device or mup.dtype != x.dtype:
             mup = self._mup[0] = mup.to(x.device, x.dtype)
         m = self.mamba(h * self.ssm_in, ctx, proj_scale=mup) * self.ssm_out
-        a = self.self_attn(h * self.attn_in, cos_sin, ctx) * self.attn_out
-        x = x + m + a
+        x = x + m + self.self_attn(h * self.attn_in, cos_sin, ctx) * self.attn_out
         return x + self.feed_forward(self.pre_ff_layernorm(x))
 
 
 class FalconH1ForCausalLM(HybridCausalLM):
     def __init__(self, config):
-        head_dim = head_dim_of(config)
-        rotary = Rotary(rope_parameters(config), head_dim)
-        super().__init__(config, DecoderModel(
-            config, lambda i: FalconH1DecoderLayer(config, i, rotary),
-            RMSNorm(config.hidden_size, config.rms_norm_eps), rotary=rotary, norm_name="final_layernorm",
+        super().__init__(config, DecoderModel.with_rope(
+            config, lambda i, rotary: FalconH1DecoderLayer(config, i, rotary), norm_name="final_layernorm",
             embed_multiplier=config.embedding_multiplier))
         self.lm_head_multiplier = config.lm_head_multiplier
 

@@ -47,19 +47,11 @@ class GemmaAttention(PagedAttentionBase):
             bias=cfg(config, "attention_bias", False),
             scale=cfg(config, "query_pre_attn_scalar", head_dim) ** -0.5,
             window=config.sliding_window if layer_type == SLIDING else None,
-            softcap=None if gemma3 else cfg(config, "attn_logit_softcapping"))
-        self._rotary = [rotary]  # shared, not a submodule
+            softcap=None if gemma3 else cfg(config, "attn_logit_softcapping"), rotary=rotary)
         if gemma3:
             eps = cfg(config, "rms_norm_eps", 1e-6)
             self.q_norm = RMSNorm(head_dim, eps, offset=True)
             self.k_norm = RMSNorm(head_dim, eps, offset=True)
-
-    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
-        q, k, v = self.project(x)
-        if hasattr(self, "q_norm"):
-            q, k = self.q_norm(q), self.k_norm(k)
-        rot = self._rotary[0]
-        return self.attend(ctx, rot(q, cos_sin), rot(k, cos_sin), v)
 
 
 class GemmaDecoderLayer(nn.Module):

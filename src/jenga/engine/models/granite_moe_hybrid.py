@@ -17,34 +17,16 @@ from torch import Tensor, nn
 
 from jenga.engine.attention import ForwardContext
 from jenga.engine.models.bamba import granite_mamba2
-from jenga.engine.models.common import (
-    PagedAttentionBase,
-    RMSNorm,
-    Rotary,
-    activation,
-    cfg,
-    head_dim_of,
-    rope_parameters,
-)
-from jenga.engine.models.decoder import DecoderModel
+from jenga.engine.models.common import PagedAttentionBase, Rotary, activation, attention_dims, cfg
+from jenga.engine.models.decoder import DecoderModel, PreNormDecoderLayer
 from jenga.engine.models.hybrid import HybridCausalLM
 from jenga.engine.models.moe import Experts
 
 
 class GraniteAttention(PagedAttentionBase):
     def __init__(self, config, layer_idx: int, rotary: Rotary | None):
-        head_dim = head_dim_of(config)
-        super().__init__(layer_idx, config.hidden_size, config.num_attention_heads,
-                         cfg(config, "num_key_value_heads", config.num_attention_heads), head_dim,
-                         bias=cfg(config, "attention_bias", False), scale=config.attention_multiplier)
-        self._rotary = [rotary]  # shared, not a submodule; None: no position embedding
-
-    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
-        q, k, v = self.project(x)
-        rot = self._rotary[0]
-        if rot is not None:
-            q, k = rot(q, cos_sin), rot(k, cos_sin)
-        return self.attend(ctx, q, k, v)
+        super().__init__(layer_idx, *attention_dims(config), bias=cfg(config, "attention_bias", False),
+                         scale=config.attention_multiplier, rotary=rotary)
 
 
 class GraniteRouter(nn.Module):
@@ -87,24 +69,19 @@ class GraniteSharedMLP(nn.Module):
         return self.output_linear(self.act(a) * b)
 
 
-class GraniteMoeHybridDecoderLayer(nn.Module):
+class GraniteMoeHybridDecoderLayer(PreNormDecoderLayer):
     def __init__(self, config, layer_idx: int, rotary: Rotary | None):
-        super().__init__()
-        if config.layers_block_type[layer_idx] == "linear_attention":
-            self.mamba = granite_mamba2(config, layer_idx)
-        else:
-            self.self_attn = GraniteAttention(config, layer_idx, rotary)
-        if cfg(config, "num_local_experts", 0) > 0:
-            self.block_sparse_moe = GraniteMoE(config)
-        self.shared_mlp = GraniteSharedMLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        mixer = ({"mamba": granite_mamba2(config, layer_idx)}
+                 if config.layers_block_type[layer_idx] == "linear_attention"
+                 else {"self_attn": GraniteAttention(config, layer_idx, rotary)})
+        moe = {"block_sparse_moe": GraniteMoE(config)} if cfg(config, "num_local_experts", 0) > 0 else {}
+        super().__init__(config.hidden_size, config.rms_norm_eps, **mixer, **moe,
+                         shared_mlp=GraniteSharedMLP(config))
         self.residual_multiplier = config.residual_multiplier
 
     def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
-        h = self.input_layernorm(x)
-        h = self.self_attn(h, cos_sin, ctx) if hasattr(self, "self_attn") else self.mamba(h, ctx)
-        x = x + h * self.residual_multiplier
+        """Both residual branches scaled; the routed experts (when any) add to the shared MLP."""
+        x = x + self.mix(self.input_layernorm(x), cos_sin, ctx) * self.residual_multiplier
         h = self.post_attention_layernorm(x)
         ff = self.shared_mlp(h)
         if hasattr(self, "block_sparse_moe"):
@@ -114,13 +91,10 @@ class GraniteMoeHybridDecoderLayer(nn.Module):
 
 class GraniteMoeHybridForCausalLM(HybridCausalLM):
     def __init__(self, config):
-        head_dim = head_dim_of(config)
         rope = cfg(config, "position_embedding_type") == "rope"
-        rotary = Rotary(rope_parameters(config), head_dim) if rope else None
-        super().__init__(config, DecoderModel(
-            config, lambda i: GraniteMoeHybridDecoderLayer(config, i, rotary),
-            RMSNorm(config.hidden_size, config.rms_norm_eps), rotary=rotary,
-            embed_multiplier=config.embedding_multiplier))
+        super().__init__(config, DecoderModel.with_rope(
+            config, lambda i, rotary: GraniteMoeHybridDecoderLayer(config, i, rotary),
+            rotary_cls=Rotary if rope else None, embed_multiplier=config.embedding_multiplier))
         self.logits_scaling = config.logits_scaling
 
     def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext,

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from jenga.engine.attention import ForwardContext
-from jenga.engine.models.common import GatedMLP, PagedAttentionBase, RMSNorm, cfg, head_dim_of
-from jenga.engine.models.decoder import DecoderModel
+from jenga.engine.models.common import GatedMLP, PagedAttentionBase, RMSNorm, attention_dims, cfg
+from jenga.engine.models.decoder import DecoderModel, PreNormDecoderLayer
 from jenga.engine.models.hybrid import HybridCausalLM
 from jenga.engine.models.mamba import MambaMixer
 from jenga.engine.models.moe import Experts, softmax_top_k
@@ -33,34 +32,16 @@ class JambaSparseMoeBlock(nn.Module):
 
 class JambaAttention(PagedAttentionBase):
     def __init__(self, config, layer_idx: int):
-        head_dim = head_dim_of(config)
-        super().__init__(layer_idx, config.hidden_size, config.num_attention_heads,
-                         cfg(config, "num_key_value_heads", config.num_attention_heads), head_dim)
-
-    def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
-        q, k, v = self.project(x)
-        return self.attend(ctx, q, k, v)
+        super().__init__(layer_idx, *attention_dims(config))  # no RoPE, no bias
 
 
-class JambaDecoderLayer(nn.Module):
+class JambaDecoderLayer(PreNormDecoderLayer):
     def __init__(self, config, layer_idx: int):
-        super().__init__()
-        eps = cfg(config, "rms_norm_eps", 1e-6)
-        if config.layers_block_type[layer_idx] == "attention":
-            self.self_attn = JambaAttention(config, layer_idx)
-        else:
-            self.mamba = MambaMixer(config, layer_idx)
-        if config.layers_num_experts[layer_idx] > 1:
-            self.feed_forward = JambaSparseMoeBlock(config)
-        else:
-            self.feed_forward = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
-        self.input_layernorm = RMSNorm(config.hidden_size, eps)
-        self.pre_ff_layernorm = RMSNorm(config.hidden_size, eps)
-
-    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:  # no RoPE: cos_sin is None
-        mixer = self.self_attn if hasattr(self, "self_attn") else self.mamba
-        x = x + mixer(self.input_layernorm(x), ctx)
-        return x + self.feed_forward(self.pre_ff_layernorm(x))
+        mixer = ({"self_attn": JambaAttention(config, layer_idx)}
+                 if config.layers_block_type[layer_idx] == "attention" else {"mamba": MambaMixer(config, layer_idx)})
+        super().__init__(config.hidden_size, cfg(config, "rms_norm_eps", 1e-6), ff_norm="pre_ff_layernorm", **mixer,
+                         feed_forward=(JambaSparseMoeBlock(config) if config.layers_num_experts[layer_idx] > 1
+                                       else GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act)))
 
 
 class JambaForCausalLM(HybridCausalLM):

@@ -12,20 +12,15 @@ RoPE: ``default``, ``linear`` or ``llama3`` scaling from ``config.rope_parameter
 
 from __future__ import annotations
 
-from torch import Tensor, nn
-
-from jenga.engine.attention import ForwardContext
 from jenga.engine.models.common import (
     GatedMLP,
     PagedAttentionBase,
     PagedCausalLM,
-    RMSNorm,
     Rotary,
+    attention_dims,
     cfg,
-    head_dim_of,
-    rope_parameters,
 )
-from jenga.engine.models.decoder import DecoderModel
+from jenga.engine.models.decoder import DecoderModel, PreNormDecoderLayer
 
 
 def layer_windows(config) -> list[int | None]:
@@ -37,41 +32,29 @@ def layer_windows(config) -> list[int | None]:
     return [window] * n
 
 
+def llama_decoder(config, layer_cls) -> DecoderModel:
+    """The Llama-shaped skeleton: ``layer_cls(config, i, window_i, rotary)`` for each layer (windows
+    from :func:`layer_windows`), one RoPE, a final RMSNorm (Llama, Qwen)."""
+    windows = layer_windows(config)
+    return DecoderModel.with_rope(config, lambda i, rotary: layer_cls(config, i, windows[i], rotary))
+
+
 class LlamaAttention(PagedAttentionBase):
     def __init__(self, config, layer_idx: int, window: int | None, rotary: Rotary):
-        head_dim = head_dim_of(config)
-        super().__init__(layer_idx, config.hidden_size, config.num_attention_heads,
-                         cfg(config, "num_key_value_heads", config.num_attention_heads), head_dim,
-                         bias=cfg(config, "attention_bias", False), window=window)
-        self._rotary = [rotary]  # shared, not a submodule (keeps state_dict names HF-equal)
-
-    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
-        q, k, v = self.project(x)
-        rot = self._rotary[0]
-        return self.attend(ctx, rot(q, cos_sin), rot(k, cos_sin), v)
+        super().__init__(layer_idx, *attention_dims(config), bias=cfg(config, "attention_bias", False),
+                         window=window, rotary=rotary)
 
 
-class LlamaDecoderLayer(nn.Module):
+class LlamaDecoderLayer(PreNormDecoderLayer):
     def __init__(self, config, layer_idx: int, window: int | None, rotary: Rotary):
-        super().__init__()
-        eps = cfg(config, "rms_norm_eps", 1e-6)
-        self.self_attn = LlamaAttention(config, layer_idx, window, rotary)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, cfg(config, "hidden_act", "silu"),
-                            bias=cfg(config, "mlp_bias", False))
-        self.input_layernorm = RMSNorm(config.hidden_size, eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
-
-    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        super().__init__(config.hidden_size, cfg(config, "rms_norm_eps", 1e-6),
+                         self_attn=LlamaAttention(config, layer_idx, window, rotary),
+                         mlp=GatedMLP(config.hidden_size, config.intermediate_size,
+                                      cfg(config, "hidden_act", "silu"), bias=cfg(config, "mlp_bias", False)))
 
 
 class LlamaForCausalLM(PagedCausalLM):
     """Llama-2/3/3.1 (llama3 rope), Mistral (every-layer sliding window), Ministral (``layer_types``)."""
 
     def __init__(self, config):
-        head_dim = head_dim_of(config)
-        rotary, windows = Rotary(rope_parameters(config), head_dim), layer_windows(config)
-        super().__init__(config, DecoderModel(
-            config, lambda i: LlamaDecoderLayer(config, i, windows[i], rotary),
-            RMSNorm(config.hidden_size, cfg(config, "rms_norm_eps", 1e-6)), rotary=rotary))
+        super().__init__(config, llama_decoder(config, LlamaDecoderLayer))

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import Tensor, nn
 
@@ -19,15 +21,13 @@ from jenga.engine.models.common import (
     GatedMLP,
     PagedAttentionBase,
     PagedCausalLM,
-    RMSNorm,
     Rotary,
     activation,
     cfg,
     head_dim_of,
     l2_norm,
-    rope_parameters,
 )
-from jenga.engine.models.decoder import DecoderModel
+from jenga.engine.models.decoder import DecoderModel, PreNormDecoderLayer
 
 
 def rope_layers(config) -> list[bool]:
@@ -59,17 +59,16 @@ class Llama4Attention(PagedAttentionBase):
     def __init__(self, config, layer_idx: int, use_rope: bool, chunked: bool, rotary: Rotary):
         chunk = cfg(config, "attention_chunk_size") if chunked else None
         super().__init__(layer_idx, config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
-                         head_dim_of(config),
-                         bias=cfg(config, "attention_bias", False), chunk=chunk)
+                         head_dim_of(config), bias=cfg(config, "attention_bias", False), chunk=chunk, rotary=rotary)
         self.use_rope = use_rope
         self.qk_norm = bool(cfg(config, "use_qk_norm", False)) and use_rope
         self.eps = cfg(config, "rms_norm_eps", 1e-5)
         self.temperature = bool(cfg(config, "attn_temperature_tuning", False)) and not use_rope
         self.floor_scale = cfg(config, "floor_scale", 8192)
         self.attn_scale = cfg(config, "attn_scale", 0.1)
-        self._rotary = [rotary]  # shared, not a submodule
 
     def forward(self, x: Tensor, positions: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
+        """RoPE before the (weightless) q/k norm, unlike the shared order; NoPE layers scale queries."""
         q, k, v = self.project(x)
         if self.use_rope:
             q, k = self._rotary[0](q, cos_sin), self._rotary[0](k, cos_sin)
@@ -123,22 +122,14 @@ class Llama4Moe(nn.Module):
         return out
 
 
-class Llama4DecoderLayer(nn.Module):
-    def __init__(self, config, layer_idx: int, use_rope: bool, chunked: bool, is_moe: bool, rotary: Rotary):
-        super().__init__()
-        eps = cfg(config, "rms_norm_eps", 1e-5)
-        self.self_attn = Llama4Attention(config, layer_idx, use_rope, chunked, rotary)
-        if is_moe:
-            self.feed_forward = Llama4Moe(config)
-        else:
-            self.feed_forward = GatedMLP(config.hidden_size, config.intermediate_size_mlp,
-                                         cfg(config, "hidden_act", "silu"))
-        self.input_layernorm = RMSNorm(config.hidden_size, eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
+class Llama4DecoderLayer(PreNormDecoderLayer):
+    """Its attention also gets the positions (:class:`Llama4TextModel`)."""
 
-    def forward(self, x: Tensor, positions: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, cos_sin, ctx)
-        return x + self.feed_forward(self.post_attention_layernorm(x))
+    def __init__(self, config, layer_idx: int, use_rope: bool, chunked: bool, is_moe: bool, rotary: Rotary):
+        super().__init__(config.hidden_size, cfg(config, "rms_norm_eps", 1e-5),
+                         self_attn=Llama4Attention(config, layer_idx, use_rope, chunked, rotary),
+                         feed_forward=(Llama4Moe(config) if is_moe else GatedMLP(
+                             config.hidden_size, config.intermediate_size_mlp, cfg(config, "hidden_act", "silu"))))
 
 
 class Llama4TextModel(DecoderModel):
@@ -152,9 +143,7 @@ class Llama4ForCausalLM(PagedCausalLM):
     """Llama-4 text (Scout / Maverick language model): chunked RoPE layers + NoPE full layers."""
 
     def __init__(self, config):
-        head_dim = head_dim_of(config)
-        rotary = Rotary(rope_parameters(config), head_dim, interleaved=True)
         moe, chunked, rope = moe_layers(config), chunked_layers(config), rope_layers(config)
-        super().__init__(config, Llama4TextModel(
-            config, lambda i: Llama4DecoderLayer(config, i, rope[i], chunked[i], i in moe, rotary),
-            RMSNorm(config.hidden_size, cfg(config, "rms_norm_eps", 1e-5)), rotary=rotary))
+        super().__init__(config, Llama4TextModel.with_rope(
+            config, lambda i, rotary: Llama4DecoderLayer(config, i, rope[i], chunked[i], i in moe, rotary),
+            rotary_cls=partial(Rotary, interleaved=True), eps=1e-5))

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from jenga.engine.attention import ForwardContext
-from jenga.engine.models.common import PagedAttentionBase, RMSNorm, cfg, head_dim_of
+from jenga.engine.models.common import PagedAttentionBase, RMSNorm, attention_dims, cfg
 from jenga.engine.models.decoder import DecoderModel
 from jenga.engine.models.hybrid import HybridCausalLM
 from jenga.engine.models.mamba2 import Mamba2Mixer
@@ -106,10 +106,7 @@ class NemotronHMoE(nn.Module):
 
 class NemotronHAttention(PagedAttentionBase):
     def __init__(self, config, layer_idx: int):
-        head_dim = head_dim_of(config)
-        super().__init__(layer_idx, config.hidden_size, config.num_attention_heads,
-                         cfg(config, "num_key_value_heads", config.num_attention_heads), head_dim,
-                         bias=cfg(config, "attention_bias", False))
+        super().__init__(layer_idx, *attention_dims(config), bias=cfg(config, "attention_bias", False))
 
     def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
         return self.attend(ctx, *self.project(x))

@@ -16,19 +16,17 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from jenga.engine.attention import ForwardContext
 from jenga.engine.models.common import (
     GatedMLP,
     PagedAttentionBase,
     PagedCausalLM,
     RMSNorm,
     Rotary,
+    attention_dims,
     cfg,
-    head_dim_of,
-    rope_parameters,
 )
-from jenga.engine.models.decoder import DecoderModel
-from jenga.engine.models.llama import layer_windows
+from jenga.engine.models.decoder import PreNormDecoderLayer
+from jenga.engine.models.llama import llama_decoder
 from jenga.engine.models.moe import Experts, TopKRouter
 
 #: model_type -> (q/k/v bias, o bias, per-head q/k norms) given the config
@@ -41,23 +39,13 @@ ATTENTION_SHAPES = {
 
 class QwenAttention(PagedAttentionBase):
     def __init__(self, config, layer_idx: int, window: int | None, rotary: Rotary):
-        head_dim = head_dim_of(config)
         qkv_bias, o_bias, qk_norm = ATTENTION_SHAPES[config.model_type](config)
-        heads = config.num_attention_heads
-        super().__init__(layer_idx, config.hidden_size, heads, cfg(config, "num_key_value_heads", heads), head_dim,
-                         bias=qkv_bias, window=window)
-        self.o_proj = nn.Linear(heads * head_dim, config.hidden_size, bias=o_bias)
+        hidden, heads, kv_heads, head_dim = attention_dims(config)
+        super().__init__(layer_idx, hidden, heads, kv_heads, head_dim, bias=qkv_bias, window=window, rotary=rotary)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=o_bias)
         if qk_norm:
             self.q_norm = RMSNorm(head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(head_dim, config.rms_norm_eps)
-        self._rotary = [rotary]  # shared, not a submodule
-
-    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
-        q, k, v = self.project(x)
-        if hasattr(self, "q_norm"):
-            q, k = self.q_norm(q), self.k_norm(k)
-        rot = self._rotary[0]
-        return self.attend(ctx, rot(q, cos_sin), rot(k, cos_sin), v)
 
 
 class QwenSparseMoeBlock(nn.Module):
@@ -77,26 +65,16 @@ def is_sparse_layer(config, layer_idx: int) -> bool:
             and (layer_idx + 1) % cfg(config, "decoder_sparse_step", 1) == 0)
 
 
-class QwenDecoderLayer(nn.Module):
+class QwenDecoderLayer(PreNormDecoderLayer):
     def __init__(self, config, layer_idx: int, window: int | None, rotary: Rotary):
-        super().__init__()
-        self.self_attn = QwenAttention(config, layer_idx, window, rotary)
-        self.mlp = (QwenSparseMoeBlock(config) if is_sparse_layer(config, layer_idx)
-                    else GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act))
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos_sin, ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        super().__init__(config.hidden_size, config.rms_norm_eps,
+                         self_attn=QwenAttention(config, layer_idx, window, rotary),
+                         mlp=(QwenSparseMoeBlock(config) if is_sparse_layer(config, layer_idx)
+                              else GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act)))
 
 
 class QwenForCausalLM(PagedCausalLM):
     """Qwen2 / Qwen2.5 / Qwen3 dense and Qwen3-MoE (the config's ``model_type`` picks the attention)."""
 
     def __init__(self, config):
-        head_dim = head_dim_of(config)
-        rotary, windows = Rotary(rope_parameters(config), head_dim), layer_windows(config)
-        super().__init__(config, DecoderModel(
-            config, lambda i: QwenDecoderLayer(config, i, windows[i], rotary),
-            RMSNorm(config.hidden_size, config.rms_norm_eps), rotary=rotary))
+        super().__init__(config, llama_decoder(config, QwenDecoderLayer))

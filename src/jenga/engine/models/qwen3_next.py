@@ -14,30 +14,23 @@ import torch
 from torch import Tensor, nn
 
 from jenga.engine.attention import ForwardContext
-from jenga.engine.models.common import (
-    GatedMLP,
-    PagedAttentionBase,
-    PartialRotary,
-    RMSNorm,
-    cfg,
-    head_dim_of,
-    rope_parameters,
-)
-from jenga.engine.models.decoder import DecoderModel
+from jenga.engine.models.common import GatedMLP, PagedAttentionBase, PartialRotary, RMSNorm, cfg, head_dim_of
+from jenga.engine.models.decoder import DecoderModel, PreNormDecoderLayer
 from jenga.engine.models.gated_deltanet import GatedDeltaNet
 from jenga.engine.models.hybrid import HybridCausalLM
 from jenga.engine.models.moe import Experts, TopKRouter
+from jenga.engine.models.qwen import is_sparse_layer
 
 
 class Qwen3NextAttention(PagedAttentionBase):
     def __init__(self, config, layer_idx: int, rotary: PartialRotary):
         head_dim = head_dim_of(config)
         heads, bias = config.num_attention_heads, cfg(config, "attention_bias", False)
-        super().__init__(layer_idx, config.hidden_size, heads, config.num_key_value_heads, head_dim, bias=bias)
+        super().__init__(layer_idx, config.hidden_size, heads, config.num_key_value_heads, head_dim, bias=bias,
+                         rotary=rotary)
         self.q_proj = nn.Linear(config.hidden_size, 2 * heads * head_dim, bias=bias)  # query | gate per head
         self.q_norm = RMSNorm(head_dim, config.rms_norm_eps, offset=True)
         self.k_norm = RMSNorm(head_dim, config.rms_norm_eps, offset=True)
-        self._rotary = [rotary]
 
     def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
         T, H, D = x.shape[0], self.num_heads, self.head_dim
@@ -64,30 +57,21 @@ class Qwen3NextSparseMoeBlock(nn.Module):
         return self.experts(x, idx, w.to(x.dtype)) + shared
 
 
-class Qwen3NextDecoderLayer(nn.Module):
+class Qwen3NextDecoderLayer(PreNormDecoderLayer):
     def __init__(self, config, layer_idx: int, rotary: PartialRotary):
-        super().__init__()
-        if config.layer_types[layer_idx] == "linear_attention":
-            self.linear_attn = GatedDeltaNet(config, layer_idx)
-        else:
-            self.self_attn = Qwen3NextAttention(config, layer_idx, rotary)
-        sparse = (layer_idx not in (cfg(config, "mlp_only_layers", []) or []) and config.num_experts > 0
-                  and (layer_idx + 1) % config.decoder_sparse_step == 0)
-        self.mlp = (Qwen3NextSparseMoeBlock(config) if sparse
-                    else GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act))
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, offset=True)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, offset=True)
+        mixer = ({"linear_attn": GatedDeltaNet(config, layer_idx)}
+                 if config.layer_types[layer_idx] == "linear_attention"
+                 else {"self_attn": Qwen3NextAttention(config, layer_idx, rotary)})
+        super().__init__(config.hidden_size, config.rms_norm_eps, offset=True, **mixer,
+                         mlp=(Qwen3NextSparseMoeBlock(config) if is_sparse_layer(config, layer_idx)
+                              else GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act)))
 
-    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
-        h = self.input_layernorm(x)
-        x = x + (self.linear_attn(h, ctx) if hasattr(self, "linear_attn") else self.self_attn(h, cos_sin, ctx))
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def mix(self, h: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:
+        return self.linear_attn(h, ctx) if hasattr(self, "linear_attn") else self.self_attn(h, cos_sin, ctx)
 
 
 class Qwen3NextForCausalLM(HybridCausalLM):
     def __init__(self, config):
-        head_dim = head_dim_of(config)
-        rotary = PartialRotary(rope_parameters(config), head_dim)
-        super().__init__(config, DecoderModel(
-            config, lambda i: Qwen3NextDecoderLayer(config, i, rotary),
-            RMSNorm(config.hidden_size, config.rms_norm_eps, offset=True), rotary=rotary))
+        super().__init__(config, DecoderModel.with_rope(
+            config, lambda i, rotary: Qwen3NextDecoderLayer(config, i, rotary), rotary_cls=PartialRotary,
+            offset=True))
