@@ -57,7 +57,8 @@ SLOW = [n for n in rt.BLOCKS if n not in rt.FAST]
 LONG = ("op-fuzz-long",)
 #: samples that run vLLM's manager: one worker imports vLLM once for them
 VLLM_SAMPLES = ("vs-vllm-main", "vs-vllm-extra", "vs-vllm-no-prefix-caching")
-#: samples that start vLLM engines (in-process engine cores): a worker of their own
+#: samples that start vLLM engines (in-process engine cores): in ``make test-vllm-slow`` (marked slow; half a
+#: minute of vLLM engines beside the other tests there that start them)
 ENGINE_SAMPLES = ("vllm-side-by-side-host",)
 
 
@@ -80,7 +81,7 @@ def _stale_figure(text: str, name: str, sample: str) -> str:
 
 @pytest.mark.parametrize("name", [
     pytest.param(n, marks=pytest.mark.xdist_group("readme-vs-vllm") if n in VLLM_SAMPLES else
-                 pytest.mark.xdist_group("readme-vllm-engines") if n in ENGINE_SAMPLES else ())
+                 (pytest.mark.xdist_group("readme-vllm-engines"), pytest.mark.slow) if n in ENGINE_SAMPLES else ())
     for n in SLOW if rt.BLOCKS[n].sample is not None])
 def test_slow_block_sample_is_in_its_pages(name):
     """The slow block's sampled rows, rendered now, are in every copy of its block; and a page whose
