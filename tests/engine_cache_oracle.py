@@ -195,8 +195,8 @@ def _draft_noise(llm, family: str) -> None:
             p.add_(torch.randn(p.shape, generator=gen) * NOISE.get(family, 0.003))
 
 
-def engine_args(family: str, feature: str) -> dict:
-    kw = dict(tokens_per_page=TOKENS_PER_PAGE, max_num_batched_tokens=CHUNK, state_checkpoint_interval=16)
+def engine_args(family: str, feature: str, chunk: int = CHUNK) -> dict:
+    kw = dict(tokens_per_page=TOKENS_PER_PAGE, max_num_batched_tokens=chunk, state_checkpoint_interval=16)
     if feature == "spec":
         kw.update(speculative_model=family, num_speculative_tokens=3, speculative_seed=0)
     return kw
@@ -233,11 +233,11 @@ def budget(family: str, feature: str, trace: Trace, *, alone: float = 1.0, toget
 
 
 def run(family: str, trace: Trace, *, caching: bool, feature: str = "plain", kv_memory: int,
-        host_share: int = 4) -> Run:
+        host_share: int = 4, chunk: int = CHUNK) -> Run:
     """``trace`` through one engine, round by round (a round's requests all at once)."""
     torch.set_num_threads(1)
     host = dict(host_kv_memory=host_share * kv_memory) if feature == "host" else {}
-    llm = jenga.LLM(family, kv_memory=kv_memory, enable_prefix_caching=caching, **engine_args(family, feature),
+    llm = jenga.LLM(family, kv_memory=kv_memory, enable_prefix_caching=caching, **engine_args(family, feature, chunk),
                     **host)
     if feature == "spec":
         _draft_noise(llm, family)
@@ -309,15 +309,24 @@ def compare(family: str, feature: str = "plain", seed: int = 0, **trace_kw) -> R
         if on.counts["preemptions"]:
             break
     off = run(family, trace, caching=False, feature=feature, kv_memory=kv)
-    problems, equal = [], 0
+    problems, equal, differ = [], 0, {}
     for i, (a, b, la, lb) in enumerate(zip(on.tokens, off.tokens, on.logits, off.logits, strict=True)):
         if a != b:
             problems.append(f"request {i}: tokens {a} with caching, {b} without")
-        elif la.shape != lb.shape or (la.numel() and (la - lb).abs().max().item() > ATOL):
-            diff = (la - lb).abs().max().item() if la.shape == lb.shape else "shape"
-            problems.append(f"request {i}: logits differ by {diff}")
+        elif la.shape != lb.shape:
+            problems.append(f"request {i}: logits differ by shape")
+        elif la.numel() and (la - lb).abs().max().item() > ATOL:
+            differ[i] = (la - lb).abs().max().item()
         else:
             equal += 1
+    if differ:  # the same tokens: the model's own noise under another prefill split, or the cache's?
+        noise = chunk_noise(family, trace, feature, kv, off, list(differ))
+        for i, diff in differ.items():
+            if diff <= NOISE_SHARE * noise[i]:
+                equal += 1
+            else:
+                problems.append(f"request {i}: logits differ by {diff} (caching off, prefill split "
+                                f"otherwise: {noise[i]})")
     problems += on.ledger.violations()
     c = on.counts
     need = dict(hits=c["hits"], preemptions=c["preemptions"], evicted=c["evicted"])
@@ -329,6 +338,26 @@ def compare(family: str, feature: str = "plain", seed: int = 0, **trace_kw) -> R
         problems.append(f"acceptance {c['acceptance']:.2f}: drafts should be kept and rejected")
     problems += [f"vacuous: {k} = 0 with caching on" for k, v in need.items() if not v]
     return Result(family, feature, seed, equal, trace.num_requests, on.counts, off.counts, problems)
+
+
+#: a caching-on request whose tokens agree but whose logits differ by more than ``ATOL`` agrees if
+#: the same request differs by at least ``1 / NOISE_SHARE`` of that between two caching-off runs that
+#: split the prefill otherwise (``chunk_noise``): a hit changes where the prefill's chunks start, and a
+#: model whose router sits near a tie (tiny Nemotron-H MoE's group-limited router, seed 1: 0.0158
+#: either way) moves as much without any cache
+NOISE_SHARE = 2
+
+
+def chunk_noise(family: str, trace: Trace, feature: str, kv: int, off: Run, requests: list[int]) -> dict:
+    """Per request of ``requests``: its largest logit difference between ``off`` (caching off) and a
+    caching-off run whose prefill chunks are half as long."""
+    other = run(family, trace, caching=False, feature=feature, kv_memory=kv, chunk=CHUNK // 2)
+    out = {}
+    for i in requests:
+        a, b = off.logits[i], other.logits[i]
+        same = off.tokens[i] == other.tokens[i] and a.shape == b.shape
+        out[i] = (a - b).abs().max().item() if same and a.numel() else 0.0
+    return out
 
 
 def check(family: str, feature: str = "plain", seed: int = 0, **trace_kw) -> Result:
