@@ -204,11 +204,15 @@ def engine_args(family: str, feature: str, chunk: int = CHUNK) -> dict:
 
 #: ``together`` shares :func:`compare` tries, in order, until the caching-on run preempts
 TOGETHER = (0.3, 0.2, 0.1)
+#: tried after every trace of :data:`DECODES` under every budget of :data:`TOGETHER`: a smaller budget, then
+#: longer decodes (tiny Falcon-H1 and Granite-4.0-H with the host tier: none of those preempts)
+LAST_TOGETHER = 0.05
 #: the trace's ``max_tokens`` ranges :func:`compare` tries, in order, each under every budget of
 #: :data:`TOGETHER`: admission keeps headroom for running requests' decode pages, so a family whose
 #: requests hold mostly fixed-size state (tiny Bamba), or a trace whose longest request sets the
 #: budget (tiny Gemma-3 vision seed 0, tiny Mistral seed 1), preempts only once decodes outgrow that headroom
 DECODES = ((6, 20), (20, 64), (40, 96))
+LAST_DECODES = (64, 128)
 
 
 def budget(family: str, feature: str, trace: Trace, *, alone: float = 1.0, together: float = 0.3) -> int:
@@ -298,14 +302,18 @@ class Result:
 def compare(family: str, feature: str = "plain", seed: int = 0, **trace_kw) -> Result:
     """Caching on vs off over one seeded trace: what agrees, the counts, and every problem found
     (a differing request, a hit past the trace's bound, a vacuous run)."""
-    decodes = (trace_kw.pop("max_tokens"),) if "max_tokens" in trace_kw else DECODES
-    for max_tokens in decodes:  # the first trace and budget under which requests preempt each other
-        trace = make_trace(family, seed, feature, max_tokens=max_tokens, **trace_kw)
-        for together in TOGETHER:
-            kv = budget(family, feature, trace, together=together)
-            on = run(family, trace, caching=True, feature=feature, kv_memory=kv)
-            if on.counts["preemptions"]:
-                break
+    fixed = "max_tokens" in trace_kw
+    decodes = (trace_kw.pop("max_tokens"),) if fixed else DECODES
+    # the first trace and budget under which requests preempt each other: the grid, then the last resorts
+    tries = [(d, t) for d in decodes for t in TOGETHER]
+    tries += [(d, t) for d in (*decodes, *(() if fixed else (LAST_DECODES,))) for t in (*TOGETHER, LAST_TOGETHER)
+              if (d, t) not in tries]
+    traces = {}
+    for max_tokens, together in tries:
+        trace = traces.get(max_tokens) or traces.setdefault(
+            max_tokens, make_trace(family, seed, feature, max_tokens=max_tokens, **trace_kw))
+        kv = budget(family, feature, trace, together=together)
+        on = run(family, trace, caching=True, feature=feature, kv_memory=kv)
         if on.counts["preemptions"]:
             break
     off = run(family, trace, caching=False, feature=feature, kv_memory=kv)
