@@ -59,12 +59,12 @@ class ByteAccounting:
         """(bytes of pages counted more than once by per-request accounting: each extra
         reference of a shared page; bytes of held prefix pages whose content another held
         page has: duplicate copies).  O(pool pages + held pages)."""
-        ledger = self.ledger
-        shared = 0
-        for g, ref in enumerate(ledger.ref):
-            extra = int(view(ref).sum()) - ledger.alloc.used_pages(g)
-            shared += extra * self.model.groups[g].page_bytes
+        shared = sum(self._extra_refs(g) * grp.page_bytes for g, grp in enumerate(self.model.groups))
         return shared, self.duplicate_bytes(requests)
+
+    def _extra_refs(self, g: int) -> int:
+        """References of group ``g``'s pages beyond one each (a page several requests hold)."""
+        return int(view(self.ledger.ref[g]).sum()) - self.ledger.alloc.used_pages(g)
 
     def needed(self, requests: Iterable[Request], real: list[RealGroup]) -> int:
         """Bytes the live requests' next step reads, each needed token of a page several requests
@@ -86,8 +86,7 @@ class ByteAccounting:
                 for req in requests:
                     total += pol.footprint.needed_bytes(req, grp.record(req))
                 if grp.parts == ((pol.gi, pol.group.num_layers),) and pol.group is groups[pol.gi]:
-                    r = ref[pol.gi]
-                    total -= max(0, int(view(r).sum()) - self.ledger.alloc.used_pages(pol.gi)) * groups[pol.gi].page_bytes
+                    total -= max(0, self._extra_refs(pol.gi)) * groups[pol.gi].page_bytes
                 continue
             per_layer = pol.footprint.token_bytes // max(1, pol.group.num_layers)
             # shared pages (more than one reference): those a holder needs whole, and the needed
@@ -102,23 +101,10 @@ class ByteAccounting:
                 for gi, layers in grp.parts:
                     tpp, pages = groups[gi].tokens_per_page, req.groups[gi].token_pages()
                     i0, i1 = a // tpp, min(-(-n // tpp), len(pages))
-                    if None in pages[i0:i1]:
-                        held = [(i, p) for i, p in enumerate(pages[i0:i1], i0) if p is not None]
-                        tokens = sum(min(n, (i + 1) * tpp) - max(a, i * tpp) for i, _ in held)
-                        many = [(i, p) for i, p in held if ref[gi][p] > 1]
-                    elif i0 < i1:  # every page of the range held: one gather finds the shared ones
-                        ids = int64s(pages[i0:i1])
-                        tokens = max(0, min(n, i1 * tpp) - a)
-                        js = np.flatnonzero(view(ref[gi])[ids] > 1)
-                        # the pages strictly inside the range are needed whole
-                        inner = js[(js > 0) & (js < i1 - i0 - 1)] if len(js) else js
-                        if len(inner):
-                            tokens -= len(inner) * tpp
-                            whole[gi].update(ids[inner].tolist())
-                        ends = {0, i1 - i0 - 1} & {int(js[0]), int(js[-1])} if len(js) else ()
-                        many = [(i0 + j, pages[i0 + j]) for j in sorted(ends)]
-                    else:
+                    if i0 >= i1:
                         continue
+                    tokens, inner, many = self._shared_in_range(ref[gi], pages, i0, i1, a, n, tpp)
+                    whole[gi].update(inner)
                     for i, p in many:  # shared pages: their slots go to the union below
                         lo, hi = max(a, i * tpp) - i * tpp, min(n, (i + 1) * tpp) - i * tpp
                         tokens -= hi - lo
@@ -141,6 +127,27 @@ class ByteAccounting:
                         covered, end = covered + hi - lo, hi
                 total += covered * parts[gi] * per_layer
         return total
+
+    @staticmethod
+    def _shared_in_range(ref, pages: list, i0: int, i1: int, a: int, n: int, tpp: int) -> tuple[int, list, list]:
+        """A holder's needed tokens ``[a, n)`` on its pages ``i0..i1`` (page ``i`` holds ``[i*tpp,
+        (i+1)*tpp)``): (its needed tokens on held pages, less those of the first list; the shared pages
+        strictly inside the range, needed whole; (index, page) of its other shared pages, the range's
+        first or last, or every one when some page of the range is not held).  ``ref``: the group's
+        references."""
+        if None in pages[i0:i1]:
+            held = [(i, p) for i, p in enumerate(pages[i0:i1], i0) if p is not None]
+            tokens = sum(min(n, (i + 1) * tpp) - max(a, i * tpp) for i, _ in held)
+            return tokens, [], [(i, p) for i, p in held if ref[p] > 1]
+        ids = int64s(pages[i0:i1])  # every page of the range held: one gather finds the shared ones
+        tokens = max(0, min(n, i1 * tpp) - a)
+        js = np.flatnonzero(view(ref)[ids] > 1)
+        if not len(js):
+            return tokens, [], []
+        last = i1 - i0 - 1
+        inner = js[(js > 0) & (js < last)]  # strictly inside the range: needed whole
+        edges = sorted({0, last} & {int(js[0]), int(js[-1])})
+        return tokens - len(inner) * tpp, ids[inner].tolist(), [(i0 + j, pages[i0 + j]) for j in edges]
 
     def duplicate_bytes(self, requests: Iterable[Request]) -> int:
         dup = 0
