@@ -5,7 +5,8 @@ allocated, computed and freed (its pages stay cached); then one ``allocate`` of 
 traced twice: one whose ``lookup`` found a 512-token hit (its prompt starts like the first one's),
 one that found none (a prompt of its own).  Prints, per case, the modules whose code the call ran
 (``jenga.*`` only, in the order first entered): a frame counts for the file its code is in, so the
-``__init__`` a dataclass generates (code of the standard library's, run in no file) counts for none.  ``tests/test_allocate_trace.py`` holds the count.
+``__init__`` a dataclass generates (code of the standard library's, run in no file) counts for none.
+``tests/test_allocate_trace.py`` holds the count.
 
     PYTHONPATH=src python benchmarks/allocate_trace.py
 """

@@ -310,8 +310,9 @@ def compare(family: str, feature: str = "plain", seed: int = 0, **trace_kw) -> R
               if (d, t) not in tries]
     traces = {}
     for max_tokens, together in tries:
-        trace = traces.get(max_tokens) or traces.setdefault(
-            max_tokens, make_trace(family, seed, feature, max_tokens=max_tokens, **trace_kw))
+        if max_tokens not in traces:
+            traces[max_tokens] = make_trace(family, seed, feature, max_tokens=max_tokens, **trace_kw)
+        trace = traces[max_tokens]
         kv = budget(family, feature, trace, together=together)
         on = run(family, trace, caching=True, feature=feature, kv_memory=kv)
         if on.counts["preemptions"]:
@@ -323,8 +324,8 @@ def compare(family: str, feature: str = "plain", seed: int = 0, **trace_kw) -> R
             problems.append(f"request {i}: tokens {a} with caching, {b} without")
         elif la.shape != lb.shape:
             problems.append(f"request {i}: logits differ by shape")
-        elif la.numel() and (la - lb).abs().max().item() > ATOL:
-            differ[i] = (la - lb).abs().max().item()
+        elif (diff := (la - lb).abs().max().item() if la.numel() else 0.0) > ATOL:
+            differ[i] = diff
         else:
             equal += 1
     if differ:  # the same tokens: the model's own noise under another prefill split, or the cache's?
