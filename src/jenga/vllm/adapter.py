@@ -112,16 +112,13 @@ class JengaKVCacheAdapter:
         self._state_groups = [g for g, grp in enumerate(self.manager.model.groups) if not grp.spec.per_token]
 
     # ------------------------------------------------------------ ids
-    def _exec_ids(self, table, start: int) -> list[int]:
-        """vLLM block ids of ``table``'s pages from logical page ``start`` on (one pass over the
-        run; none when nothing was added, a decode step's common case)."""
-        if type(table) is not TokenTable and not isinstance(table, TokenTable):
-            raise AssertionError(f"jenga.vllm: no vLLM block table for {type(table).__name__}")
-        pages = table.page_ids
+    def _exec_ids(self, group: int, pages: list[int | None], start: int) -> list[int]:
+        """vLLM block ids of token group ``group``'s ``pages`` (by logical page) from logical page
+        ``start`` on (one pass over the run; none when nothing was added, a decode step's common case)."""
         if start >= len(pages):
             return []
         run = pages[start:] if start else pages
-        scale, off = self._scale[table.group], self._offset
+        scale, off = self._scale[group], self._offset
         if None in run:
             return [NULL_BLOCK if p is None else p * scale + off for p in run]
         if scale == 1:
@@ -160,21 +157,27 @@ class JengaKVCacheAdapter:
         return self._blocks_of(req, only_new=only_new)
 
     def _blocks_of(self, req, *, only_new: bool) -> Blocks:
-        """The block ids of live request ``req`` (a view), all of them or those not sent yet."""
-        tables = self._tables(req)
+        """The block ids of live request ``req`` (a view), all of them or (``only_new``, after
+        its first allocate) those not sent yet; before its first allocate, after a lookup: the
+        hit's pages (a token group's held pages, none for other kinds)."""
+        tables = req.tables
+        if tables is None:
+            out = [self._exec_ids(g, req.page_ids(g), 0) for g in range(self.num_groups)]
+            return Blocks(tuple(out)) if any(out) else self.empty_kv_cache_blocks
         sent = self._sent.get(req.request_id)
         if sent is None:
             sent = self._sent[req.request_id] = [0] * self.num_groups
         out = []
-        for g, t in enumerate(tables):
-            if type(t) is TokenTable:
-                n = len(t.page_ids)
-                ids = [] if only_new and n == sent[g] else self._exec_ids(t, sent[g] if only_new else 0)
+        for g, t in enumerate(tables.groups):
+            if type(t) is TokenTable or isinstance(t, TokenTable):
+                pages = t.page_ids
+                n = len(pages)
+                ids = [] if only_new and n == sent[g] else self._exec_ids(t.group, pages, sent[g] if only_new else 0)
             elif isinstance(t, StateTable):
                 row = self._state_row(req, t)
                 n, ids = len(row), row[sent[g]:] if only_new else list(row)
             else:
-                n, ids = len(t.page_ids), self._exec_ids(t, sent[g] if only_new else 0)
+                raise AssertionError(f"jenga.vllm: no vLLM block table for {type(t).__name__}")
             out.append(ids)
             if only_new:
                 sent[g] = n
@@ -193,12 +196,6 @@ class JengaKVCacheAdapter:
                 if inside:
                     raise AssertionError(f"jenga.vllm: {req.request_id}: state checkpoints {inside} fall inside the "
                                          f"step [{start}, {end}); vLLM's worker would never write them")
-
-    def _tables(self, req) -> list[TokenTable]:
-        if req.tables is not None:
-            return req.tables.groups
-        # after a lookup, before the first allocate: the hit's pages
-        return [TokenTable(i, g.tokens_per_page, req.page_ids(i)) for i, g in enumerate(self.manager.model.groups)]
 
     # ------------------------------------------------------------ sync
     @staticmethod
@@ -283,7 +280,7 @@ class JengaKVCacheAdapter:
             if stop != junction:
                 self.manager.move_junction_checkpoint(request.request_id, stop)
                 self._moved[request.request_id] = junction = stop
-        return self._blocks(request.request_id, only_new=False), hit, junction
+        return self._blocks_of(req, only_new=False), hit, junction
 
     def allocate_slots(self, request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks=None, num_lookahead_tokens: int = 0,
@@ -352,7 +349,7 @@ class JengaKVCacheAdapter:
         rid = request.request_id
         req = self.manager.view(rid)
         if req is not None:
-            self._sync(request)
+            self._sync(request, req)
             self.copies.cancel(rid, req.num_computed)
             self.manager.free(rid)
             self.num_preempted_or_freed += 1

@@ -35,6 +35,9 @@ and the rounds' prefixes are seen to return after they departed.
 
 from __future__ import annotations
 
+from itertools import islice
+from operator import is_
+
 from jenga.core.evict.predicted import PredictedOptions
 from jenga.vllm.switches import switch
 
@@ -106,11 +109,10 @@ class HitsFirst:
             self.overtaken.clear()
             self._kept = None
             return
-        head = [waiting[i] for i in range(min(self.window, len(waiting)))]
+        head = list(islice(waiting, self.window))
         version = None if self.version is None else self.version()
         kept = self._kept
-        if kept is not None and kept[0] == version and len(kept[1]) == len(head) \
-                and all(a is b for a, b in zip(kept[1], head, strict=True)):
+        if kept is not None and kept[0] == version and len(kept[1]) == len(head) and all(map(is_, kept[1], head)):
             return
         self._kept = None
         first, hits, later = [], [], []

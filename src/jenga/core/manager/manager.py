@@ -304,8 +304,9 @@ class KVCacheManager:
         if num_rejected and not 0 < num_rejected <= req.num_scheduled:
             raise InvalidArgumentError(f"request {request_id!r}: {num_rejected} rejected of "
                                        f"{req.num_scheduled} scheduled tokens")
-        if type(token_ids) is not list or len(token_ids) != 1 or type(token_ids[0]) is not int \
-                or not 0 <= token_ids[0] < TOKEN_ID_LIMIT:  # one sampled id: the decode step
+        if type(token_ids) is not list or token_ids and (len(token_ids) != 1 or type(token_ids[0]) is not int
+                                                         or not 0 <= token_ids[0] < TOKEN_ID_LIMIT):
+            # checked, unless none (a prefill chunk's commit) or one sampled id (the decode step)
             token_ids = token_array(token_ids, f"request {request_id!r} append_tokens")
         if len(req.tokens) + len(token_ids) > self._max_tokens:
             raise SequenceTooLongError(f"request {request_id!r}: appending {len(token_ids)} tokens passes "
