@@ -405,7 +405,7 @@ class AdapterFuzz:
         self.events()
         self.mgr.check_integrity()
         assert not self.mgr.requests, f"requests left in jenga: {list(self.mgr.requests)}"
-        assert not a._sent and not a._rows, "the adapter kept rows of freed requests"
+        assert not a._sent and not a._rows and not a._views, "the adapter kept rows or views of freed requests"
         assert self.mgr.used_bytes == 0, f"{self.mgr.used_bytes} bytes held after every request was freed"
         self.seen["ops"] += ops
         return ops

@@ -102,6 +102,7 @@ class JengaKVCacheAdapter:
         self.num_groups = len(self.manager.model.groups)
         self.empty_kv_cache_blocks = Blocks(tuple([] for _ in range(self.num_groups)))
         self._sent: dict[str, list[int]] = {}  # request id -> block ids already sent, per group
+        self._views: dict[str, object] = {}  # request id -> the view of its live record (``_view``)
         self.num_preempted_or_freed = 0
         # what vLLM's own manager stamps on a group's stored events (its ``kv_cache_event_metadata``)
         self.event_kinds = tuple((get_kv_cache_spec_kind(s).value, get_kv_cache_spec_sliding_window(s)) for s in specs)
@@ -150,8 +151,18 @@ class JengaKVCacheAdapter:
             row.append(page * scale + off)
         return row
 
+    def _view(self, request_id: str):
+        """The view of ``request_id``'s jenga record (``None``: not live), kept until ``free`` drops
+        the record: a view reads the live record, current as long as it lives."""
+        view = self._views.get(request_id)
+        if view is None:
+            view = self.manager.view(request_id)
+            if view is not None:
+                self._views[request_id] = view
+        return view
+
     def _blocks(self, request_id: str, *, only_new: bool) -> Blocks:
-        req = self.manager.view(request_id)
+        req = self._view(request_id)
         if req is None:
             return self.empty_kv_cache_blocks
         return self._blocks_of(req, only_new=only_new)
@@ -224,10 +235,10 @@ class JengaKVCacheAdapter:
 
     def _ensure(self, request):
         """The view of ``request``'s jenga record, added at its first sight."""
-        view = self.manager.view(request.request_id)
-        if view is None:
+        view = self._views.get(request.request_id)
+        if view is None:  # not seen yet, or not viewed yet (``_view``)
             self._add(request)
-            view = self.manager.view(request.request_id)
+            view = self._view(request.request_id)
         return view
 
     def _add(self, request) -> None:
@@ -245,7 +256,7 @@ class JengaKVCacheAdapter:
         """Tell jenga what vLLM learnt since the last call about ``request`` (``req``: its view,
         when the caller has it)."""
         if req is None:
-            req = self.manager.view(request.request_id)
+            req = self._view(request.request_id)
         if req is None or req.tables is None:
             return
         known, have = request.num_tokens, req.num_tokens
@@ -347,12 +358,13 @@ class JengaKVCacheAdapter:
 
     def free(self, request) -> None:
         rid = request.request_id
-        req = self.manager.view(rid)
+        req = self._view(rid)
         if req is not None:
             self._sync(request, req)
             self.copies.cancel(rid, req.num_computed)
             self.manager.free(rid)
             self.num_preempted_or_freed += 1
+        self._views.pop(rid, None)
         self._sent.pop(rid, None)
         self._rows.pop(rid, None)
         self._moved.pop(rid, None)
@@ -396,10 +408,13 @@ class JengaKVCacheAdapter:
 
     def writes_in_flight(self) -> bool:
         """Whether a step in flight writes pages that join the cache at its commit (state checkpoints)."""
-        return any(pol.writing_keys() for pol in self.manager.policies)
+        for pol in self.manager.policies:
+            if pol.writing_keys():
+                return True
+        return False
 
     def estimate_cached_tokens(self, request) -> int:
-        req = self.manager.view(request.request_id)
+        req = self._view(request.request_id)
         return req.hit if req is not None else 0
 
     def take_new_block_ids(self) -> list[int]:

@@ -117,7 +117,10 @@ class LargePageAllocator:
 
     def hidden_free_bytes(self) -> int:
         """Bytes of the free slots inside ``E`` (freed with their large page's cached pages)."""
-        return sum(n * b for n, b in zip(self.slots.hidden_free, self.page_bytes, strict=True))
+        free = 0
+        for n, b in zip(self.slots.hidden_free, self.page_bytes, strict=True):
+            free += n * b
+        return free
 
     def owned_large(self, group: int) -> int:
         """Large pages carved for ``group`` now."""

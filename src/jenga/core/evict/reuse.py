@@ -251,8 +251,10 @@ class ReuseEvictor(PrefixEvictor):
 
     def protected_bytes(self) -> int:
         """Bytes of class-3 pages."""
-        pb = self.pages.page_bytes
-        return sum(len(p) * pb[g] for g, p in enumerate(self.protected))
+        out = 0
+        for n, b in zip(self._num_prot, self.pages.page_bytes, strict=True):  # len(self.protected[g]), each g
+            out += n * b
+        return out
 
     def check(self) -> None:
         """Recount the class-3 counters (for ``check_integrity``)."""

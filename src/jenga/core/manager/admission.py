@@ -228,5 +228,8 @@ class Admission:
         prot = self.protected(allocated, self.holding_groups(req))
         if prot is not None:
             outside, e_prot = prot
-            out = max(out, sum(o * p for o, p in zip(outside, pb, strict=True)) + e_prot * alloc.large_page_bytes)
+            held = e_prot * alloc.large_page_bytes
+            for o, p in zip(outside, pb, strict=True):
+                held += o * p
+            out = max(out, held)
         return need > avail - out
