@@ -52,12 +52,12 @@ def can_allocate(mgr, req: Request, num_new_tokens: int, num_lookahead: int, ste
         return False  # its host hit's promotion was refused: allocate waits
     admission = mgr.admission
     old, req.num_lookahead = req.num_lookahead, num_lookahead
-    if req.tables is None and admission.hit_cannot_fit(req, end, mgr.num_allocated, step):
+    if req.tables is None and admission.hit_cannot_fit(req, end, admission.admitted, step):
         req.num_lookahead = old  # surely refused: answered without planning or holding the hit (a
         return False             # scheduler asks again each step for the request at the head of its queue)
     mgr.ledger.settle()  # planning exactly counts the hit's pages as held
     need, log = admission.plan(req, end, req.pairs or list(zip(mgr.policies, req.groups, strict=True)), step)
-    ok = admission.quota_of(req, need, end, mgr.num_allocated) is not None
+    ok = admission.quota_of(req, need, end, admission.admitted) is not None
     admission.unhold_plan(req, log)
     req.num_lookahead = old
     return ok
