@@ -273,11 +273,14 @@ class ForwardContext:
 
     ``kv_views[l]`` is layer ``l``'s exec view; ``metadata[l]`` the metadata of ``l``'s group
     (layers of one group share one object, so masks are built once per group and step).
+    ``cross``: the step's image K/V for cross-attention layers (a
+    :class:`~jenga.engine.cross_attention.CrossStep`), or None.
     """
 
     kv_views: Sequence[Tensor]
     metadata: Sequence[AttentionMetadata]
     backend: AttentionBackend = field(default_factory=TorchAttentionBackend)
+    cross: object = None
 
     @classmethod
     def from_groups(cls, kv_views: Sequence[Tensor], groups: Sequence[tuple[Sequence[int], AttentionMetadata]],

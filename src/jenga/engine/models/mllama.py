@@ -19,11 +19,14 @@ requests without images skip cross-attention layers, as HF skips them without vi
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import Tensor, nn
 
 from jenga.engine.attention import ForwardContext
 from jenga.engine.models.common import GatedMLP, PagedCausalLM, RMSNorm, Rotary, cfg, rope_parameters
+from jenga.engine.models.decoder import DecoderModel
 from jenga.engine.models.llama import LlamaDecoderLayer
 
 
@@ -69,7 +72,8 @@ class MllamaCrossAttentionDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
         self.cross_attn_mlp_gate = nn.Parameter(torch.zeros(1))
 
-    def forward(self, x: Tensor, cross) -> Tensor:
+    def forward(self, x: Tensor, cos_sin, ctx: ForwardContext) -> Tensor:  # no RoPE: cos_sin unused
+        cross = ctx.cross
         if cross is None or cross.rows.numel() == 0:
             return x  # no request of the step shows an image: HF skips the layer
         h = x[cross.rows]
@@ -79,26 +83,19 @@ class MllamaCrossAttentionDecoderLayer(nn.Module):
         return x.index_copy(0, cross.rows, h)
 
 
-class MllamaTextModel(nn.Module):
-    """``model.language_model``: embeddings (``vocab + 8`` rows), self / cross layers, norm."""
+class MllamaTextModel(DecoderModel):
+    """``model.language_model``: the decoder skeleton (embeddings of ``vocab + 8`` rows) over Llama
+    layers and, at ``config.cross_attention_layers``, cross-attention layers (which read the step's
+    images from ``ctx.cross``)."""
 
     def __init__(self, config):
-        super().__init__()
-        self.cross_attention_layers = tuple(config.cross_attention_layers or ())
-        head_dim = config.hidden_size // config.num_attention_heads
-        self.rotary_emb = Rotary(rope_parameters(config), head_dim)
-        self.embed_tokens = nn.Embedding(config.vocab_size + 8, config.hidden_size)
-        self.layers = nn.ModuleList(
-            MllamaCrossAttentionDecoderLayer(config, i) if i in self.cross_attention_layers
-            else LlamaDecoderLayer(config, i, None, self.rotary_emb) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, cfg(config, "rms_norm_eps", 1e-5))
-
-    def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext, cross=None) -> Tensor:
-        x = self.embed_tokens(input_ids)
-        cos_sin = self.rotary_emb.cos_sin(positions)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cross) if i in self.cross_attention_layers else layer(x, cos_sin, ctx)
-        return self.norm(x)
+        cross = tuple(config.cross_attention_layers or ())
+        rotary = Rotary(rope_parameters(config), config.hidden_size // config.num_attention_heads)
+        super().__init__(config, lambda i: MllamaCrossAttentionDecoderLayer(config, i) if i in cross
+                         else LlamaDecoderLayer(config, i, None, rotary),
+                         RMSNorm(config.hidden_size, cfg(config, "rms_norm_eps", 1e-5)), rotary=rotary,
+                         vocab_size=config.vocab_size + 8)
+        self.cross_attention_layers = cross
 
 
 class MllamaInner(nn.Module):
@@ -114,7 +111,7 @@ class MllamaInner(nn.Module):
                                                config.text_config.hidden_size, bias=True)
 
     def forward(self, input_ids: Tensor, positions: Tensor, ctx: ForwardContext, cross=None) -> Tensor:
-        return self.language_model(input_ids, positions, ctx, cross=cross)
+        return self.language_model(input_ids, positions, ctx if cross is None else replace(ctx, cross=cross))
 
 
 class MllamaForConditionalGeneration(PagedCausalLM):
