@@ -161,12 +161,6 @@ class JengaKVCacheAdapter:
                 self._views[request_id] = view
         return view
 
-    def _blocks(self, request_id: str, *, only_new: bool) -> Blocks:
-        req = self._view(request_id)
-        if req is None:
-            return self.empty_kv_cache_blocks
-        return self._blocks_of(req, only_new=only_new)
-
     def _blocks_of(self, req, *, only_new: bool) -> Blocks:
         """The block ids of live request ``req`` (a view), all of them or (``only_new``, after
         its first allocate) those not sent yet; before its first allocate, after a lookup: the
@@ -382,7 +376,8 @@ class JengaKVCacheAdapter:
         return []  # a KV producer's partial tails: jenga's host tier demotes whole pages on eviction
 
     def get_blocks(self, request_id: str) -> Blocks:
-        return self._blocks(request_id, only_new=False)
+        req = self._view(request_id)
+        return self.empty_kv_cache_blocks if req is None else self._blocks_of(req, only_new=False)
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         return self.get_blocks(request_id).get_block_ids()
