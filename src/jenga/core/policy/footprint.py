@@ -111,16 +111,16 @@ class TokenFootprint(Footprint):
         starting at ``l + P`` is at least the count at ``l`` (``P``: the page for a full or
         sliding group, ``lcm(chunk, page)`` for a chunked one) while a whole step fits before
         ``length + 1``, and past the last such start ``last`` only the start moves up (the count
-        only falls): so ``last`` and the starts ``peak_candidates(last)`` names hold the peak."""
+        only falls): so ``last`` and the starts ``peak_candidates(last, step)`` names hold the peak."""
         last = max(0, length + 1 - step)
         out = self.step_pages(last, min(last + step, length + 1))
-        for n in self.peak_candidates(last):
+        for n in self.peak_candidates(last, step):
             out = max(out, self.step_pages(n, n + step))
         return out
 
-    def peak_candidates(self, length: int) -> range:
-        """Step starts below ``length`` where a step's count may exceed the count of the step
-        starting at ``length`` (every token stays: none)."""
+    def peak_candidates(self, length: int, step: int) -> range | list[int]:
+        """Step starts below ``length`` where a step of ``step`` tokens may hold more pages than
+        the step starting at ``length`` (every token stays: none)."""
         return range(0)
 
     def needed_tokens(self, req: Request, gs: GroupState) -> int:
@@ -170,8 +170,13 @@ class WindowFootprint(TokenFootprint):
         first = (released + 1) * self.tpp + self.group.spec.window - 1
         return -(-first // self.tpp) * self.tpp
 
-    def peak_candidates(self, length: int) -> range:
-        return range(max(0, length - self.tpp + 1), length)  # the last page's lengths
+    def peak_candidates(self, length: int, step: int) -> list[int]:
+        """Among the last page's lengths below ``length`` (fewer than a page of starts), a step's
+        last page ``(n + step - 1) // tpp`` rises at most once and its first page never falls: the
+        count peaks at the first start or where the last page rises."""
+        lo = max(0, length - self.tpp + 1)
+        rise = lo + -(lo + step - 1) % self.tpp  # the first start >= lo whose step ends a page later
+        return [lo, rise] if rise < length else [lo] if lo < length else []
 
 
 class ChunkFootprint(TokenFootprint):
@@ -186,7 +191,7 @@ class ChunkFootprint(TokenFootprint):
     def release_point(self, released: int) -> int:
         return -(-((released + 1) * self.tpp) // self.group.spec.chunk) * self.group.spec.chunk
 
-    def peak_candidates(self, length: int) -> range:
+    def peak_candidates(self, length: int, step: int) -> range:
         """Within one chunk a step's count only grows with its start: the peak is at ``length``
         or a chunk's last token."""
         chunk = self.group.spec.chunk
