@@ -111,7 +111,7 @@ test-vllm-versions: $(VLLM_STAMPS)
 
 test-vllm-slow: $(STAMP) $(VLLM_ENVS)/0.34.0/.installed
 	$(PY) -m pytest -n 2 --dist loadgroup tests/test_vllm_server.py tests/test_vllm_tp.py tests/test_vllm_spec_decode.py tests/test_vllm_spec_hybrid.py \
-	  tests/test_vllm_host_tier.py tests/test_vllm_host_isolation.py \
+	  tests/test_vllm_host_tier.py tests/test_vllm_host_isolation.py tests/test_vllm_replay.py \
 	  'tests/test_readme_tables.py::test_slow_block_sample_is_in_its_pages[vllm-side-by-side-host]'
 	VLLM_TARGET_DEVICE=cpu $(VLLM_ENVS)/0.34.0/bin/python -m pytest -n 0 -p no:randomly $(VLLM_034_SLOW_TESTS)
 
