@@ -280,7 +280,7 @@ class ForwardContext:
     kv_views: Sequence[Tensor]
     metadata: Sequence[AttentionMetadata]
     backend: AttentionBackend = field(default_factory=TorchAttentionBackend)
-    cross: object = None
+    cross: object = field(default=None, kw_only=True)  # keyword-only: subclasses' fields stay positional
 
     @classmethod
     def from_groups(cls, kv_views: Sequence[Tensor], groups: Sequence[tuple[Sequence[int], AttentionMetadata]],
