@@ -133,8 +133,7 @@ class RequestView:
     @property
     def start(self) -> int:
         """First token position the next allocate covers."""
-        req = self._req  # ``Request.start``, read in one call (the vLLM adapter reads it on every allocate)
-        return req.num_computed + req.num_scheduled
+        return self._req.start
 
     @property
     def hit(self) -> int:

@@ -265,8 +265,7 @@ class JengaKVCacheAdapter:
 
     # ------------------------------------------------------------ scheduler API
     def new_step_starts(self) -> None:
-        if self.sub_block:  # block copies come from sub-block pages only (``_sub_block_copies``)
-            self.copies.step()
+        self.copies.step()
 
     def get_computed_blocks(self, request, max_cache_hit_length: int | None = None):
         req = self._ensure(request)
@@ -419,7 +418,7 @@ class JengaKVCacheAdapter:
     def take_kv_cache_block_copies(self):
         # nothing to retain: the worker runs a step's copies before its forward, one gather then
         # one scatter, so a page let go of since still holds the bytes copied (``StateCopies``)
-        return self.copies.take() if self.sub_block else [], []
+        return self.copies.take(), []
 
     def take_boundary_state_offloads(self) -> dict:
         return {}
