@@ -21,6 +21,7 @@ import contextlib
 import copy
 import json
 import math
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,13 +152,36 @@ def engine_config(model, settings: VllmSettings, *, max_model_len: int, batched_
     return cfg, specs
 
 
+#: how vLLM's planner starts its refusal of a budget that cannot hold one ``max_model_len`` request
+#: (``_check_enough_kv_cache_memory``, a ``ValueError``; the same words in 0.32-0.34): the engine
+#: would not start
+TOO_SMALL = ("To serve at least one request with the model's max seq len", "No available memory for the cache blocks")
+
+
+class BudgetRefused(ValueError):
+    """vLLM refuses to start on this budget (``TOO_SMALL``); ``reason``: its message's first
+    sentence, and its estimate of the longest ``max_model_len`` that fits where it gives one."""
+
+    def __init__(self, message: str):
+        first = message.split(". ")[0]
+        est = re.search(r"the estimated maximum model length is \d+", message)
+        self.reason = first + (f"; {est.group(0)}" if est else "")
+        super().__init__(message)
+
+
 def planned(cfg, specs: dict, memory: int):
-    """vLLM's own KV-cache config for ``specs`` in ``memory`` bytes (its planner, its grouping)."""
+    """vLLM's own KV-cache config for ``specs`` in ``memory`` bytes (its planner, its grouping);
+    ``BudgetRefused`` where the planner refuses the budget."""
     from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
 
     from jenga.vllm.compat import kv_cache_configs
     resolve_kv_cache_layout(cfg, [["LBNHC"]], specs.values())
-    kv = kv_cache_configs(cfg, [specs], [memory])[0]
+    try:
+        kv = kv_cache_configs(cfg, [specs], [memory])[0]
+    except ValueError as e:
+        if not str(e).startswith(TOO_SMALL):
+            raise
+        raise BudgetRefused(str(e)) from e
     cfg.cache_config.num_gpu_blocks = kv.num_blocks
     return kv
 

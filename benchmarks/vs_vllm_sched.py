@@ -30,6 +30,10 @@ Run with the 0.34 python (0.32 works too, without cache-aware admission)::
 A request whose prompt is ``max_model_len`` tokens or longer is left out on both sides, as vLLM's
 engine refuses it before any scheduler sees it (``served``; counted on stderr): with Nemotron-H-8B's
 8,192 tokens, 6 of the 48 round-robin turns, and every prompt of ``articles16`` (the row is left out).
+A row whose budget cannot hold one ``max_model_len`` request is left out too, as vLLM refuses to
+start on it (its planner's ``ValueError``: ``vllm_layouts.BudgetRefused``; the reason on stderr):
+Gemma-3-27B's tight budget (4.65 GiB) at 24,576 tokens (``articles16``) or 12,288 (``round-robin``),
+at every setting of the sweep (vLLM's estimate of what fits: 8,688).
 
 Columns: steps, prefill tokens computed (prompt tokens not hit + recompute), hit % (first
 admissions), mean batch (requests per step), preemptions, req/s and TTFT p50 / p99 in simulated
@@ -49,7 +53,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM logs to stdout: k
 
 from manager_traces import TRACES  # noqa: E402
 from sched_driver import run  # noqa: E402
-from vllm_layouts import VllmSettings, hybrid_block, scheduler  # noqa: E402
+from vllm_layouts import BudgetRefused, VllmSettings, hybrid_block, scheduler  # noqa: E402
 
 GPU = {"jamba-1.5-mini": "h200-141gb"}
 #: rows: model:trace:budget
@@ -150,7 +154,15 @@ def run_row(row: str, a) -> dict:
     max_len = max_len_of(model, reqs, a)
     reqs, refused = served(reqs, max_len)
     if not reqs:
-        return dict(row=row, refused=refused, max_len=max_len)
+        return dict(row=row, left_out=f"all {refused} prompts are max_model_len ({max_len}) tokens or longer")
+    try:
+        return measure(row, a, model, setup, memory, reqs, max_len, refused)
+    except BudgetRefused as e:  # only vLLM's planner refusing the budget; any other error stops the run
+        return dict(row=row, left_out=f"vLLM refuses to start on {memory / 2**30:.2f} GiB of KV cache: {e.reason}")
+
+
+def measure(row: str, a, model, setup, memory: int, reqs, max_len: int, refused: int) -> dict:
+    """vLLM's sweep and jenga (defaults and ``a.variants``) on ``row``'s served requests."""
     best, tried = None, []
     for s in sweep(model, a.sweep):
         m = one("vllm", model, s, memory, setup, reqs, a, max_len)
@@ -245,9 +257,8 @@ def main(argv=None) -> int:
         print("| " + " | ".join(header) + " |\n|" + "---|" * len(header), flush=True)
     for row in rows:
         res = run_row(row, a)
-        if "jenga" not in res:
-            print(f"{row}: left out, all {res['refused']} prompts are max_model_len ({res['max_len']}) tokens or "
-                  "longer", file=sys.stderr, flush=True)
+        if "left_out" in res:
+            print(f"{row}: left out, {res['left_out']}", file=sys.stderr, flush=True)
             continue
         cells = outcome(res) if a.outcome else fmt(res)
         table.append(cells)

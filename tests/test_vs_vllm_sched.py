@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from vs_vllm_sched import run_row  # noqa: E402
+from vs_vllm_sched import main, run_row  # noqa: E402
 
 from jenga.vllm.admission import PROTECT_ENV  # noqa: E402
 from jenga.vllm.prefix_wait import PREFIX_WAIT_ENV  # noqa: E402
@@ -40,6 +40,22 @@ def _holds_vllm_best(row: str, *, hits: bool = False) -> None:
     assert j["ttft99"] <= 1.01 * v["ttft99"], got
     if hits:
         assert j["hit"] >= v["hit"] - 1e-9, got
+
+
+def test_a_row_whose_budget_vllm_refuses_is_left_out_and_the_others_run(capsys):
+    """Gemma-3-27B's tight budget cannot hold one ``max_model_len`` request of ``articles16`` or
+    ``round-robin``: vLLM's planner refuses to start (a ``ValueError``), which stopped the whole run.
+    The row is left out, the reason on stderr, and the next row runs: here Llama-3.1-8B, 10 short
+    requests, refused at a ten-thousandth of its budget (5.6 MiB), run at its real one."""
+    refused, ran = "llama-3.1-8b:short:tight", "llama-3.1-8b:short:real"
+    rc = main(["--rows", f"{refused},{ran}", "--tight", "1e-4", "--scale", "0.01", "--markdown", "--outcome"])
+    out, err = capsys.readouterr()
+    assert rc == 0
+    assert f"{refused}: left out, vLLM refuses to start" in err, err
+    assert "To serve at least one request with the model's max seq len (4096)" in err, err
+    assert refused not in out, out
+    assert f"| {ran} |" in out, out
+    assert "geo-mean over 1 rows" in out, out
 
 
 def test_the_tight_articles_row_is_won_with_jengas_defaults(monkeypatch):
