@@ -1,6 +1,6 @@
 """Block-hash schemes for a 16-token page, timed on the same ~100k blocks (no model, no vLLM).
 
-``chain`` is jenga's (``jenga.core.prefix.hashing``: one BLAKE2b call per block over the parent
+``chain`` is jenga's (``jenga.core.prefix.index``: one BLAKE2b call per block over the parent
 digest and the block's tokens).  ``anchorG`` hashes every G-th block only; the G - 1 blocks after
 an anchor are keyed by the anchor's digest followed by their tokens as raw bytes (still exact:
 equal keys mean an equal prefix), so fewer hash calls but longer dict keys.  Each scheme is timed

@@ -11,7 +11,7 @@ import pytest
 from conftest import full, group, mamba, model, serve, snapshot, vision
 
 from jenga.baselines import MANAGER_NAMES, make_manager
-from jenga.core.prefix.hashing import ImageRef
+from jenga.core.request import ImageRef
 from jenga.core.specs import ModelSpec
 from jenga.core.validation import checked_token_ids
 from jenga.errors import InvalidArgumentError, JengaError, MissingConfigError

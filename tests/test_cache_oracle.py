@@ -40,7 +40,7 @@ def test_every_tiny_family_runs_every_feature_it_takes():
 def test_the_hit_ledger_flags_a_hit_across_salts_images_or_before_its_source():
     from types import SimpleNamespace as NS
 
-    from jenga.core.prefix.hashing import ImageRef
+    from jenga.core.request import ImageRef
 
     def lookups(cross, *seqs):
         ledger = HitLedger(cross)

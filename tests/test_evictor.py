@@ -16,7 +16,7 @@ from conftest import (
     toy_model,
 )
 
-from jenga.core.prefix.hashing import ImageRef
+from jenga.core.request import ImageRef
 
 FULL, SWA = 0, 1
 A, B, C, D, E, F, G, H = range(1, 9)  # the paper's letters as token ids (1 token per page)

@@ -16,12 +16,10 @@ from conftest import full, group, make_manager, model, serve, sliding, snapshot
 import jenga.core.alloc.allocator
 import jenga.core.evict.evictor
 import jenga.core.evict.fresh_run
-import jenga.core.evict.reuse
 import jenga.core.evict.run_heap
 import jenga.core.manager.ledger
-from jenga.core.evict.evictor import PrefixEvictor
+from jenga.core.evict.evictor import PrefixEvictor, ReuseEvictor
 from jenga.core.evict.fresh_run import FreshRun
-from jenga.core.evict.reuse import ReuseEvictor
 from jenga.core.evict.run_heap import RunHeap
 from jenga.core.flat_arrays import int64s, largest_keys
 
@@ -93,7 +91,7 @@ def test_numpy_free_paths_equal_the_per_element_paths(monkeypatch, eviction, sli
     unregistered tails, large pages entering E, re-timed windows); with ``BULK`` huge none."""
     fresh = make_manager(swa_model(sliding_layers), 200, window_slack=4, out_of_window_age=1000, eviction=eviction)
     twin = copy.deepcopy(fresh)
-    modules = (jenga.core.manager.ledger, jenga.core.alloc.allocator, jenga.core.evict.evictor, jenga.core.evict.reuse)
+    modules = (jenga.core.manager.ledger, jenga.core.alloc.allocator, jenga.core.evict.evictor)
     for mod in modules:
         monkeypatch.setattr(mod, "BULK", 4)
     want = trace(fresh)
@@ -223,13 +221,13 @@ def test_fresh_run_pushes_equal_the_per_element_paths(monkeypatch, eviction, sli
     ``FreshRun`` and ``push_sorted``; the same state and eviction order as with neither."""
     fresh = make_manager(swa_model(sliding_layers), 200, window_slack=4, out_of_window_age=1000, eviction=eviction)
     twin = copy.deepcopy(fresh)
-    modules = (jenga.core.manager.ledger, jenga.core.alloc.allocator, jenga.core.evict.evictor, jenga.core.evict.reuse)
+    modules = (jenga.core.manager.ledger, jenga.core.alloc.allocator, jenga.core.evict.evictor)
     for mod in modules:
         monkeypatch.setattr(mod, "BULK", 4)
     pushed = []
     orig = RunHeap.push_sorted
     monkeypatch.setattr(RunHeap, "push_sorted", lambda self, *a: (pushed.append(len(a[2])), orig(self, *a))[1])
-    for mod in (jenga.core.evict.run_heap, jenga.core.evict.fresh_run, jenga.core.evict.evictor, jenga.core.evict.reuse):
+    for mod in (jenga.core.evict.run_heap, jenga.core.evict.fresh_run, jenga.core.evict.evictor):
         monkeypatch.setattr(mod, "SMALL", 2)
     want = trace(fresh)
     assert pushed

@@ -5,7 +5,7 @@ import heapq
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jenga.core.alloc.free_space import FreePool
+from jenga.core.alloc.allocator import FreePool
 
 
 def test_take_and_pop_lowest_first_across_heap_and_range():

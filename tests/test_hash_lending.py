@@ -11,7 +11,7 @@ from array import array
 import pytest
 from conftest import full, group, make_manager, model, serve
 
-from jenga.core.prefix.hashing import HashChain, HashMemo, extend_block_hashes, root_hash
+from jenga.core.prefix.index import HashChain, HashMemo, extend_block_hashes, root_hash
 
 
 def _chain(tokens, block, salt=None, stop=None):

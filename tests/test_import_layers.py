@@ -13,9 +13,9 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "jenga"
 #: (module or package, layer), lowest first; a module belongs to its longest matching entry
 LAYERS = [
     # the base: errors, units, progress lines, and core's records (specs, page sizes, flat arrays,
-    # input checks, page tables, request records, the block hashes and ``ImageRef`` they carry, layout)
+    # input checks, page tables, request records and the ``ImageRef`` they carry, layout)
     ("jenga.errors", 0), ("jenga.units", 0), ("jenga.progress", 0),
-    ("jenga.core", 0), ("jenga.core.prefix.hashing", 0),
+    ("jenga.core", 0),
     ("jenga.structure", 1),  # HF config -> ModelSpec
     ("jenga.core.alloc", 2),
     ("jenga.core.prefix", 3),

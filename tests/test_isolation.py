@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import cross, full, group, make_manager, model, serve, toy_model, vision
 
-from jenga.core.prefix.hashing import ImageRef, extend_block_hashes, image_key, root_hash
+from jenga.core.prefix.index import extend_block_hashes, image_key, root_hash
+from jenga.core.request import ImageRef
 from jenga.errors import InvalidArgumentError
 
 

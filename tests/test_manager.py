@@ -23,7 +23,7 @@ from conftest import (
 )
 
 from jenga.core.manager.manager import KVCacheManager
-from jenga.core.prefix.hashing import ImageRef
+from jenga.core.request import ImageRef
 from jenga.core.tables import ImageTable, StateTable, TokenTable
 from jenga.errors import (
     DuplicateRequestError,
@@ -625,7 +625,7 @@ def test_window_slack_keeps_a_second_question_hitting():
 
 def test_readded_request_reuses_block_hashes_only_when_unchanged():
     from jenga.core.manager.manager import KVCacheManager
-    from jenga.core.prefix.hashing import extend_block_hashes, root_hash
+    from jenga.core.prefix.index import extend_block_hashes, root_hash
     from jenga.core.specs import FullAttentionSpec, LayerGroup, ModelSpec
 
     spec = ModelSpec("m", (LayerGroup("full", FullAttentionSpec("m", "bf16", 1, 8), (0,)),), max_model_len=4096)
@@ -633,7 +633,7 @@ def test_readded_request_reuses_block_hashes_only_when_unchanged():
 
     def add(tokens, salt=None):
         """add_request; the hashes it reused from the memo, then all of them (hashing is lazy:
-        lookup and append_tokens hash what they reach, jenga.core.prefix.hashing)."""
+        lookup and append_tokens hash what they reach, jenga.core.prefix.index)."""
         mgr.add_request("r", tokens, cache_salt=salt)
         req = mgr.requests["r"]
         reused = list(req.hashes)

@@ -9,8 +9,8 @@ import pytest
 from conftest import cached_keys, full, group, make_manager, model, serve
 
 import jenga.core.manager.manager as manager_module
+from jenga.core.evict.evictor import PROTECTED
 from jenga.core.evict.predicted import DEPARTED, PredictedOptions
-from jenga.core.evict.reuse import PROTECTED
 from jenga.core.prefix.next_use import NextUse
 from jenga.errors import InvalidArgumentError
 

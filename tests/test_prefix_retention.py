@@ -17,7 +17,7 @@ from conftest import (
     sliding,
 )
 
-from jenga.core.evict.reuse import PROTECTED
+from jenga.core.evict.evictor import PROTECTED
 
 P = list(range(10))  # a shared prefix
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from conftest import cached_keys, full, group, make_manager, model, serve, sliding
 
-from jenga.core.evict.reuse import PROTECTED
+from jenga.core.evict.evictor import PROTECTED
 
 
 def cyclic_hits(eviction: str) -> list[int]:

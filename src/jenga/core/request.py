@@ -5,9 +5,18 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-from jenga.core.prefix.hashing import ImageRef
 from jenga.core.tables import GroupTable, PageTables
+
+
+class ImageRef(NamedTuple):
+    """An image inside a request: ``num_tokens`` tokens from ``offset`` (text position for
+    in-sequence images; for cross-attention images, the position of the image token)."""
+
+    offset: int
+    num_tokens: int
+    content_hash: str
 
 
 @dataclass(slots=True)
@@ -83,9 +92,9 @@ class Request:
     next_event: int = 0  # append_tokens commits groups once num_computed reaches this
     salt_root: bytes = b""
     pairs: list | None = None  # (policy, group state) pairs with work, set at the first allocate
-    lender: tuple | None = None  # (tokens, hashes) of a prompt starting alike (jenga.core.prefix.hashing)
+    lender: tuple | None = None  # (tokens, hashes) of a prompt starting alike (jenga.core.prefix.index)
     # the caller's chained block hashes (a live sequence, one per ``hash_step`` caller blocks of
-    # jenga's block taken), read instead of hashing (jenga.core.prefix.hashing); None: jenga hashes
+    # jenga's block taken), read instead of hashing (jenga.core.prefix.index); None: jenga hashes
     source_hashes: object = None
     hash_step: int = 1
     # the last read-only lookup's answer (``PrefixLookup.peek``), keyed by what it depends on:

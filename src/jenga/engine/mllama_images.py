@@ -16,7 +16,7 @@ prompt, the real tiles only); a given one must equal it (custom masks are not su
 Decode tokens see what the last prompt token sees (HF repeats the last row).
 
 Every bad input is an :class:`~jenga.errors.InvalidArgumentError` before anything is queued.
-``seq.images``: one :class:`~jenga.core.prefix.hashing.ImageRef` per image of
+``seq.images``: one :class:`~jenga.core.request.ImageRef` per image of
 ``model.tokens_per_image`` cross tokens (all tiles x patches), ``offset`` 0 -- HF's text rows
 that see no image still attend to every image (their mask row is all zero), so every text
 token of the request depends on all of its images and each image is framed into the first
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from jenga.core.prefix.hashing import ImageRef
+from jenga.core.request import ImageRef
 from jenga.engine.multimodal import pixel_hash
 from jenga.errors import InvalidArgumentError
 

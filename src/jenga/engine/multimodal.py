@@ -6,7 +6,7 @@ placeholder tokens per image, in order, as HF's processor writes them (``boi``, 
 ``eoi``).  :func:`attach_images` checks that (a typed :class:`~jenga.errors.InvalidArgumentError`
 before anything is queued) and gives the sequence:
 
-* ``seq.images``: one :class:`~jenga.core.prefix.hashing.ImageRef` per image, ``offset`` = the
+* ``seq.images``: one :class:`~jenga.core.request.ImageRef` per image, ``offset`` = the
   position of its first placeholder, ``num_tokens`` = the run length, ``content_hash`` =
   :func:`pixel_hash` of its pixels (the manager folds in the request's salt);
 * ``seq.mm``: the pixel tensors, read only when the encoder must run.
@@ -20,7 +20,7 @@ import torch
 from blake3 import blake3
 from torch import Tensor
 
-from jenga.core.prefix.hashing import ImageRef
+from jenga.core.request import ImageRef
 from jenga.errors import InvalidArgumentError
 
 

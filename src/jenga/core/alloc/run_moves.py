@@ -8,11 +8,15 @@ large pages itself)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from jenga.core.alloc.free_space import EvictableSet, FreePool, FreeSlots
 from jenga.core.alloc.page_states import CACHED, FREE, USED
 from jenga.core.flat_arrays import as_ids, unique_counts, view
+
+if TYPE_CHECKING:  # annotations only: the allocator owns this part and hands it its free space
+    from jenga.core.alloc.allocator import EvictableSet, FreePool, FreeSlots
 
 
 class RunMoves:

@@ -1,6 +1,6 @@
 """An evictor that keeps the pages a common-prefix predictor says will be read again.
 
-:class:`~jenga.core.evict.reuse.ReuseEvictor` protects every page reused at least twice: it is
+:class:`~jenga.core.evict.evictor.ReuseEvictor` protects every page reused at least twice: it is
 evicted last and, under the manager's ``"protect"`` admission, holds admissions back while
 others run.  That keeps a resident subset of a cyclic working set (rounds of questions over more
 articles than the pool holds), but it also keeps the pages of a prefix whose requests are all
@@ -56,8 +56,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from jenga.core.evict.evictor import PrefixEvictor
-from jenga.core.evict.reuse import PROTECTED, ReuseEvictor
+from jenga.core.evict.evictor import PROTECTED, PrefixEvictor, ReuseEvictor
 from jenga.core.flat_arrays import BULK
 from jenga.core.policy.base import held_window_time
 from jenga.core.prefix.next_use import NextUse

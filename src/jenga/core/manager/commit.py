@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from jenga.core.manager.ledger import PageLedger
 from jenga.core.policy.base import NEVER, Policy
-from jenga.core.prefix.hashing import PromptHasher
-from jenga.core.prefix.index import PrefixIndex
+from jenga.core.prefix.index import PrefixIndex, PromptHasher
 from jenga.core.request import Request
 from jenga.errors import InvalidArgumentError
 

@@ -3,8 +3,8 @@
 Every check runs before anything changes (a bad id, prompt, image, salt or hash block raises a
 typed error and leaves the manager as it was).  The record starts with the block hashes the
 hash memo recalls for the same prompt (a re-add after a preemption; the rest are made lazily,
-:mod:`jenga.core.prefix.hashing`), one empty state per group from its policy, the salt's
-root hash, and whether it is a repeat (:mod:`jenga.core.manager.hit_counts`).  A request added
+:mod:`jenga.core.prefix.index`), one empty state per group from its policy, the salt's
+root hash, and whether it is a repeat (:mod:`jenga.core.manager.admission`).  A request added
 with the caller's ``block_hashes`` keeps them and jenga hashes nothing for it.
 """
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from jenga.core.manager.hit_counts import HitCounts
+from jenga.core.manager.admission import HitCounts
 from jenga.core.policy.base import Policy
-from jenga.core.prefix.hashing import ImageRef, PromptHasher, root_hash
-from jenga.core.request import Request
+from jenga.core.prefix.index import PromptHasher, root_hash
+from jenga.core.request import ImageRef, Request
 from jenga.core.validation import checked_images, checked_int, checked_salt, token_array
 from jenga.errors import DuplicateRequestError, InvalidArgumentError, SequenceTooLongError
 

@@ -54,7 +54,7 @@ class Junction:
     def find(self, req: Request, top: int, cand: int) -> None:
         """``req.junction``: where the full-attention groups' cached prefix ends, if past the hit.
 
-        ``top`` is what ``PromptHasher.for_lookup`` returned (``jenga.core.prefix.hashing``): it already found
+        ``top`` is what ``PromptHasher.for_lookup`` returned (``jenga.core.prefix.index``): it already found
         where the bounding full-attention group's cached pages end (the first missing page's
         start, else ``top``), so with that group the only junction policy the junction is ``top``
         rounded down to its pages, without looking the prompt's page keys up again."""

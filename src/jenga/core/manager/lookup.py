@@ -3,7 +3,7 @@
 Each group's policy proposes the longest valid hit no longer than a candidate
 (``Policy.longest_prefix``); the lookup iterates to the fixed point, the longest length every
 group accepts.  Before that the prompt hasher hashes only what a hit can reach and bounds the
-candidate by the first page the full-attention group misses (:mod:`jenga.core.prefix.hashing`);
+candidate by the first page the full-attention group misses (:mod:`jenga.core.prefix.index`);
 after it the junction finder notes where the cached attention prefix ends past a state hit
 (:mod:`jenga.core.manager.junction`).  The hit's pages are recorded with the ledger and held
 once anything else happens (:mod:`jenga.core.manager.ledger`); a second lookup first lets go of them.
@@ -17,8 +17,7 @@ from jenga.core.manager.junction import Junction, fixed_point
 from jenga.core.manager.ledger import PageLedger
 from jenga.core.manager.miss_reasons import MissReasons
 from jenga.core.policy.base import PageOps, Policy
-from jenga.core.prefix.hashing import PromptHasher
-from jenga.core.prefix.index import PrefixIndex
+from jenga.core.prefix.index import PrefixIndex, PromptHasher
 from jenga.core.request import Request
 from jenga.core.tier.host_tier import HostTier
 from jenga.core.tier.promotion import promote_hit

@@ -1,7 +1,7 @@
 """``KVCacheManager``: the one API an engine calls.
 
 A request's way through it: ``add_request`` (validate and keep the prompt; its block hashes are
-made lazily, :mod:`jenga.core.prefix.hashing`) -> ``lookup`` (each group's policy proposes the longest
+made lazily, :mod:`jenga.core.prefix.index`) -> ``lookup`` (each group's policy proposes the longest
 valid hit; the manager iterates to the longest length every group accepts) -> ``allocate`` (count
 the pages each group needs, check them against free + evictable memory *before* touching anything,
 then take pages in the request-aware order; attention pages of full blocks of known tokens join
@@ -32,8 +32,7 @@ from jenga.core.manager.rules import ManagerRules
 from jenga.core.manager.stats import CacheStats, collect_stats
 from jenga.core.policy.registry import OUT_OF_WINDOW_AGE, Policy
 from jenga.core.prefix.events import HOST, EventLog, KVEvent
-from jenga.core.prefix.hashing import ImageRef
-from jenga.core.request import GroupState, Request, RequestView
+from jenga.core.request import GroupState, ImageRef, Request, RequestView
 from jenga.core.specs import ModelSpec
 from jenga.core.tables import PageTables
 from jenga.core.tier.copy_plan import CopyPlan
@@ -53,7 +52,7 @@ class KVCacheManager:
     leave the window or chunk are stamped ``out_of_window_age`` clock ticks older, so they are evicted first
     (0: their release time, the paper's text).  ``eviction``: ``"reuse"`` (jenga's default; pages reused at
     least twice outlive one-off pages and a stable subset of them survives a cyclic working set larger than
-    the pool, see :mod:`jenga.core.evict.reuse`), ``"lru"`` (the paper's order; the baselines'
+    the pool, see :mod:`jenga.core.evict.evictor`), ``"lru"`` (the paper's order; the baselines'
     default) or ``"predict"`` (:mod:`jenga.core.evict.predicted`); ``eviction_options``: the options that
     order takes (its ``options_class``, e.g. ``PredictedOptions``; ``None``: its defaults), handed to the
     evictor as it is built.  ``admission``: ``"protect"`` (the default: pages the evictor protects hold

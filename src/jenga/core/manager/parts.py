@@ -17,21 +17,18 @@ from dataclasses import dataclass
 
 from jenga.core.alloc.allocator import LargePageAllocator, PageViews
 from jenga.core.clock import Clock
-from jenga.core.evict.evictor import PrefixEvictor
+from jenga.core.evict.evictor import PrefixEvictor, ReuseEvictor
 from jenga.core.evict.predicted import PredictedEvictor
-from jenga.core.evict.reuse import ReuseEvictor
 from jenga.core.manager.accounting import ByteAccounting
-from jenga.core.manager.admission import Admission
+from jenga.core.manager.admission import Admission, HitCounts
 from jenga.core.manager.commit import StepCommit
-from jenga.core.manager.hit_counts import HitCounts
 from jenga.core.manager.intake import RequestIntake
 from jenga.core.manager.ledger import PageLedger
 from jenga.core.manager.lookup import PrefixLookup
 from jenga.core.manager.pool import large_page_count
 from jenga.core.manager.rules import ManagerRules
 from jenga.core.policy.registry import Policy
-from jenga.core.prefix.hashing import PromptHasher
-from jenga.core.prefix.index import PrefixIndex
+from jenga.core.prefix.index import PrefixIndex, PromptHasher
 from jenga.core.specs import ModelSpec
 from jenga.core.tier.host_tier import HOST_POLICIES, HostTier, host_page_count
 from jenga.errors import InvalidArgumentError

@@ -128,7 +128,7 @@ class Policy(ABC):
     #: below ``TokenTable.write_from``; :mod:`jenga.core.manager.junction`)
     recompute_under_shared = False
     #: a hit needs every page of the group below it (full attention): it bounds how far a lookup
-    #: hashes (:mod:`jenga.core.prefix.hashing`) and where the junction lies
+    #: hashes (:mod:`jenga.core.prefix.index`) and where the junction lies
     bounds_hit = False
     #: what a lookup this kind's pages cut short missed (``jenga.core.manager.miss_reasons``)
     miss_reason = "window_evicted"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from jenga.core.policy.base import NEVER, PageOps, Policy, cdiv
-from jenga.core.prefix.hashing import ImageRef, image_key
-from jenga.core.request import GroupState, ImageState, Request
+from jenga.core.prefix.index import image_key
+from jenga.core.request import GroupState, ImageRef, ImageState, Request
 from jenga.core.tables import ImageTable
 
 

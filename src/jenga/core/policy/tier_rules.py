@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from jenga.core.prefix.hashing import image_key
+from jenga.core.prefix.index import image_key
 from jenga.core.request import Request
 from jenga.core.specs import (
     ChunkedLocalSpec,
