@@ -57,7 +57,7 @@ class FloorAdmission(Admission):
     def held_large(self) -> list[int]:
         """``H_m`` per model: large pages holding a page a live request of ``m`` uses."""
         alloc = self.alloc
-        return [sum(alloc.owned[g] - alloc.e_count[g] for g in groups) for groups in self.scopes.groups]
+        return [sum(alloc.owned_large(g) - alloc.evictable_large(g) for g in groups) for groups in self.scopes.groups]
 
     def fits_floors(self, scope: int, take: int) -> bool:
         """Whether model ``scope`` may take ``take`` more large pages and keep every floor."""

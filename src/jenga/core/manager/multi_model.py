@@ -280,7 +280,7 @@ class MultiModelManager(KVCacheManager):
         """Bytes of the pages live requests of ``name`` hold (its groups' USED pages)."""
         self._settle()
         alloc = self._alloc
-        return sum(alloc.used_small[g] * alloc.page_bytes[g] for g in self.scopes.groups[self.scopes.index(name)])
+        return sum(alloc.used_pages(g) * alloc.page_bytes[g] for g in self.scopes.groups[self.scopes.index(name)])
 
     def model_floor_bytes(self, name: str) -> int:
         return self.floor_pages[self.scopes.index(name)] * self.pool.large_page_bytes

@@ -111,7 +111,7 @@ class HostTier(EvictionListener):
 
     def group_used_bytes(self) -> list[int]:
         """Per group: bytes of host pages holding content (cached or pinned)."""
-        return [(self.alloc.used_small[g] + len(self.evictor.keys[g])) * b for g, b in enumerate(self.page_bytes)]
+        return [(self.alloc.used_pages(g) + len(self.evictor.keys[g])) * b for g, b in enumerate(self.page_bytes)]
 
     def tables(self) -> list[dict[bytes, int]]:
         """Per group: the host index (read only)."""
