@@ -70,7 +70,7 @@ WIDE_MODELS = ["gemma-3-27b", "gpt-oss-120b", "llama-4-scout", "ministral-8b", "
 WIDE_TRACES = ["hybrid-short", "agent-branch", "round-robin", "articles16", "rag"]
 WIDE = [f"{m}:{t}:{b}" for m in WIDE_MODELS for t in WIDE_TRACES for b in ("real", "tight")]
 ROWS = {"quick": QUICK, "more": MORE, "all": QUICK + MORE, "wide": WIDE,
-        "wide-tight": [r for r in WIDE if r.endswith(":tight")]}
+        "wide-tight": [r for r in WIDE if r.endswith(":tight")], "wide-real": [r for r in WIDE if r.endswith(":real")]}
 CACHE_AWARE = dict(admission_window=2048, admission_threshold=0.0)
 #: jenga's policy switches measured beside its defaults (``--variants``): environment of JengaScheduler
 VARIANTS = {"always": {"JENGA_VLLM_PROTECT": "always"}, "ordered": {"JENGA_VLLM_PROTECT": "auto"}, "no-step-ends": {"JENGA_VLLM_STEP_CHECKPOINTS": "off"},
@@ -234,7 +234,7 @@ def outcome(res: dict) -> list[str]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", default="quick", help="'quick' (4 models x articles16 x real/tight), 'more', 'all', 'wide' "
-                   "(9 models x 5 workloads x real/tight), 'wide-tight', "
+                   "(9 models x 5 workloads x real/tight), 'wide-tight', 'wide-real', "
                    "or comma-separated model:trace:budget (budget real|tight; traces: " + ", ".join(TRACES) + ")")
     p.add_argument("--sweep", choices=("quick", "full"), default="quick", help="vLLM settings tried per row")
     p.add_argument("--tight", type=float, default=0.25, help="the tight budget as a share of the real one")
