@@ -411,6 +411,8 @@ BLOCKS: dict[str, Block] = {
     # vLLM 0.34's scheduler at its best against JengaScheduler, priced in time: minutes, -m slow only;
     # tests/test_vs_vllm_sched.py pins a row (in the 0.34 tests of make test)
     "vs-vllm-sched": _vllm034_script("vs_vllm_sched", "--rows", "quick", "--markdown", "--outcome"),
+    # the wide grid (9 models x 5 workloads x both budgets): a quarter of an hour of the 0.34 python, -m slow only
+    "vs-vllm-sched-wide": _vllm034_script("vs_vllm_sched", "--rows", "wide", "--markdown", "--outcome"),
     # engine runs of tiny models, 6-13 s of CPU each: -m slow only, but for mllama's jenga row (~7 s of CPU);
     # the other two scripts run both of their configurations on every call (no row filter to sample by)
     "mllama-cross-pages": _script("mllama_cross_pages", "--markdown", "--outcome",

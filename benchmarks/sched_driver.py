@@ -15,7 +15,8 @@ Counted: steps; tokens computed, split into decode tokens (one per output token 
 and prefill tokens (the rest: prompt tokens not hit, and a preempted request's recompute); the
 prefix hit of each request's first admission (``num_computed_tokens`` of its first
 ``scheduled_new_reqs`` entry); mean and peak batch (requests per step); preemptions (``Request.
-num_preemptions``); simulated seconds, req/s, TTFT p50 / p99 (first token's step end minus arrival).
+num_preemptions``); simulated seconds, req/s, TTFT p50 / p99 / mean / max (first token's step end minus
+arrival).
 """
 
 from __future__ import annotations
@@ -97,4 +98,5 @@ def run(sched, hash_block: int, trace, clock, *, max_steps: int = 200_000) -> di
                 hit=sum(hit.values()) / max(prompt, 1), batch=batch / max(steps, 1), peak=peak,
                 preempt=sum(r.num_preemptions for r in reqs.values()), seconds=clock.seconds,
                 rps=len(trace) / clock.seconds, ttft50=float(np.percentile(ttft, 50)),
-                ttft99=float(np.percentile(ttft, 99)), cpu=cpu, n=len(trace))
+                ttft99=float(np.percentile(ttft, 99)), ttft_mean=float(ttft.mean()), ttft_max=float(ttft.max()),
+                cpu=cpu, n=len(trace))
