@@ -92,6 +92,16 @@ def test_a_miss_overtaken_too_often_is_served_in_order_again():
         assert _ids(q)[0] == (f"hit{step}" if step < 3 else "miss")
 
 
+def test_a_shallow_hit_passed_by_deeper_ones_too_often_is_served_in_order_again():
+    """Deepest-first passes a hit by deeper ones: that counts as overtaken too (else a shallow hit
+    behind a stream of deeper ones waits without bound)."""
+    adm = HitsFirst(lambda r: 16 if r.request_id == "shallow" else 64, window=8, max_overtaken=3, deepest=True)
+    for step in range(5):
+        q = deque([_req("shallow"), _req(f"deep{step}")])
+        adm.reorder(q)
+        assert _ids(q)[0] == (f"deep{step}" if step < 3 else "shallow"), step
+
+
 def test_all_hits_or_all_misses_keep_the_order():
     for hit in (0, 32):
         q = deque([_req("a"), _req("b"), _req("c")])

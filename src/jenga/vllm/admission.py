@@ -135,10 +135,16 @@ class HitsFirst:
         if order == head:
             self._kept = None if version is None else (version, head)
             return
-        last_first = max(i for i, r in enumerate(head) if r in first)
-        for r in head[:last_first]:  # a miss that some hit passes is overtaken this step
-            if r in later:
-                self.overtaken[r.request_id] = self.overtaken.get(r.request_id, 0) + 1
+        # a request that one queued behind it now passes is overtaken this step: a miss passed by a hit,
+        # and with ``deepest`` a hit passed by a deeper one (else a shallow hit waits without bound)
+        place = {id(r): i for i, r in enumerate(head)}
+        furthest, overtaken = -1, self.overtaken
+        for r in order:
+            i = place[id(r)]
+            if i < furthest:
+                overtaken[r.request_id] = overtaken.get(r.request_id, 0) + 1
+            else:
+                furthest = i
         live = {r.request_id for r in waiting}
         for rid in [rid for rid in self.overtaken if rid not in live]:
             del self.overtaken[rid]
