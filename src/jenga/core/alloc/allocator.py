@@ -522,6 +522,9 @@ class LargePageAllocator:
         return check_allocator(self, self.free_large, self.slots.visible, self.slots.hidden)
 
 
+# ---------------------------------------------------------------- free space (module doc: *Free space*)
+
+
 class FreePool:
     """Free large page ids (module doc): ``len``, iteration (any order), ``pop`` / ``take``
     the lowest, ``push`` / ``push_many`` given-back ids, ``clear``."""

@@ -426,6 +426,8 @@ class PrefixEvictor(EvictionSource):
             ver[large] += 1
 
 
+# ---------------------------------------------------------------- the default order: reuse classes (module doc)
+
 PROTECTED = 1 << 61  # priorities of class 3 are PROTECTED - release time
 
 

@@ -245,6 +245,9 @@ class Admission:
 REPEAT_MEMO_SIZE = 256  # freed ids remembered as having run (a re-add is a repeat lookup)
 
 
+# ---------------------------------------------------------------- what admissions found cached (module doc)
+
+
 class HitCounts:
     """Token counters over all lookups (``hit_tokens`` / ``query_tokens``) and over first
     lookups only (``first_hit_tokens`` / ``first_query_tokens``), and the repeat memo."""

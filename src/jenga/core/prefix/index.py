@@ -337,6 +337,8 @@ class PrefixIndex:
         return sum(len(t) for t in self.table)
 
 
+# ---------------------------------------------------------------- block hashes (module doc: *Block hashes*)
+
 DIGEST_BYTES = 16
 
 
