@@ -8,21 +8,17 @@ large pages itself)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from jenga.core.alloc.page_states import CACHED, FREE, USED
 from jenga.core.flat_arrays import as_ids, unique_counts, view
-
-if TYPE_CHECKING:  # annotations only: the allocator owns this part and hands it its free space
-    from jenga.core.alloc.allocator import EvictableSet, FreePool, FreeSlots
 
 
 class RunMoves:
     """Bulk page moves (module doc).  Holds no state of its own: it is handed the allocator's
     flat arrays and per-group counters (``small_per_large``, ``state``, ``group_of``, ``tag_of``, ``n_used``,
     ``n_cached``, ``used_small``, ``cached_small``, ``owned``), its free pool, free slots and ``E``
+    (the allocator's ``FreePool``, ``FreeSlots`` and ``EvictableSet``: its module owns them, so none is imported here)
     at construction and changes them as the per-page moves would.  The caller has checked each
     move's preconditions that are not asserted here (distinct pages, of one group)."""
 
@@ -30,8 +26,8 @@ class RunMoves:
                  "pool", "slots", "e")
 
     def __init__(self, k: list[int], state: list[bytearray], group_of: list[int], tag_of: list, n_used, n_cached,
-                 used_small: list[int], cached_small: list[int], owned: list[int], pool: FreePool,
-                 slots: FreeSlots, e: EvictableSet):
+                 used_small: list[int], cached_small: list[int], owned: list[int], pool,
+                 slots, e):
         self.small_per_large, self.state, self.group_of, self.tag_of = k, state, group_of, tag_of
         self.n_used, self.n_cached, self.used_small, self.cached_small = n_used, n_cached, used_small, cached_small
         self.owned, self.pool, self.slots, self.e = owned, pool, slots, e
