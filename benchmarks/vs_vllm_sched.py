@@ -194,8 +194,8 @@ def measure(row: str, a, model, setup, memory: int, reqs, max_len: int, refused:
 
 def _brief(m: dict) -> str:
     return (f"{m['steps']} steps, {m['prefill'] / 1e6:.2f}M prefill, hit {100 * m['hit']:.1f} %, batch "
-            f"{m['batch']:.1f}, preempt {m['preempt']}, {m['rps']:.3f} req/s, TTFT p99 {m['ttft99']:.2f} s, mean {m['ttft_mean']:.2f} s, max "
-            f"{m['ttft_max']:.2f} s "
+            f"{m['batch']:.1f}, preempt {m['preempt']}, {m['rps']:.3f} req/s, TTFT p99 / mean / max "
+            f"{m['ttft99']:.2f} / {m['ttft_mean']:.2f} / {m['ttft_max']:.2f} s "
             f"(wall {m['wall']:.0f} s, sched CPU {m['cpu']:.1f} s)")
 
 
