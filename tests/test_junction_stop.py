@@ -8,7 +8,13 @@ import pytest
 from conftest import full, group, make_manager, mamba, model
 
 from jenga.errors import InvalidArgumentError
-from jenga.vllm.junction_stop import JUNCTION_STOP_ENV, JunctionStop, junction_stop_name
+from jenga.vllm.junction_stop import (
+    JUNCTION_STOP_ENV,
+    JunctionStop,
+    junction_step_end,
+    junction_stop_name,
+    resumed_prompt_stop,
+)
 
 P = list(range(10))  # a shared prefix: the junction of a request continuing it elsewhere is 10
 
@@ -113,4 +119,43 @@ def test_bad_moves_are_refused_before_any_change():
     mgr.allocate("b", 20)
     with pytest.raises(InvalidArgumentError, match="allocated: True"):
         mgr.move_junction_checkpoint("b", 8)
+    mgr.check_integrity()
+
+
+def test_where_vllms_steps_stop_for_a_request_resumed_with_output_tokens():
+    """vLLM's ``_mamba_block_aligned_split`` (the same in 0.32-0.34) on a preempted request recomputing
+    its outputs: the prompt's tail stop uses the prompt's own length, and a junction past the prompt
+    is floored to whole Mamba blocks from where the request resumes."""
+    # Jamba at match unit 16 (Mamba block 272 here): 2,329-token prompt + 14 outputs
+    assert resumed_prompt_stop(2329, 2343, 16, 272) == 2320  # the tail, past the last block boundary 2,176
+    assert resumed_prompt_stop(2336, 2343, 16, 272) == 2320  # a whole-block prompt: the block below it
+    assert resumed_prompt_stop(2329, 2329, 16, 272) is None  # no outputs: jenga's default
+    assert resumed_prompt_stop(540, 560, 16, 272) == 544  # the tail 528 is below the block boundary 544: that
+    assert junction_step_end(2336, 2343, 2320, 272) == 2336  # inside the prompt: the junction itself
+    assert junction_step_end(2336, 2329, 2320, 272) == 0  # past it, under a block from the hit: no stop
+    assert junction_step_end(2900, 2329, 2320, 272) == 2320 + 2 * 272
+
+
+def test_a_prompt_checkpoint_put_elsewhere_is_where_the_step_writes_the_state():
+    """``add_request(prompt_checkpoint=...)``: a 27-token prompt in one step checkpoints its last full
+    page (26) and the periodic 16 by default; given 12, 12 instead of 26, and a prompt sharing 14
+    tokens resumes there; given 0, no prompt-end checkpoint.  A bad one is refused, nothing added."""
+    def run(**kw):
+        mgr = make_manager(model(group("full", full(), 1), group("mamba", mamba(16), 1, first_layer=1)), 64,
+                           tokens_per_page=2)
+        mgr.add_request("d", list(range(400, 427)), **kw)
+        mgr.lookup("d")
+        ckpts = sorted(mgr.allocate("d", 27).groups[1].checkpoints)
+        mgr.append_tokens("d", [1])
+        mgr.check_integrity()
+        mgr.add_request("e", list(range(400, 414)) + [7, 7, 7])
+        return mgr, ckpts, mgr.lookup("e")
+    assert run()[1:] == ([16, 26], 0)
+    assert run(prompt_checkpoint=12)[1:] == ([12, 16], 12)
+    assert run(prompt_checkpoint=0)[1:] == ([16], 0)
+    mgr = run()[0]
+    for pos in (-2, 7, 28, "x"):
+        with pytest.raises(InvalidArgumentError, match="prompt_checkpoint"):
+            mgr.add_request("f", list(range(400, 427)), prompt_checkpoint=pos)
+        assert "f" not in mgr.requests
     mgr.check_integrity()

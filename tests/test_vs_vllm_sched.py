@@ -100,3 +100,27 @@ def test_the_tight_falcon_articles_row_keeps_the_checkpoints_of_articles_still_d
     monkeypatch.delenv(PREFIX_WAIT_ENV, raising=False)
     for row in ("falcon-h1-7b:articles16:tight", "falcon-h1-7b:rag:tight"):
         _holds_vllm_best(row)
+
+
+def test_a_preempted_hybrid_request_resumes_with_its_checkpoints_where_vllms_steps_stop():
+    """Jamba-1.5-Mini, the agent sessions at 4 % of the H200 budget, ``prefix_match_unit`` 16 (what
+    won vLLM's sweep there): a request preempted after 14 output tokens came back with them, and jenga
+    took its 2,343 known tokens for the prompt, so it put the prompt-end checkpoint on 2,336; vLLM's
+    scheduler stops a resumed request on the prompt's own tail (2,320 of its 2,329 tokens) and ran
+    ``[2,320, 2,343)`` in one step, and the adapter's check that every checkpoint ends a step raised
+    (a state vLLM's worker never writes, served to a later hit).  The prompt-end checkpoint now goes
+    where vLLM's recompute stops (``jenga.vllm.junction_stop.resumed_prompt_stop``).  Preemptions are
+    asserted, so the resumed path runs."""
+    from vllm_layouts import VllmSettings
+    from vs_vllm_sched import max_len_of, one, served, setup_of, trace_of
+
+    from jenga.core.specs import ModelSpec
+    name = "jamba-1.5-mini"
+    setup, model = setup_of(name), ModelSpec.from_hf_config(name, vision=False)
+    reqs = trace_of("agent-branch", 1.0)
+    args = _args()
+    max_len = max_len_of(model, reqs, args)
+    reqs, _ = served(reqs, max_len)
+    m = one("jenga", model, VllmSettings(match_unit=16), int(setup.memory_bytes * 0.04), setup, reqs, args, max_len)
+    assert m["preempt"] > 0, m["preempt"]  # the run ends only when every request has (sched_driver)
+    assert m["n"] == len(reqs), (m["n"], len(reqs))

@@ -89,6 +89,9 @@ class Request:
     # where its junction checkpoint goes instead of the junction (0: none), when the caller's steps
     # cannot end there (KVCacheManager.move_junction_checkpoint); None: at the junction
     junction_checkpoint: int | None = None
+    # where its prompt-end checkpoint goes (0: none), when the caller's steps do not stop on the
+    # prompt's last full block (KVCacheManager.add_request); None: there
+    prompt_checkpoint: int | None = None
     next_event: int = 0  # append_tokens commits groups once num_computed reaches this
     salt_root: bytes = b""
     pairs: list | None = None  # (policy, group state) pairs with work, set at the first allocate

@@ -25,6 +25,7 @@ from jenga.core.manager.manager import KVCacheManager
 from jenga.core.prefix.events import AllBlocksCleared, BlockRemoved, BlockStored
 from jenga.core.tables import StateTable, TokenTable
 from jenga.vllm import compat
+from jenga.vllm.junction_stop import junction_step_end, resumed_prompt_stop
 from jenga.vllm.plan import VllmPlan
 from jenga.vllm.state_copies import StateCopies
 
@@ -60,7 +61,8 @@ class JengaKVCacheAdapter:
                  junction_stop=None, junction_readers=None):
         self.plan = plan
         # where a junction off vLLM's Mamba block grid stops a step (jenga.vllm.junction_stop;
-        # None: at the junction); request id -> the stop moved off its junction
+        # None: at the junction); request id -> the junction vLLM was handed, where jenga's
+        # checkpoint does not sit on jenga's junction
         self.junction_stop = junction_stop
         self._moved: dict[str, int] = {}
         # (request, junction) -> the other requests known to wait for that prefix (the scheduler's)
@@ -88,6 +90,7 @@ class JengaKVCacheAdapter:
         self.sub_block = enable_caching and any(m == "align" and b > self.manager.block
                                                 for m, b in zip(self.state_mode, self.state_block, strict=True))
         self.mamba_shared_prefix_checkpoint = self.sub_block
+        self.mamba_block = max((b for b in self.state_block if b is not None), default=0)
         self.copies = StateCopies()
         # vLLM hands the blocks a copy retains (none: ``take_kv_cache_block_copies``) back through this
         self.block_pool = SimpleNamespace(free_blocks=_retains_nothing)
@@ -242,9 +245,20 @@ class JengaKVCacheAdapter:
             if self.enable_caching and hb and mgr.block % hb == 0 and (request.block_hashes or request.num_tokens < hb):
                 # vLLM's own chained hashes (salt, LoRA and images in them): KV events carry them
                 mgr.add_request(request.request_id, request.all_token_ids, block_hashes=request.block_hashes,
-                                hash_block=hb)
+                                hash_block=hb, prompt_checkpoint=self._prompt_checkpoint(request))
             else:
-                mgr.add_request(request.request_id, request.all_token_ids, cache_salt=self.cache_salt(request))
+                mgr.add_request(request.request_id, request.all_token_ids, cache_salt=self.cache_salt(request),
+                                prompt_checkpoint=self._prompt_checkpoint(request))
+
+    def _prompt_checkpoint(self, request) -> int | None:
+        """Where jenga checkpoints the state at ``request``'s prompt end: where vLLM's scheduler
+        stops a preempted request's recompute near it (``resumed_prompt_stop``; none where that is off
+        jenga's block grid), the default (``None``) otherwise."""
+        if not self.sub_block or request.num_tokens <= request.num_prompt_tokens:
+            return None
+        stop = resumed_prompt_stop(request.num_prompt_tokens, request.num_tokens,
+                                   self.hash_block_size or self.manager.block, self.mamba_block)
+        return 0 if stop % self.manager.block else stop
 
     def _sync(self, request, req=None) -> None:
         """Tell jenga what vLLM learnt since the last call about ``request`` (``req``: its view,
@@ -282,9 +296,11 @@ class JengaKVCacheAdapter:
         self._moved.pop(request.request_id, None)
         if self.junction_stop is not None and self.sub_block and junction:
             stop = self.junction_stop.stop(junction, hit, self.junction_readers(request, junction))
-            if stop != junction:
-                self.manager.move_junction_checkpoint(request.request_id, stop)
-                self._moved[request.request_id] = junction = stop
+            at = junction_step_end(stop, request.num_prompt_tokens, hit, self.mamba_block)
+            if at != junction:
+                self.manager.move_junction_checkpoint(request.request_id, at)
+                self._moved[request.request_id] = stop
+            junction = stop
         return self._blocks_of(req, only_new=False), hit, junction
 
     def allocate_slots(self, request, num_new_tokens: int, num_new_computed_tokens: int = 0,
@@ -302,7 +318,8 @@ class JengaKVCacheAdapter:
                 mgr.shrink_hit(rid, num_new_computed_tokens)
                 moved = self._moved.get(rid)  # the new lookup put the checkpoint back on the junction
                 if moved is not None and moved <= req.junction:
-                    mgr.move_junction_checkpoint(rid, moved)
+                    mgr.move_junction_checkpoint(rid, junction_step_end(moved, request.num_prompt_tokens, req.hit,
+                                                                         self.mamba_block))
             if full_sequence_must_fit:
                 # vLLM's reservation of the whole prompt: what its steps will really hold at once (a
                 # sliding group its window plus a step, a chunked one its chunk plus a step, a state

@@ -74,3 +74,30 @@ class JunctionStop:
         if self.rule == "priced" and saved * self.num_requests() >= self.step_tokens:
             return junction
         return below
+
+
+def junction_step_end(junction: int, num_prompt_tokens: int, hit: int, block: int) -> int:
+    """Where vLLM's align-mode scheduler ends the step that reaches the shared-prefix boundary
+    ``junction`` it was handed (``_mamba_block_aligned_split``), for a request resuming at ``hit``:
+    the junction itself inside the prompt; past it (a preempted request recomputing its output
+    tokens) the last ``block`` multiple of tokens from ``hit`` below it, 0 when that is the hit
+    (no stop).  jenga's junction checkpoint must sit there: vLLM's worker writes a state only at
+    a step's end."""
+    if junction <= num_prompt_tokens:
+        return junction
+    floored = hit + (junction - hit) // block * block
+    return floored if floored > hit else 0
+
+
+def resumed_prompt_stop(num_prompt_tokens: int, num_tokens: int, hash_block: int, block: int) -> int | None:
+    """Where vLLM's align-mode scheduler stops near the prompt's end while recomputing a request
+    resumed with ``num_tokens - num_prompt_tokens`` output tokens (``_mamba_block_aligned_split``):
+    its partial-tail stop, the last ``hash_block`` multiple strictly inside the prompt, where that
+    lies past its last cacheable ``block`` boundary before the known tokens' end; else that
+    boundary (0: none).  ``None`` for a request with no output tokens: its steps stop on the
+    prompt's last full block, jenga's default prompt-end checkpoint."""
+    if num_tokens <= num_prompt_tokens:
+        return None
+    last = (num_tokens - 1) // block * block
+    tail = (num_prompt_tokens - 1) // hash_block * hash_block
+    return tail if last < tail < num_prompt_tokens else last

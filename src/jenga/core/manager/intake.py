@@ -32,7 +32,7 @@ class RequestIntake:
 
     def new_request(self, request_id: object, prompt_token_ids: Sequence[int], images: Sequence,
                     cache_salt: str | None, block_hashes: Sequence[bytes] | None, hash_block: int | None,
-                    live: dict) -> Request:
+                    live: dict, prompt_checkpoint: int | None = None) -> Request:
         """The checked record of a new request (not yet in ``live``, the manager's live records)."""
         step = 1
         if block_hashes is not None:
@@ -53,6 +53,11 @@ class RequestIntake:
         if len(tokens) > self.max_model_len:
             raise SequenceTooLongError(f"request {request_id!r}: prompt of {len(tokens)} tokens exceeds the "
                                        f"model's max length {self.max_model_len}")
+        if prompt_checkpoint is not None:
+            pos = checked_int(prompt_checkpoint, "prompt_checkpoint", minimum=0)
+            if not 0 <= pos <= len(tokens) or pos % self.block:
+                raise InvalidArgumentError(f"request {request_id!r}: prompt_checkpoint {pos} is not a multiple of "
+                                           f"the block ({self.block}) in [0, {len(tokens)}]")
         refs = tuple(ImageRef(*img) for img in checked_images(images, len(tokens), self.in_sequence_images,
                                                               f"request {request_id!r}"))
         hashes: list[bytes] = []
@@ -61,6 +66,6 @@ class RequestIntake:
         if self.caching and block_hashes is None:
             hashes = self.hasher.memo.recall(request_id, tokens, root, self.block, refs)  # the rest: lazily
         req = Request(request_id, tokens, len(tokens), refs, hashes, [pol.state_type() for pol in self.policies])
-        req.salt_root, req.repeat = root, repeat
+        req.salt_root, req.repeat, req.prompt_checkpoint = root, repeat, prompt_checkpoint
         req.source_hashes, req.hash_step = block_hashes, step
         return req

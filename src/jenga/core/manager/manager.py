@@ -154,7 +154,8 @@ class KVCacheManager:
 
     def add_request(self, request_id: object, prompt_token_ids: Sequence[int], *,
                     images: Sequence[tuple[int, int, str] | ImageRef] = (), cache_salt: str | None = None,
-                    block_hashes: Sequence[bytes] | None = None, hash_block: int | None = None) -> None:
+                    block_hashes: Sequence[bytes] | None = None, hash_block: int | None = None,
+                    prompt_checkpoint: int | None = None) -> None:
         """Register a request.  Raises on a duplicate id, an empty or too long prompt, or
         a bad image; changes nothing then.
 
@@ -163,9 +164,14 @@ class KVCacheManager:
         (salt, adapter, images included): a live sequence that grows as tokens are appended
         (vLLM's ``request.block_hashes``).  The manager then keys its prefix index by those
         (every ``block // hash_block``-th one) and hashes nothing itself for this request;
-        ``cache_salt`` and ``images`` must already be in them."""
+        ``cache_salt`` and ``images`` must already be in them.
+
+        ``prompt_checkpoint``: where state kinds checkpoint the prompt's end (a block multiple, at
+        most the prompt's length; 0: nowhere), for a caller whose steps do not stop on the
+        prompt's last full block, the default: vLLM's scheduler recomputing a preempted request
+        with its output tokens stops elsewhere (``jenga.vllm.junction_stop.resumed_prompt_stop``)."""
         req = self.intake.new_request(request_id, prompt_token_ids, images, cache_salt, block_hashes, hash_block,
-                                      self.requests)
+                                      self.requests, prompt_checkpoint)
         self.requests[request_id] = req
 
     def lookup(self, request_id: object, *, max_tokens: int | None = None) -> int:

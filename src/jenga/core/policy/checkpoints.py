@@ -45,11 +45,18 @@ class Checkpoints:
         of two of its branch point, not up to an interval before it.  Short new parts skip
         them (a state page is large next to them; a prompt continuing a cached prefix, such as
         the next turn of a conversation, is branched off at its junction or its end)."""
-        end = req.prompt_len // self.block * self.block
+        end = self.prompt_end(req)
         junction = req.junction if req.junction_checkpoint is None else req.junction_checkpoint
-        if req.prompt_len - max(req.hit, req.junction) < self.TAIL_FROM * self.every:
+        if req.prompt_len - max(req.hit, req.junction) < self.TAIL_FROM * self.every or not end:
             return junction, end
         return (junction, end) + self._tails(end)
+
+    def prompt_end(self, req: Request) -> int:
+        """The prompt-end checkpoint's position: the prompt's last full block, or where the caller
+        put it (``req.prompt_checkpoint``; 0: none)."""
+        if req.prompt_checkpoint is not None:
+            return req.prompt_checkpoint
+        return req.prompt_len // self.block * self.block
 
     def _tails(self, end: int) -> tuple[int, ...]:
         """``end - d`` for ``d`` = 1, 2, 4, ... blocks below one interval (kept per ``end``: a

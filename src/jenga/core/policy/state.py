@@ -89,7 +89,7 @@ class MambaPolicy(Policy):
         (``_take_work_as_checkpoint``) instead of a second state page live in the step.
         So does the step of a request that resumes a cached state below its junction
         (``_junction_end``)."""
-        end = req.prompt_len // self.block * self.block
+        end = self.checkpoints.prompt_end(req)
         stop = end if req.start < end < stop else stop
         j = self._junction_end(req)
         return j if req.start < j < stop else stop
