@@ -65,6 +65,10 @@ class JengaKVCacheAdapter:
         # checkpoint does not sit on jenga's junction
         self.junction_stop = junction_stop
         self._moved: dict[str, int] = {}
+        # the waiting requests whose lookup holds a hit: vLLM allocates the request it looked up
+        # last or none, so a new lookup lets go of every other one's (without it, waiting
+        # requests' held hits could fill the pool with nothing running: a stall)
+        self._held_hits: dict[str, None] = {}
         # (request, junction) -> the other requests known to wait for that prefix (the scheduler's)
         self.junction_readers = junction_readers or (lambda request, junction: 1)
         # the most tokens one step computes for a request (vLLM's max_num_batched_tokens): the
@@ -286,7 +290,16 @@ class JengaKVCacheAdapter:
         if req.tables is not None:
             raise AssertionError(f"jenga.vllm: lookup of running request {request.request_id}")
         limit = compat.max_cache_hit_length(request, max_cache_hit_length) if self.enable_caching else 0
-        hit = self.manager.lookup(request.request_id, max_tokens=limit)
+        rid, held = request.request_id, self._held_hits
+        if held and (len(held) > 1 or rid not in held):
+            for other in [o for o in held if o != rid]:
+                self.manager.shrink_hit(other, 0)
+                del held[other]
+        hit = self.manager.lookup(rid, max_tokens=limit)
+        if hit:
+            held[rid] = None
+        else:
+            held.pop(rid, None)
         self._sent.pop(request.request_id, None)
         self._rows.pop(request.request_id, None)
         # the junction (where the prompt leaves the cached prefix) is vLLM's shared-prefix
@@ -339,6 +352,7 @@ class JengaKVCacheAdapter:
         unknown = max(0, start + num_new_tokens - req.num_tokens)
         if mgr.allocate(rid, num_new_tokens, num_lookahead=lookahead, num_placeholders=unknown) is None:
             return None
+        self._held_hits.pop(rid, None)
         if self._state_groups:
             self._check_step_ends(req, start)
         blocks = self._blocks_of(req, only_new=True)
@@ -379,6 +393,7 @@ class JengaKVCacheAdapter:
         self._sent.pop(rid, None)
         self._rows.pop(rid, None)
         self._moved.pop(rid, None)
+        self._held_hits.pop(rid, None)
 
     def remove_skipped_blocks(self, request_id, processed_computed_tokens, num_prompt_tokens=None) -> None:
         pass  # jenga releases out-of-window pages when their tokens are committed
