@@ -273,3 +273,26 @@ def test_quota_min_uses_free_slots_when_whole_pages_are_short():
     assert t.groups[0].page_ids == [1, 2]
     assert t.groups[1].page_ids == [4, 5]  # a new large page 2 (quota 1), then its own slot
     mgr.check_integrity()
+
+
+def test_one_page_prompts_share_large_pages_where_a_state_page_needs_a_whole_one():
+    """An attention page a third of a large page, a state page a whole one: a one-page prompt that
+    took a fresh large page for its attention page left two slots no state page can use (each
+    request took two large pages: 4 of 8).  Where some group's page is a whole large page, such a
+    prompt fills other requests' large pages first (``Admission.prefer_shared``): three requests'
+    attention pages per large page, 6 of 8 admitted."""
+    from conftest import full, group, mamba, model
+    spec = model(group("full", full(), 1), group("mamba", mamba(16, state_elems=384), 1, first_layer=1))
+    mgr = make_manager(spec, 8, tokens_per_page=2)
+    assert mgr.alloc.small_per_large == [3, 1]
+    admitted = []
+    for i in range(12):
+        mgr.add_request(i, [100 + 2 * i, 101 + 2 * i])
+        mgr.lookup(i)
+        if mgr.allocate(i, 2) is None:
+            mgr.free(i)
+            break
+        admitted.append(i)
+        mgr.check_integrity()
+    assert [mgr.requests[i].tables.groups[0].page_ids for i in admitted] == [[0], [1], [2], [12], [13], [14]]
+    assert [mgr.requests[i].tables.groups[1].work_page for i in admitted] == [1, 2, 3, 5, 6, 7]

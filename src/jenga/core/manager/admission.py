@@ -41,6 +41,8 @@ class Admission:
         self.block = block
         self.margin, self.protected_share = margin, protected_share
         self.state_group = [not pol.group.spec.per_token for pol in policies]
+        # some group's page is a whole large page (``prefer_shared``)
+        self.whole_page_group = int(1 in alloc.small_per_large)
         self.admitted = 0
 
     def plan(self, req: Request, end: int, pairs, step: int | None = None) -> tuple[list[int], list]:
@@ -68,8 +70,14 @@ class Admission:
         """Groups where this request should fill other requests' large pages before taking
         a fresh one: its lone state page, and token groups where its whole prompt covers
         at most a quarter of a large page (a fresh one would stay mostly empty; the paper's
-        co-freeing gain needs a request that fills its large pages)."""
-        return [state or req.prompt_len <= (k // 4) * pol.tpp
+        co-freeing gain needs a request that fills its large pages).  Where some group's page is
+        a whole large page (a state page), also a prompt of one page in a large page of two or
+        three: the slots it leaves free no such page can use.  Measured: Qwen3-Next-80B inside
+        vLLM at 4 % of the budget of four H100s, short prompts of one attention page in large
+        pages of three: each took a fresh large page, a third of the pool was free in them and
+        no state page fit (batch 62.7 against vLLM's 86.5; now 86.5)."""
+        whole = self.whole_page_group
+        return [state or req.prompt_len <= (k // 4 or whole) * pol.tpp
                 for state, k, pol in zip(self.state_group, self.alloc.small_per_large, self.policies, strict=True)]
 
     def holding_groups(self, req: Request) -> list[int] | None:
