@@ -145,7 +145,8 @@ class RequestView:
     @property
     def start(self) -> int:
         """First token position the next allocate covers."""
-        return self._req.start
+        req = self._req  # ``Request.start``, read in one call (asked several times per scheduler step)
+        return req.num_computed + req.num_scheduled
 
     @property
     def hit(self) -> int:
