@@ -299,7 +299,9 @@ class JengaKVCacheAdapter:
             self.copies.step()
 
     def get_computed_blocks(self, request, max_cache_hit_length: int | None = None):
-        req = self._ensure(request)
+        req = self._views.get(request.request_id)  # ``_ensure`` inline: asked every step for a blocked head
+        if req is None:
+            req = self._ensure(request)
         if req.tables is not None:
             raise AssertionError(f"jenga.vllm: lookup of running request {request.request_id}")
         limit = compat.max_cache_hit_length(request, max_cache_hit_length) if self.enable_caching else 0
@@ -329,7 +331,9 @@ class JengaKVCacheAdapter:
         if num_external_computed_tokens or delay_cache_blocks or num_encoder_tokens:
             raise AssertionError("jenga.vllm: KV connectors and encoder caches are refused at engine start")
         mgr, rid = self.manager, request.request_id
-        req = self._ensure(request)
+        req = self._views.get(rid)  # ``_ensure`` inline: every running request, every step
+        if req is None:
+            req = self._ensure(request)
         if req.tables is None:  # first allocation: the scheduler may keep less of the hit
             if num_new_computed_tokens < req.hit:
                 mgr.shrink_hit(rid, num_new_computed_tokens)
@@ -390,7 +394,8 @@ class JengaKVCacheAdapter:
         req = self._view(rid)
         if req is not None:
             self._sync(request, req)
-            self.copies.cancel(rid, req.num_computed)
+            if self.sub_block:  # only then are there block copies
+                self.copies.cancel(rid, req.num_computed)
             self.manager.free(rid)
             self.num_preempted_or_freed += 1
         self._views.pop(rid, None)

@@ -208,7 +208,9 @@ class KVCacheManager:
         (their state checkpoints join the index at the commit; ``Policy.writing_keys``), if
         nothing is evicted meanwhile.  Memoized per request until its tokens, ``max_tokens`` or the
         index change (``PrefixLookup.peek``): cheap to ask every step."""
-        req = self._req(request_id)
+        req = self.requests.get(request_id)  # ``_req`` inline: a waiting queue is probed every step
+        if req is None:
+            self._unknown(request_id)
         if not self.caching or req.tables is not None or req.num_scheduled:
             return 0
         return self.prefix_lookup.peek(req, max_tokens, in_flight)  # reads the index: a deferred hit stays deferred
