@@ -103,6 +103,9 @@ class Request:
     # the last read-only lookup's answer (``PrefixLookup.peek``), keyed by what it depends on:
     # ((token count, max_tokens, the prefix index's version), tokens cached)
     peeked: tuple | None = None
+    # everything the last sure refusal of its admission read (``Admission.hit_cannot_fit``): the
+    # same value again is the same refusal
+    refusal: tuple | None = None
 
     @property
     def start(self) -> int:
@@ -145,7 +148,8 @@ class RequestView:
     @property
     def start(self) -> int:
         """First token position the next allocate covers."""
-        return self._req.start
+        req = self._req  # ``Request.start``, read in one call (asked several times per scheduler step)
+        return req.num_computed + req.num_scheduled
 
     @property
     def hit(self) -> int:

@@ -171,14 +171,27 @@ class JengaKVCacheAdapter:
     def _blocks_of(self, req, *, only_new: bool) -> Blocks:
         """The block ids of live request ``req`` (a view), all of them or (``only_new``, after
         its first allocate) those not sent yet; before its first allocate, after a lookup: the
-        hit's pages (a token group's held pages, none for other kinds)."""
+        hit's pages (``_hit_blocks``)."""
         tables = req.tables
         if tables is None:
-            out = [self._exec_ids(g, req.page_ids(g), 0) for g in range(self.num_groups)]
-            return Blocks(tuple(out)) if any(out) else self.empty_kv_cache_blocks
-        sent = self._sent.get(req.request_id)
+            return self._hit_blocks(req)
+        return self._table_blocks(req.request_id, req, tables, only_new=only_new)
+
+    def _hit_blocks(self, req) -> Blocks:
+        """The block ids of ``req`` (a view) before its first allocate, after a lookup: the hit's
+        pages (a token group's held pages, none for other kinds)."""
+        out = []
+        for g in range(self.num_groups):
+            pages = req.page_ids(g)
+            out.append(self._exec_ids(g, pages, 0) if pages else [])
+        return Blocks(tuple(out)) if any(out) else self.empty_kv_cache_blocks
+
+    def _table_blocks(self, rid: str, req, tables, *, only_new: bool) -> Blocks:
+        """The block ids of request ``rid`` (view ``req``) past its first allocate, from its page
+        ``tables``: all of them or (``only_new``) those not sent yet."""
+        sent = self._sent.get(rid)
         if sent is None:
-            sent = self._sent[req.request_id] = [0] * self.num_groups
+            sent = self._sent[rid] = [0] * self.num_groups
         out = []
         for g, t in enumerate(tables.groups):
             if type(t) is TokenTable or isinstance(t, TokenTable):
@@ -269,8 +282,11 @@ class JengaKVCacheAdapter:
         when the caller has it)."""
         if req is None:
             req = self._view(request.request_id)
-        if req is None or req.tables is None:
-            return
+        if req is not None and req.tables is not None:
+            self._sync_running(request, req)
+
+    def _sync_running(self, request, req) -> None:
+        """``_sync`` for a request past its first allocate (``req``: its view)."""
         known, have = request.num_tokens, req.num_tokens
         new_ids = request.all_token_ids[have:known] if known > have else []
         scheduled = req.num_scheduled
@@ -283,10 +299,13 @@ class JengaKVCacheAdapter:
 
     # ------------------------------------------------------------ scheduler API
     def new_step_starts(self) -> None:
-        self.copies.step()
+        if self.sub_block:  # only then are there block copies (``_sub_block_copies``)
+            self.copies.step()
 
     def get_computed_blocks(self, request, max_cache_hit_length: int | None = None):
-        req = self._ensure(request)
+        req = self._views.get(request.request_id)  # ``_ensure`` inline: asked every step for a blocked head
+        if req is None:
+            req = self._ensure(request)
         if req.tables is not None:
             raise AssertionError(f"jenga.vllm: lookup of running request {request.request_id}")
         limit = compat.max_cache_hit_length(request, max_cache_hit_length) if self.enable_caching else 0
@@ -314,7 +333,7 @@ class JengaKVCacheAdapter:
                 self.manager.move_junction_checkpoint(request.request_id, at)
                 self._moved[request.request_id] = stop
             junction = stop
-        return self._blocks_of(req, only_new=False), hit, junction
+        return self._hit_blocks(req), hit, junction
 
     def allocate_slots(self, request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks=None, num_lookahead_tokens: int = 0,
@@ -325,7 +344,9 @@ class JengaKVCacheAdapter:
         if num_external_computed_tokens or delay_cache_blocks or num_encoder_tokens:
             raise AssertionError("jenga.vllm: KV connectors and encoder caches are refused at engine start")
         mgr, rid = self.manager, request.request_id
-        req = self._ensure(request)
+        req = self._views.get(rid)  # ``_ensure`` inline: every running request, every step
+        if req is None:
+            req = self._ensure(request)
         if req.tables is None:  # first allocation: the scheduler may keep less of the hit
             if num_new_computed_tokens < req.hit:
                 mgr.shrink_hit(rid, num_new_computed_tokens)
@@ -343,19 +364,20 @@ class JengaKVCacheAdapter:
                 if not mgr.can_allocate(rid, max(0, total - req.start), step=step):
                     return None
         else:
-            self._sync(request, req)
+            self._sync_running(request, req)
         start = req.start
         assert start == request.num_computed_tokens + num_new_computed_tokens, (
             f"jenga.vllm: {rid} starts at {start} in jenga, "
             f"{request.num_computed_tokens + num_new_computed_tokens} in vLLM")
         lookahead = max(0, min(num_lookahead_tokens, self.max_model_len - start - num_new_tokens))
         unknown = max(0, start + num_new_tokens - req.num_tokens)
-        if mgr.allocate(rid, num_new_tokens, num_lookahead=lookahead, num_placeholders=unknown) is None:
+        tables = mgr.allocate(rid, num_new_tokens, num_lookahead=lookahead, num_placeholders=unknown)
+        if tables is None:
             return None
         self._held_hits.pop(rid, None)
         if self._state_groups:
             self._check_step_ends(req, start)
-        blocks = self._blocks_of(req, only_new=True)
+        blocks = self._table_blocks(rid, req, tables, only_new=True)
         if self.sub_block:
             self._sub_block_copies(req, start)
         return blocks
@@ -386,7 +408,8 @@ class JengaKVCacheAdapter:
         req = self._view(rid)
         if req is not None:
             self._sync(request, req)
-            self.copies.cancel(rid, req.num_computed)
+            if self.sub_block:  # only then are there block copies
+                self.copies.cancel(rid, req.num_computed)
             self.manager.free(rid)
             self.num_preempted_or_freed += 1
         self._views.pop(rid, None)
@@ -450,7 +473,7 @@ class JengaKVCacheAdapter:
     def take_kv_cache_block_copies(self):
         # nothing to retain: the worker runs a step's copies before its forward, one gather then
         # one scatter, so a page let go of since still holds the bytes copied (``StateCopies``)
-        return self.copies.take(), []
+        return (self.copies.take() if self.sub_block else []), []
 
     def take_boundary_state_offloads(self) -> dict:
         return {}

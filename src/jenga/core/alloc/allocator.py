@@ -140,6 +140,11 @@ class LargePageAllocator:
             free += n * b
         return free
 
+    def free_counts(self) -> tuple:
+        """Everything ``free_bytes`` and ``hidden_free_bytes`` read, as one value: equal values, equal
+        answers (a memo's key, ``Admission.hit_cannot_fit``)."""
+        return len(self.free_large), tuple(self.free_small), tuple(self.hidden_free)
+
     def hidden_free_bytes(self) -> int:
         """Bytes of the free slots inside ``E`` (freed with their large page's cached pages)."""
         free = 0

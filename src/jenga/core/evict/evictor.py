@@ -283,6 +283,11 @@ class PrefixEvictor(EvictionSource):
         """Bytes of protected pages."""
         return 0
 
+    def supply_counts(self) -> tuple:
+        """Everything the lengths of ``keys``, ``protected_supply`` and ``protected_bytes`` read, as
+        one value: equal values, equal answers (a memo's key, ``Admission.hit_cannot_fit``)."""
+        return tuple(self.num_keys)
+
     # -------------------------------------------------- EvictionSource hooks
     def pick_small(self, group: int) -> int | None:
         if not self._small_order[group]:
@@ -658,6 +663,9 @@ class ReuseEvictor(PrefixEvictor):
         for n, b in zip(self._num_prot, self.pages.page_bytes, strict=True):  # len(self.protected[g]), each g
             out += n * b
         return out
+
+    def supply_counts(self) -> tuple:
+        return tuple(self.num_keys), tuple(self._prot_out), tuple(self._e_prot), tuple(self._num_prot)
 
     def check(self) -> None:
         """Recount the class-3 counters (for ``check_integrity``)."""

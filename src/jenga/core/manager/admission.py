@@ -206,9 +206,40 @@ class Admission:
         it (then holding it would be undone at once); a held one (a lookup asked again and kept,
         ``PrefixLookup.find``) is out of the cached pages already, and counts nothing.  ``step``:
         the same for the steps of at most that many tokens up to ``end`` (``plan``'s ``step``,
-        ``can_allocate``)."""
+        ``can_allocate``).
+
+        A refusal is remembered on the record with everything it read (``refusal_key``): asked
+        again with the same value, it answers at once (a scheduler asks each step for the request
+        at the head of its queue, and most steps move no page)."""
         if req.images:
             return False  # image policies may hold cached pages while planning
+        key = self.refusal_key(req, end, allocated, step)
+        if key is not None and key == req.refusal:
+            return True
+        refused = self._hit_cannot_fit(req, end, allocated, step)
+        req.refusal = key if refused else None
+        return refused
+
+    def refusal_key(self, req: Request, end: int, allocated: int, step: int | None) -> tuple | None:
+        """Everything ``hit_cannot_fit(req, end, allocated, step)`` reads, as one value (``None``: not
+        known, no memo): the arguments; each group's planning state (``Policy.plan_key``: ``None``
+        where a plan reads more than its group's state); the pool's free and cached counts
+        (``free_counts``, ``supply_counts``: what the free bytes, the cached pages and the
+        ``protected`` pages are counted from; a rule whose ``protected`` reads more overrides this);
+        ``req``'s own, constant for the record: its ``holding_groups``.  A deferred hit has none:
+        its cached bytes are read off the references, which no count here names."""
+        if req.deferred_holds is not None:
+            return None
+        plans = []
+        for pol, gs in zip(self.policies, req.groups, strict=True):
+            k = pol.plan_key(gs)
+            if k is None:
+                return None
+            plans.append(k)
+        return end, step, allocated, plans, self.alloc.free_counts(), self.evictor.supply_counts()
+
+    def _hit_cannot_fit(self, req: Request, end: int, allocated: int, step: int | None) -> bool:
+        """``hit_cannot_fit`` computed."""
         alloc, ledger, keys = self.alloc, self.ledger, self.evictor.keys
         ref = ledger.ref
         pb = alloc.page_bytes

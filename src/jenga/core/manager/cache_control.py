@@ -44,7 +44,7 @@ def can_allocate(mgr, req: Request, num_new_tokens: int, num_lookahead: int, ste
                                    f"({num_new_tokens}, lookahead {num_lookahead})")
     if step is not None and step < 1:
         raise InvalidArgumentError(f"request {req.request_id!r}: a step of {step} tokens")
-    end = req.start + num_new_tokens + num_lookahead
+    end = req.num_computed + req.num_scheduled + num_new_tokens + num_lookahead  # ``req.start``
     if end > mgr.model.max_model_len:
         raise SequenceTooLongError(f"request {req.request_id!r}: {end} tokens exceed the model's max length "
                                    f"{mgr.model.max_model_len}")

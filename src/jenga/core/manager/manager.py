@@ -149,8 +149,12 @@ class KVCacheManager:
     def _req(self, request_id: object) -> Request:
         req = self.requests.get(request_id)
         if req is None:
-            raise UnknownRequestError(f"unknown request id {request_id!r} (never added, or already freed)")
+            self._unknown(request_id)
         return req
+
+    @staticmethod
+    def _unknown(request_id: object) -> None:
+        raise UnknownRequestError(f"unknown request id {request_id!r} (never added, or already freed)")
 
     def add_request(self, request_id: object, prompt_token_ids: Sequence[int], *,
                     images: Sequence[tuple[int, int, str] | ImageRef] = (), cache_salt: str | None = None,
@@ -182,10 +186,14 @@ class KVCacheManager:
         first one's pages (``shrink_hit`` keeps part of it).  Raises once the request has
         been allocated.
         """
-        req = self._req(request_id)
+        req = self.requests.get(request_id)  # ``_req`` and ``_settle(req)`` inline: asked every step
+        if req is None:                       # for a blocked queue head
+            self._unknown(request_id)
         if req.tables is not None or req.num_scheduled:
             raise InvalidArgumentError(f"lookup of request {request_id!r} after its first allocate")
-        self._settle(req)
+        deferred = self.ledger.deferred
+        if deferred is not None and deferred is not req:
+            self.ledger.settle()
         return self.prefix_lookup.find(req, max_tokens)
 
     def prefix_version(self) -> int:
@@ -200,7 +208,9 @@ class KVCacheManager:
         (their state checkpoints join the index at the commit; ``Policy.writing_keys``), if
         nothing is evicted meanwhile.  Memoized per request until its tokens, ``max_tokens`` or the
         index change (``PrefixLookup.peek``): cheap to ask every step."""
-        req = self._req(request_id)
+        req = self.requests.get(request_id)  # ``_req`` inline: a waiting queue is probed every step
+        if req is None:
+            self._unknown(request_id)
         if not self.caching or req.tables is not None or req.num_scheduled:
             return 0
         return self.prefix_lookup.peek(req, max_tokens, in_flight)  # reads the index: a deferred hit stays deferred
@@ -220,7 +230,7 @@ class KVCacheManager:
         """
         req = self.requests.get(request_id)
         if req is None:
-            raise UnknownRequestError(f"unknown request id {request_id!r} (never added, or already freed)")
+            self._unknown(request_id)
         if num_new_tokens < 0 or num_lookahead < 0 or num_placeholders < 0:
             raise InvalidArgumentError(f"request {request_id!r}: negative token count ({num_new_tokens}, "
                                        f"lookahead {num_lookahead}, placeholders {num_placeholders})")
@@ -305,7 +315,7 @@ class KVCacheManager:
         """
         req = self.requests.get(request_id)
         if req is None:
-            raise UnknownRequestError(f"unknown request id {request_id!r} (never added, or already freed)")
+            self._unknown(request_id)
         if num_rejected and not 0 < num_rejected <= req.num_scheduled:
             raise InvalidArgumentError(f"request {request_id!r}: {num_rejected} rejected of "
                                        f"{req.num_scheduled} scheduled tokens")
@@ -316,7 +326,8 @@ class KVCacheManager:
         if len(req.tokens) + len(token_ids) > self._max_tokens:
             raise SequenceTooLongError(f"request {request_id!r}: appending {len(token_ids)} tokens passes "
                                        f"the model's max length {self.model.max_model_len}")
-        self._settle()
+        if self.ledger.deferred is not None:  # ``_settle()`` inline (every decode step)
+            self.ledger.settle()
         self.step_commit.commit(req, token_ids, num_rejected)
 
     def _active(self, req: Request) -> list[tuple[Policy, GroupState]]:
@@ -373,8 +384,12 @@ class KVCacheManager:
         each, up to that length, succeed with nothing else changing (a whole-sequence admission
         check: sliding and chunked groups count their window or chunk plus a step, not every
         page; ``jenga.core.manager.cache_control.can_allocate``)."""
-        req = self._req(request_id)
-        self._settle(req)  # the request's own deferred hit: a sure refusal answers without holding it
+        req = self.requests.get(request_id)  # ``_req`` and ``_settle(req)`` inline: asked every step for
+        if req is None:                       # a blocked queue head
+            self._unknown(request_id)
+        deferred = self.ledger.deferred  # the request's own deferred hit: a sure refusal answers without holding it
+        if deferred is not None and deferred is not req:
+            self.ledger.settle()
         return cache_control.can_allocate(self, req, num_new_tokens, num_lookahead, step)
 
     def chunk_tokens(self, request_id: object, num_new_tokens: int) -> int:
