@@ -413,6 +413,9 @@ BLOCKS: dict[str, Block] = {
     "vs-vllm-sched": _vllm034_script("vs_vllm_sched", "--rows", "quick", "--markdown", "--outcome"),
     # the wide grid (9 models x 5 workloads x both budgets): a quarter of an hour of the 0.34 python, -m slow only
     "vs-vllm-sched-wide": _vllm034_script("vs_vllm_sched", "--rows", "wide", "--markdown", "--outcome"),
+    # the grid's tight half at 4 % of the real budget (where the working sets no longer fit): as long, -m slow only
+    "vs-vllm-sched-pressed": _vllm034_script("vs_vllm_sched", "--rows", "wide-tight", "--tight", "0.04", "--markdown",
+                                             "--outcome"),
     # engine runs of tiny models, 6-13 s of CPU each: -m slow only, but for mllama's jenga row (~7 s of CPU);
     # the other two scripts run both of their configurations on every call (no row filter to sample by)
     "mllama-cross-pages": _script("mllama_cross_pages", "--markdown", "--outcome",

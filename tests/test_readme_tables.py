@@ -109,6 +109,7 @@ def test_slow_blocks_without_a_sample_are_the_known_ones():
         # vLLM 0.34's python, a minute per row; tests/test_vs_vllm_sched.py pins one row under 0.34
         "vs-vllm-sched": "vLLM 0.34 python",
         "vs-vllm-sched-wide": "vLLM 0.34 python",
+        "vs-vllm-sched-pressed": "vLLM 0.34 python",
         # the scripts run both of their configurations on every call (no row filter); 6-13 s of CPU each
         "vlm-embedding-cache": "no row filter", "spec-pool-copy": "no row filter", "spec-pool-llama": "no row filter",
         # two engines x two scenarios of two tiny models in one call: about a minute of CPU
