@@ -141,8 +141,9 @@ def test_waiting_requests_hits_never_fill_the_pool_with_nothing_running():
     each waiting turn vLLM's scheduler looked up and could not admit kept its hit held (a later turn
     of a session holds its earlier turns' pages), until seven such holds filled the pool, nothing
     ran and the head, one token short, waited forever (stock vLLM finishes the row in 325-1,225
-    steps).  A lookup now lets go of every other waiting request's hit: vLLM allocates the request
-    it looked up last or none."""
+    steps).  An allocation that fails with no other request allocated now lets go of the other
+    waiting requests' held hits and tries again (while others run the holds stay: they keep the
+    prefixes the queue will read)."""
     m = _jenga_side("llama-4-scout", "round-robin", 0.04, max_steps=5_000)
     assert m["preempt"] > 0, m["preempt"]
 

@@ -65,8 +65,9 @@ class JengaKVCacheAdapter:
         # checkpoint does not sit on jenga's junction
         self.junction_stop = junction_stop
         self._moved: dict[str, int] = {}
-        # the waiting requests whose lookup holds a hit: vLLM allocates the request it looked up
-        # last or none, so a new lookup lets go of every other one's (without it, waiting
+        # the waiting requests whose lookup holds a hit: the held pages stay out of the eviction
+        # order, which keeps the prefixes the queue will read; an allocation that fails with no
+        # other request allocated lets go of every other one's and tries again (without it, waiting
         # requests' held hits could fill the pool with nothing running: a stall)
         self._held_hits: dict[str, None] = {}
         # (request, junction) -> the other requests known to wait for that prefix (the scheduler's)
@@ -309,16 +310,12 @@ class JengaKVCacheAdapter:
         if req.tables is not None:
             raise AssertionError(f"jenga.vllm: lookup of running request {request.request_id}")
         limit = compat.max_cache_hit_length(request, max_cache_hit_length) if self.enable_caching else 0
-        rid, held = request.request_id, self._held_hits
-        if held and (len(held) > 1 or rid not in held):
-            for other in [o for o in held if o != rid]:
-                self.manager.shrink_hit(other, 0)
-                del held[other]
+        rid = request.request_id
         hit = self.manager.lookup(rid, max_tokens=limit)
         if hit:
-            held[rid] = None
+            self._held_hits[rid] = None
         else:
-            held.pop(rid, None)
+            self._held_hits.pop(rid, None)
         self._sent.pop(request.request_id, None)
         self._rows.pop(request.request_id, None)
         # the junction (where the prompt leaves the cached prefix) is vLLM's shared-prefix
@@ -361,7 +358,8 @@ class JengaKVCacheAdapter:
                 # of one allocate of that length, which may exceed a pool where the request runs
                 total = min(request.num_tokens, self.max_model_len)
                 step = self.max_step_tokens + num_lookahead_tokens
-                if not mgr.can_allocate(rid, max(0, total - req.start), step=step):
+                if not mgr.can_allocate(rid, max(0, total - req.start), step=step) and not (
+                        self._let_go_of_held_hits(rid) and mgr.can_allocate(rid, max(0, total - req.start), step=step)):
                     return None
         else:
             self._sync_running(request, req)
@@ -373,7 +371,11 @@ class JengaKVCacheAdapter:
         unknown = max(0, start + num_new_tokens - req.num_tokens)
         tables = mgr.allocate(rid, num_new_tokens, num_lookahead=lookahead, num_placeholders=unknown)
         if tables is None:
-            return None
+            if not self._let_go_of_held_hits(rid):
+                return None
+            tables = mgr.allocate(rid, num_new_tokens, num_lookahead=lookahead, num_placeholders=unknown)
+            if tables is None:
+                return None
         self._held_hits.pop(rid, None)
         if self._state_groups:
             self._check_step_ends(req, start)
@@ -381,6 +383,21 @@ class JengaKVCacheAdapter:
         if self.sub_block:
             self._sub_block_copies(req, start)
         return blocks
+
+    def _let_go_of_held_hits(self, rid: str) -> bool:
+        """Where no request but ``rid`` is allocated (nothing else will free a page), let go of the
+        hits the other waiting requests hold (their next lookup finds what is still cached); whether
+        there was any.  While others run, the holds stay: they keep the prefixes the queue will read
+        (measured: letting go at every failed allocation, Gemma-3-27B agent sessions at the real
+        budget 4.05 instead of 4.39 req/s)."""
+        req = self._views.get(rid)
+        if self.manager.num_allocated > (req is not None and req.tables is not None):
+            return False
+        others = [o for o in self._held_hits if o != rid]
+        for other in others:
+            self.manager.shrink_hit(other, 0)
+            del self._held_hits[other]
+        return bool(others)
 
     def _sub_block_copies(self, req, start: int) -> None:
         """The block copies of this allocation's states inside a column (:mod:`jenga.vllm.state_copies`):
