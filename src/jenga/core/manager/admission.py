@@ -222,7 +222,7 @@ class Admission:
 
     def refusal_key(self, req: Request, end: int, allocated: int, step: int | None) -> tuple | None:
         """Everything ``hit_cannot_fit(req, end, allocated, step)`` reads, as one value (``None``: not
-        known, no memo): the arguments; each group's planning state (``Policy.plan_key``: ``None``
+        known, no memo): the arguments; each group's planning state (``Footprint.plan_key``: ``None``
         where a plan reads more than its group's state); the pool's free and cached counts
         (``free_counts``, ``supply_counts``: what the free bytes, the cached pages and the
         ``protected`` pages are counted from; a rule whose ``protected`` reads more overrides this);
@@ -232,7 +232,7 @@ class Admission:
             return None
         plans = []
         for pol, gs in zip(self.policies, req.groups, strict=True):
-            k = pol.plan_key(gs)
+            k = pol.footprint.plan_key(gs)
             if k is None:
                 return None
             plans.append(k)

@@ -178,13 +178,6 @@ class Policy(ABC):
         (a state's work page and checkpoints, an image's pages are all held at once)."""
         return self.plan(req, gs, end, ops)
 
-    def plan_key(self, gs: GroupState) -> object:
-        """Everything of ``gs`` that ``plan`` and ``peak_plan`` read, as one value, when they read
-        nothing else but their ``end`` and ``step`` (nothing of the request, of other requests or of
-        the pool): equal values, equal answers (a memo's key, ``Admission.hit_cannot_fit``).
-        Default ``None``: they read more (no memo)."""
-        return None
-
     def forget_plan(self, gs: GroupState) -> None:
         """A ``plan`` will not be followed by ``grow``: drop what it noted in ``gs`` (admission's rollback)."""
 

@@ -45,6 +45,13 @@ class Footprint(ABC):
         start).  Other kinds (state, image): ``None``."""
         return None
 
+    def plan_key(self, gs) -> object:
+        """Everything of group state ``gs`` that the kind's ``Policy.plan`` and ``peak_plan`` read,
+        as one value, where they read nothing else but their ``end`` and ``step`` (nothing of the
+        request, of other requests or of the pool): equal values, equal answers (a memo's key,
+        ``Admission.hit_cannot_fit``).  Default ``None``: they read more (no memo)."""
+        return None
+
     def context_pages(self, length: int) -> int:
         """Small pages this group holds for one text-only request of ``length`` tokens that is
         about to compute its next token (``jenga.capacity``).  Image kinds: 0."""
@@ -96,6 +103,10 @@ class TokenFootprint(Footprint):
     def release_point(self, released: int) -> int:
         """Smallest computed length at which page ``released`` is no longer read."""
         return NEVER
+
+    def plan_key(self, gs) -> object:
+        # ``plan``: the held pages' count; ``peak_plan``: that and ``held_pages`` (the released ones)
+        return len(gs.pages), gs.released
 
     def step_pages(self, start: int, stop: int) -> int:
         """Pages a request holds while one step computes its tokens ``[start, stop)``

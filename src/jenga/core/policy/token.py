@@ -49,11 +49,6 @@ class FullPolicy(Policy):
     def plan(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> int:
         return max(0, -(-end // self.tpp) - len(gs.pages))
 
-    def plan_key(self, gs: GroupState) -> object:
-        # ``plan``: the held pages' count; ``peak_plan``: that and ``footprint.held_pages`` (the
-        # released ones); a subclass whose plan reads more says so here
-        return len(gs.pages), gs.released
-
     def grow(self, req: Request, gs: GroupState, end: int, ops: PageOps) -> None:
         pages = gs.pages
         if gs.table is None:  # the hit's pages (shared, maybe past req.hit) are never written
