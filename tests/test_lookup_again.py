@@ -87,3 +87,27 @@ def test_a_lookup_after_moving_its_junction_checkpoint_puts_it_back():
     req = mgr.requests["r"]
     req.junction_checkpoint = 0  # as move_junction_checkpoint leaves it
     assert mgr.lookup("r") == hit and req.junction_checkpoint is None
+
+
+def test_waiting_requests_hits_are_let_go_of_but_the_one_kept():
+    """``release_waiting_hits``: the hits of requests looked up and not allocated are let go of (their
+    pages cached again, evictable), but ``keep``'s and an allocated request's; a new lookup finds them."""
+    mgr = make_manager(model(group("full", full(), 1)), 16, tokens_per_page=2)
+    prefix = list(range(8))
+    mgr.add_request("a", prefix + [50])
+    mgr.lookup("a")
+    mgr.allocate("a", 9)
+    mgr.append_tokens("a", [1])
+    mgr.free("a")
+    for rid in ("b", "c", "d"):
+        mgr.add_request(rid, prefix + [60 + len(rid)])
+        assert mgr.lookup(rid) == 8
+    mgr.allocate("d", 1)
+    cached = mgr.stats().cached_bytes
+    assert mgr.release_waiting_hits(keep="b") == 1  # c's; d is allocated, b kept
+    assert (mgr.requests["b"].hit, mgr.requests["c"].hit) == (8, 0)
+    mgr.check_integrity()
+    assert mgr.stats().cached_bytes == cached  # c's pages are also held by b and d: still not evictable
+    assert mgr.release_waiting_hits() == 1  # b's
+    mgr.check_integrity()
+    assert mgr.lookup("c") == 8

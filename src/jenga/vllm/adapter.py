@@ -65,11 +65,6 @@ class JengaKVCacheAdapter:
         # checkpoint does not sit on jenga's junction
         self.junction_stop = junction_stop
         self._moved: dict[str, int] = {}
-        # the waiting requests whose lookup holds a hit: the held pages stay out of the eviction
-        # order, which keeps the prefixes the queue will read; an allocation that fails with no
-        # other request allocated lets go of every other one's and tries again (without it, waiting
-        # requests' held hits could fill the pool with nothing running: a stall)
-        self._held_hits: dict[str, None] = {}
         # (request, junction) -> the other requests known to wait for that prefix (the scheduler's)
         self.junction_readers = junction_readers or (lambda request, junction: 1)
         # the most tokens one step computes for a request (vLLM's max_num_batched_tokens): the
@@ -310,12 +305,7 @@ class JengaKVCacheAdapter:
         if req.tables is not None:
             raise AssertionError(f"jenga.vllm: lookup of running request {request.request_id}")
         limit = compat.max_cache_hit_length(request, max_cache_hit_length) if self.enable_caching else 0
-        rid = request.request_id
-        hit = self.manager.lookup(rid, max_tokens=limit)
-        if hit:
-            self._held_hits[rid] = None
-        else:
-            self._held_hits.pop(rid, None)
+        hit = self.manager.lookup(request.request_id, max_tokens=limit)
         self._sent.pop(request.request_id, None)
         self._rows.pop(request.request_id, None)
         # the junction (where the prompt leaves the cached prefix) is vLLM's shared-prefix
@@ -358,8 +348,9 @@ class JengaKVCacheAdapter:
                 # of one allocate of that length, which may exceed a pool where the request runs
                 total = min(request.num_tokens, self.max_model_len)
                 step = self.max_step_tokens + num_lookahead_tokens
-                if not mgr.can_allocate(rid, max(0, total - req.start), step=step) and not (
-                        self._let_go_of_held_hits(rid) and mgr.can_allocate(rid, max(0, total - req.start), step=step)):
+                rest = max(0, total - req.start)
+                if not mgr.can_allocate(rid, rest, step=step) and not (
+                        self._let_go_of_held_hits(rid) and mgr.can_allocate(rid, rest, step=step)):
                     return None
         else:
             self._sync_running(request, req)
@@ -376,7 +367,6 @@ class JengaKVCacheAdapter:
             tables = mgr.allocate(rid, num_new_tokens, num_lookahead=lookahead, num_placeholders=unknown)
             if tables is None:
                 return None
-        self._held_hits.pop(rid, None)
         if self._state_groups:
             self._check_step_ends(req, start)
         blocks = self._table_blocks(rid, req, tables, only_new=True)
@@ -385,19 +375,16 @@ class JengaKVCacheAdapter:
         return blocks
 
     def _let_go_of_held_hits(self, rid: str) -> bool:
-        """Where no request but ``rid`` is allocated (nothing else will free a page), let go of the
-        hits the other waiting requests hold (their next lookup finds what is still cached); whether
-        there was any.  While others run, the holds stay: they keep the prefixes the queue will read
-        (measured: letting go at every failed allocation, Gemma-3-27B agent sessions at the real
-        budget 4.05 instead of 4.39 req/s)."""
+        """An allocation of ``rid`` failed: where no other request is allocated (nothing else will
+        free a page), let go of the hits the other waiting requests hold (``release_waiting_hits``:
+        vLLM looked them up and could not admit them; without it they could fill the pool with
+        nothing running, a stall); whether there was any.  While others run, the holds stay: they
+        keep the prefixes the queue will read (measured: letting go at every failed allocation,
+        Gemma-3-27B agent sessions at the real budget 4.05 instead of 4.39 req/s)."""
         req = self._views.get(rid)
         if self.manager.num_allocated > (req is not None and req.tables is not None):
             return False
-        others = [o for o in self._held_hits if o != rid]
-        for other in others:
-            self.manager.shrink_hit(other, 0)
-            del self._held_hits[other]
-        return bool(others)
+        return self.manager.release_waiting_hits(keep=rid) > 0
 
     def _sub_block_copies(self, req, start: int) -> None:
         """The block copies of this allocation's states inside a column (:mod:`jenga.vllm.state_copies`):
@@ -433,7 +420,6 @@ class JengaKVCacheAdapter:
         self._sent.pop(rid, None)
         self._rows.pop(rid, None)
         self._moved.pop(rid, None)
-        self._held_hits.pop(rid, None)
 
     def remove_skipped_blocks(self, request_id, processed_computed_tokens, num_prompt_tokens=None) -> None:
         pass  # jenga releases out-of-window pages when their tokens are committed

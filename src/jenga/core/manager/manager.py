@@ -366,6 +366,16 @@ class KVCacheManager:
             return req.hit
         return self.lookup(request_id, max_tokens=num_tokens)
 
+    def release_waiting_hits(self, keep: object = None) -> int:
+        """Let go of the hits held by requests looked up but not yet allocated, but ``keep``'s
+        (their next ``lookup`` finds what is still cached); returns how many were let go.  For a
+        caller whose looked-up requests wait while others run: their holds keep the prefixes they
+        will read, and where nothing else is allocated they could fill the pool for good."""
+        waiting = [rid for rid, req in self.requests.items() if rid != keep and req.tables is None and req.hit]
+        for rid in waiting:
+            self.shrink_hit(rid, 0)
+        return len(waiting)
+
     def move_junction_checkpoint(self, request_id: object, pos: int) -> None:
         """Put the state checkpoint of the junction the last ``lookup`` found at ``pos`` instead
         (0: none), for a caller whose steps end there rather than on the junction (``jenga.vllm.
