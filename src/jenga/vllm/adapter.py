@@ -349,8 +349,8 @@ class JengaKVCacheAdapter:
                 total = min(request.num_tokens, self.max_model_len)
                 step = self.max_step_tokens + num_lookahead_tokens
                 rest = max(0, total - req.start)
-                if not mgr.can_allocate(rid, rest, step=step) and not (
-                        self._let_go_of_held_hits(rid) and mgr.can_allocate(rid, rest, step=step)):
+                if not mgr.can_allocate(rid, rest, step=step) and not self._let_go_of_held_hits(
+                        req, lambda: mgr.can_allocate(rid, rest, step=step)):
                     return None
         else:
             self._sync_running(request, req)
@@ -362,9 +362,8 @@ class JengaKVCacheAdapter:
         unknown = max(0, start + num_new_tokens - req.num_tokens)
         tables = mgr.allocate(rid, num_new_tokens, num_lookahead=lookahead, num_placeholders=unknown)
         if tables is None:
-            if not self._let_go_of_held_hits(rid):
-                return None
-            tables = mgr.allocate(rid, num_new_tokens, num_lookahead=lookahead, num_placeholders=unknown)
+            tables = self._let_go_of_held_hits(req, lambda: mgr.allocate(rid, num_new_tokens, num_lookahead=lookahead,
+                                                                         num_placeholders=unknown))
             if tables is None:
                 return None
         if self._state_groups:
@@ -374,17 +373,34 @@ class JengaKVCacheAdapter:
             self._sub_block_copies(req, start)
         return blocks
 
-    def _let_go_of_held_hits(self, rid: str) -> bool:
-        """An allocation of ``rid`` failed: where no other request is allocated (nothing else will
-        free a page), let go of the hits the other waiting requests hold (``release_waiting_hits``:
-        vLLM looked them up and could not admit them; without it they could fill the pool with
-        nothing running, a stall); whether there was any.  While others run, the holds stay: they
-        keep the prefixes the queue will read (measured: letting go at every failed allocation,
-        Gemma-3-27B agent sessions at the real budget 4.05 instead of 4.39 req/s)."""
-        req = self._views.get(rid)
-        if self.manager.num_allocated > (req is not None and req.tables is not None):
-            return False
-        return self.manager.release_waiting_hits(keep=rid) > 0
+    def _let_go_of_held_hits(self, req, retry):
+        """An allocation of ``req`` failed: let go of hits the other waiting requests hold (vLLM
+        looked them up and could not admit them) where that is worth it, and ``retry()``; its
+        answer, or ``None`` where nothing was let go.
+
+        * No other request allocated: all of them (``release_waiting_hits``): nothing else will
+          free a page, and the holds could fill the pool with nothing running (a stall).
+        * ``req`` running: vLLM preempts a running request next.  The newest holds whose next
+          token reads the whole prefix in every kind go first, one at a time until the retry
+          succeeds (``whole_prefix``: evicting their last pages costs those pages' tokens,
+          while a preemption drops a running request's work; measured: Llama-3.1-8B round-robin
+          chats at 4 % of the H100 budget 28 preemptions -> 1, 5.90 -> 6.54 req/s).  A hold that
+          resumes from a window or a state checkpoint stays: losing its last pages loses the
+          whole hit (releasing those too: Falcon-H1-7B agent sessions 7.95 -> 6.11 req/s).
+        * Otherwise (a first allocation): none.  The holds keep the prefixes the queue will
+          read (letting go of them here: Gemma-3-27B agent sessions at the real budget 4.39 ->
+          4.05 req/s)."""
+        mgr, rid = self.manager, req.request_id
+        running = req.tables is not None
+        if mgr.num_allocated <= running:
+            return retry() if mgr.release_waiting_hits(keep=rid) else None
+        if not running:
+            return None
+        while mgr.release_waiting_hits(keep=rid, newest=1, whole_prefix=True):
+            got = retry()
+            if got is not None:
+                return got
+        return None
 
     def _sub_block_copies(self, req, start: int) -> None:
         """The block copies of this allocation's states inside a column (:mod:`jenga.vllm.state_copies`):
