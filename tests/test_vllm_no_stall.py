@@ -112,3 +112,51 @@ def test_the_whole_prompt_count_would_not_fit(rows):
     exceed jenga's pool, though the request runs (above) in steps holding its window or chunk."""
     mgr = rows["jenga"]["sched"].jenga
     assert not _whole_prompt_fits(mgr, max(len(p) for p in rows["prompts"]))
+
+
+def _adapter_and_requests(layout: str, budget: int):
+    """jenga's adapter on ``layout`` at ``budget`` vLLM blocks (``vllm_adapter_fuzz``'s configs),
+    and a maker of one-output-token requests hashed as vLLM's scheduler hashes them."""
+    from vllm import SamplingParams
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+    from vllm_adapter_fuzz import MAX_LEN, layouts
+
+    from jenga.vllm.adapter import JengaKVCacheAdapter
+    _, kv, sched, hash_block = layouts().get(layout, budget)
+    adapter = JengaKVCacheAdapter(kv.jenga_plan, kv, max_model_len=MAX_LEN, enable_caching=True, log_stats=False,
+                                  enable_kv_cache_events=False, hash_block_size=hash_block, max_step_tokens=MAX_LEN)
+    hash_fn = get_hash_fn_by_name(sched.cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    hasher = get_request_block_hasher(hash_block, hash_fn)
+    return adapter, lambda rid, prompt: Request(rid, prompt, SamplingParams(max_tokens=1, ignore_eos=True), None,
+                                                block_hasher=hasher)
+
+
+@pytest.mark.parametrize("layout", ["full+swa", "full+mamba"])
+def test_waiting_holds_that_fill_the_pool_are_let_go_of_when_nothing_runs(layout):
+    """Three 64-token prompts computed and finished (cached), then three waiting requests continuing
+    them, looked up by vLLM's scheduler and not admitted: their hits stay held, and on a sliding
+    window of 32 (a hit that resumes from its window) or a Mamba state no running request's
+    allocation lets go of them.  A fresh prompt's admission with nothing running then lets go of
+    them all and runs (else it would wait for ever: nothing else frees a page; with that branch
+    taken out of ``JengaKVCacheAdapter._let_go_of_held_hits``, ``allocate_slots`` answers ``None``)."""
+    adapter, request = _adapter_and_requests(layout, 14)
+    for i in range(3):
+        r = request(f"a{i}", list(range(1000 * (i + 1), 1000 * (i + 1) + 64)))
+        adapter.get_computed_blocks(r)
+        assert adapter.allocate_slots(r, 64) is not None
+        r.num_computed_tokens = 64
+        adapter.free(r)
+    held = []
+    for i in range(3):
+        r = request(f"b{i}", list(range(1000 * (i + 1), 1000 * (i + 1) + 64)) + [7, 8])
+        held.append(adapter.get_computed_blocks(r)[1])
+    mgr = adapter.manager
+    assert sum(held) >= 128 and mgr.num_allocated == 0, held
+    fresh = request("c", list(range(50000, 50096)))
+    adapter.get_computed_blocks(fresh)
+    assert adapter.allocate_slots(fresh, 96) is not None
+    assert [mgr.requests[f"b{i}"].hit for i in range(3)] == [0, 0, 0]
+    mgr.check_integrity()

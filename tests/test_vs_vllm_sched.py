@@ -145,7 +145,10 @@ def test_waiting_requests_hits_never_fill_the_pool_with_nothing_running():
     ran and the head, one token short, waited forever (stock vLLM finishes the row in 325-1,225
     steps).  An allocation that fails with no other request allocated now lets go of the other
     waiting requests' held hits and tries again (while others run the holds stay: they keep the
-    prefixes the queue will read)."""
+    prefixes the queue will read).  Since running requests' failed allocations also let go of the
+    holds that read their whole prefix (as these chats' do), this row no longer needs the first
+    rule to finish; ``tests/test_vllm_no_stall.py`` holds it apart, with holds on a window and on
+    a state."""
     m = _jenga_side("llama-4-scout", "round-robin", 0.04, max_steps=5_000)
     assert m["preempt"] > 0, m["preempt"]
 
