@@ -275,47 +275,42 @@ def test_quota_min_uses_free_slots_when_whole_pages_are_short():
     mgr.check_integrity()
 
 
-def test_one_page_prompts_share_large_pages_where_a_state_page_needs_a_whole_one():
-    """An attention page a third of a large page, a state page a whole one: a one-page prompt that
-    took a fresh large page for its attention page left two slots no state page can use (each
-    request took two large pages: 4 of 8).  Where some group's page is a whole large page, such a
-    prompt fills other requests' large pages first (``Admission.prefer_shared``): three requests'
-    attention pages per large page, 6 of 8 admitted."""
+def _admit_state_hybrid_prompts(num_large: int, prompt_len: int) -> list[tuple[list, int]]:
+    """Attention pages a third of a large page, a state page a whole one: prompts of ``prompt_len``
+    distinct tokens admitted one after another until one does not fit; each admitted one's
+    attention page ids and state page."""
     from conftest import full, group, mamba, model
     spec = model(group("full", full(), 1), group("mamba", mamba(16, state_elems=384), 1, first_layer=1))
-    mgr = make_manager(spec, 8, tokens_per_page=2)
+    mgr = make_manager(spec, num_large, tokens_per_page=2)
     assert mgr.alloc.small_per_large == [3, 1]
     admitted = []
     for i in range(12):
-        mgr.add_request(i, [100 + 2 * i, 101 + 2 * i])
+        mgr.add_request(i, [100 + prompt_len * i + j for j in range(prompt_len)])
         mgr.lookup(i)
-        if mgr.allocate(i, 2) is None:
+        if mgr.allocate(i, prompt_len) is None:
             mgr.free(i)
             break
         admitted.append(i)
         mgr.check_integrity()
-    assert [mgr.requests[i].tables.groups[0].page_ids for i in admitted] == [[0], [1], [2], [12], [13], [14]]
-    assert [mgr.requests[i].tables.groups[1].work_page for i in admitted] == [1, 2, 3, 5, 6, 7]
+    return [(mgr.requests[i].tables.groups[0].page_ids, mgr.requests[i].tables.groups[1].work_page) for i in admitted]
+
+
+def test_one_page_prompts_share_large_pages_where_a_state_page_needs_a_whole_one():
+    """A one-page prompt that took a fresh large page for its attention page left two slots no state
+    page can use (each request took two large pages: 4 of 8).  Where some group's page is a whole
+    large page, such a prompt fills other requests' large pages first (``Admission.prefer_shared``):
+    three requests' attention pages per large page, 6 of 8 admitted."""
+    got = _admit_state_hybrid_prompts(8, 2)
+    assert [pages for pages, _ in got] == [[0], [1], [2], [12], [13], [14]]
+    assert [state for _, state in got] == [1, 2, 3, 5, 6, 7]
 
 
 def test_multi_page_prompts_fill_shared_large_pages_of_three_where_a_state_page_needs_a_whole_one():
-    """The same pool, prompts of two attention pages: each took a fresh large page for them and left
-    its third slot free, where no state page fits (5 requests in 10 large pages).  Where some group's
-    page is a whole large page, a token group of at most three pages per large page fills other
-    requests' large pages first (``Admission.prefer_shared``): 6 admitted."""
-    from conftest import full, group, mamba, model
-    spec = model(group("full", full(), 1), group("mamba", mamba(16, state_elems=384), 1, first_layer=1))
-    mgr = make_manager(spec, 10, tokens_per_page=2)
-    admitted = []
-    for i in range(12):
-        mgr.add_request(i, [100 + 4 * i + j for j in range(4)])
-        mgr.lookup(i)
-        if mgr.allocate(i, 4) is None:
-            mgr.free(i)
-            break
-        admitted.append(i)
-        mgr.check_integrity()
+    """Prompts of two attention pages: each took a fresh large page for them and left its third slot
+    free, where no state page fits (5 requests in 10 large pages).  Where a state group's page is a
+    whole large page, a token group of at most three pages per large page fills other requests'
+    large pages first (``Admission.prefer_shared``): 6 admitted."""
+    got = _admit_state_hybrid_prompts(10, 4)
     # before: [[0, 1], [6, 7], [12, 13], [18, 19], [24, 25]], state pages in large pages 1, 3, 5, 7, 9
-    assert [mgr.requests[i].tables.groups[0].page_ids for i in admitted] == [[0, 1], [2, 6], [7, 8], [15, 16],
-                                                                              [17, 21], [22, 23]]
-    assert [mgr.requests[i].tables.groups[1].work_page for i in admitted] == [1, 3, 4, 6, 8, 9]
+    assert [pages for pages, _ in got] == [[0, 1], [2, 6], [7, 8], [15, 16], [17, 21], [22, 23]]
+    assert [state for _, state in got] == [1, 3, 4, 6, 8, 9]
