@@ -386,7 +386,7 @@ class JengaKVCacheAdapter:
           while a preemption drops a running request's work; measured: Llama-3.1-8B round-robin
           chats at 4 % of the H100 budget 28 preemptions -> 1, 5.90 -> 6.54 req/s).  A hold that
           resumes from a window or a state checkpoint stays: losing its last pages loses the
-          whole hit (releasing those too: Falcon-H1-7B agent sessions 7.95 -> 6.11 req/s).
+          whole hit (releasing those too: Falcon-H1-7B agent sessions at 4 % 7.95 -> 6.71 req/s).
         * Otherwise (a first allocation): none.  The holds keep the prefixes the queue will
           read (letting go of them here: Gemma-3-27B agent sessions at the real budget 4.39 ->
           4.05 req/s)."""

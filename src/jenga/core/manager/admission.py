@@ -79,7 +79,7 @@ class Admission:
         can use, and co-freeing three pages gains little.  Measured: Qwen3-Next-80B inside vLLM
         at 4 % of the budget of four H100s (attention pages a third of a large page): short
         prompts of one page each took a fresh large page (batch 62.7 against vLLM's 86.5; now
-        86.5); RAG prompts left 0.38 GiB of 5.2 free in such slots while admissions waited (p99
+        86.5); RAG prompts left 0.37 GiB of 5.2 free in such slots while admissions waited (p99
         TTFT 1.23 s, now 0.79 s).  A window group's whole pages keep the old rule: Ministral-8B's
         articles lose hits and scheduler time with a request's pages spread."""
         whole, whole_state = self.whole_page_group, self.whole_state_page
