@@ -7,10 +7,7 @@ from __future__ import annotations
 import copy
 import random
 
-import pytest
 from conftest import full, group, make_manager, model, sliding
-
-from jenga.errors import InvalidArgumentError
 
 PREFIX = list(range(1, 41))  # 40 tokens: 20 pages of 2
 
@@ -116,11 +113,11 @@ def test_waiting_requests_hits_are_let_go_of_but_the_one_kept():
     assert mgr.lookup("c") == 8
 
 
-def test_the_newest_waiting_hits_that_read_their_whole_prefix_are_let_go_of_one_at_a_time():
-    """``release_waiting_hits(newest=1, whole_prefix=True)`` (what the vLLM adapter does before vLLM
-    preempts a running request): the latest added waiting hit whose next token reads every token
-    before it, one per call.  A sliding-window hit past its window stays (it resumes from the window:
-    losing its last pages loses the whole hit); a bad ``newest`` is refused with nothing let go."""
+def test_the_newest_waiting_hits_that_read_their_whole_prefix_come_first():
+    """``waiting_hits(whole_prefix=True)`` (what the vLLM adapter lets go of, one at a time, before
+    vLLM preempts a running request): the waiting hits whose next token reads every token before
+    it, the latest added first.  A sliding-window hit past its window is left out (it resumes from
+    the window: losing its last pages loses the whole hit); ``release_waiting_hits`` takes all."""
     mgr = make_manager(model(group("sliding", sliding(6), 1), group("full", full(), 1, first_layer=1)), 24,
                        tokens_per_page=2)
     prefix = list(range(1, 13))
@@ -132,16 +129,17 @@ def test_the_newest_waiting_hits_that_read_their_whole_prefix_are_let_go_of_one_
     for rid, n in (("s", 4), ("l", 10), ("m", 4)):
         mgr.add_request(rid, prefix[:n] + [60, 61])
         assert mgr.lookup(rid) == n
-    with pytest.raises(InvalidArgumentError, match="newest=-1"):
-        mgr.release_waiting_hits(newest=-1)
     hits = lambda: [mgr.requests[r].hit for r in ("s", "l", "m")]  # noqa: E731
     assert hits() == [4, 10, 4]
-    assert mgr.release_waiting_hits(newest=1, whole_prefix=True) == 1
-    assert hits() == [4, 10, 0]  # m, the newest; l is newer than s but reads from its window only
+    assert mgr.waiting_hits() == ["m", "l", "s"]
+    assert mgr.waiting_hits(whole_prefix=True) == ["m", "s"]  # l is newer than s but reads from its window only
+    mgr.shrink_hit("m", 0)
+    assert hits() == [4, 10, 0]
     mgr.check_integrity()
-    assert mgr.release_waiting_hits(newest=1, whole_prefix=True) == 1
+    assert mgr.waiting_hits(whole_prefix=True) == ["s"]
+    mgr.shrink_hit("s", 0)
     assert hits() == [0, 10, 0]
-    assert mgr.release_waiting_hits(newest=1, whole_prefix=True) == 0
-    assert mgr.release_waiting_hits(newest=1) == 1  # any kind: l
+    assert mgr.waiting_hits(whole_prefix=True) == []
+    assert mgr.release_waiting_hits() == 1  # any kind: l
     assert hits() == [0, 0, 0]
     mgr.check_integrity()

@@ -174,7 +174,7 @@ def test_a_running_request_is_not_preempted_for_waiting_hits_that_read_their_who
     by waiting turns vLLM looked up and could not admit stayed while running turns could not grow,
     so vLLM's scheduler preempted them (28 preemptions against vLLM's 1; 5.90 req/s against 6.19,
     0.95x).  Before a running request's allocation gives up, the newest waiting holds whose next
-    token reads the whole prefix are let go of one at a time (``release_waiting_hits(newest=1,
-    whole_prefix=True)``): evicting their last pages costs only those pages' tokens."""
+    token reads the whole prefix are let go of one at a time (``waiting_hits(whole_prefix=True)``):
+    evicting their last pages costs only those pages' tokens."""
     j = _holds_vllm_best("llama-3.1-8b:round-robin:tight", tight=0.04)
     assert j["preempt"] <= 2, j["preempt"]

@@ -382,7 +382,7 @@ class JengaKVCacheAdapter:
           free a page, and the holds could fill the pool with nothing running (a stall).
         * ``req`` running: vLLM preempts a running request next.  The newest holds whose next
           token reads the whole prefix in every kind go first, one at a time until the retry
-          succeeds (``whole_prefix``: evicting their last pages costs those pages' tokens,
+          succeeds (``waiting_hits(whole_prefix=True)``: evicting their last pages costs those pages' tokens,
           while a preemption drops a running request's work; measured: Llama-3.1-8B round-robin
           chats at 4 % of the H100 budget 28 preemptions -> 1, 5.90 -> 6.54 req/s).  A hold that
           resumes from a window or a state checkpoint stays: losing its last pages loses the
@@ -396,10 +396,12 @@ class JengaKVCacheAdapter:
             return retry() if mgr.release_waiting_hits(keep=rid) else None
         if not running:
             return None
-        while mgr.release_waiting_hits(keep=rid, newest=1, whole_prefix=True):
-            got = retry()
-            if got is not None:
-                return got
+        for other in mgr.waiting_hits(whole_prefix=True):
+            if other != rid:
+                mgr.shrink_hit(other, 0)
+                got = retry()
+                if got is not None:
+                    return got
         return None
 
     def _sub_block_copies(self, req, start: int) -> None:

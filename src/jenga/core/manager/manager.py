@@ -366,25 +366,24 @@ class KVCacheManager:
             return req.hit
         return self.lookup(request_id, max_tokens=num_tokens)
 
-    def release_waiting_hits(self, keep: object = None, *, newest: int | None = None,
-                             whole_prefix: bool = False) -> int:
+    def release_waiting_hits(self, keep: object = None) -> int:
         """Let go of the hits held by requests looked up but not yet allocated, but ``keep``'s
         (their next ``lookup`` finds what is still cached); returns how many were let go.  For a
         caller whose looked-up requests wait while others run: their holds keep the prefixes they
-        will read, and where nothing else is allocated they could fill the pool for good.
-        ``newest``: at most that many, the latest added first (``None``: all).  ``whole_prefix``:
-        only hits whose next token reads the whole prefix in every kind (``_reads_whole_prefix``):
-        evicting their last pages then costs those pages' tokens only, not the hit down to an
-        earlier window or state checkpoint."""
-        if newest is not None and newest < 0:
-            raise InvalidArgumentError(f"release_waiting_hits: newest={newest}")
-        waiting = [rid for rid, req in self.requests.items() if rid != keep and req.tables is None and req.hit
-                   and (not whole_prefix or self._reads_whole_prefix(req))]
-        if newest is not None:
-            waiting = waiting[::-1][:newest]
+        will read, and where nothing else is allocated they could fill the pool for good."""
+        waiting = [rid for rid in self.waiting_hits() if rid != keep]
         for rid in waiting:
             self.shrink_hit(rid, 0)
         return len(waiting)
+
+    def waiting_hits(self, *, whole_prefix: bool = False) -> list:
+        """The requests looked up but not yet allocated that hold a hit, the latest added first
+        (a caller lets go of one with ``shrink_hit(request_id, 0)``).  ``whole_prefix``: only hits
+        whose next token reads the whole prefix in every kind (``_reads_whole_prefix``): evicting
+        their last pages then costs those pages' tokens only, not the hit down to an earlier window
+        or state checkpoint."""
+        return [rid for rid, req in reversed(self.requests.items()) if req.tables is None and req.hit
+                and (not whole_prefix or self._reads_whole_prefix(req))]
 
     def _reads_whole_prefix(self, req: Request) -> bool:
         """Whether the token after ``req``'s hit reads every token before it in every kind the
