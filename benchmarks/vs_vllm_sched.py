@@ -19,7 +19,8 @@ both), and each policy switch (``--variants``): ``ordered`` (no protected-page h
 admissions), ``always`` (every page reused twice protected, not only the pages the next-use
 predictor keeps: ``jenga.core.evict.predicted``), ``no-step-ends`` (no chunk-end state
 checkpoints), ``no-prefix-wait`` (no admission held for a prefix a step in flight computes:
-``jenga.vllm.prefix_wait``), ``exact-junction`` (every junction stop exact, also off vLLM's Mamba block
+``jenga.vllm.prefix_wait``), ``queue-goes-on`` (the queue behind such a held request goes on at any
+usage), ``exact-junction`` (every junction stop exact, also off vLLM's Mamba block
 grid, where it costs its request a step: ``jenga.vllm.junction_stop``), ``hits-first`` (queue order among hits), ``fcfs`` (vLLM's queue order), ``before`` (the last three: jenga's
 defaults before this benchmark).
 
@@ -74,7 +75,8 @@ ROWS = {"quick": QUICK, "more": MORE, "all": QUICK + MORE, "wide": WIDE,
 CACHE_AWARE = dict(admission_window=2048, admission_threshold=0.0)
 #: jenga's policy switches measured beside its defaults (``--variants``): environment of JengaScheduler
 VARIANTS = {"always": {"JENGA_VLLM_PROTECT": "always"}, "ordered": {"JENGA_VLLM_PROTECT": "auto"}, "no-step-ends": {"JENGA_VLLM_STEP_CHECKPOINTS": "off"},
-            "no-prefix-wait": {"JENGA_VLLM_PREFIX_WAIT": "off"}, "exact-junction": {"JENGA_VLLM_JUNCTION_STOP": "exact"}, "hits-first": {"JENGA_VLLM_ADMISSION": "hits-first"}, "fcfs": {"JENGA_VLLM_ADMISSION": "fcfs"},
+            "no-prefix-wait": {"JENGA_VLLM_PREFIX_WAIT": "off"},
+            "queue-goes-on": {"JENGA_VLLM_PREFIX_WAIT_STOPS": "never"}, "exact-junction": {"JENGA_VLLM_JUNCTION_STOP": "exact"}, "hits-first": {"JENGA_VLLM_ADMISSION": "hits-first"}, "fcfs": {"JENGA_VLLM_ADMISSION": "fcfs"},
             "before": {"JENGA_VLLM_STEP_CHECKPOINTS": "off", "JENGA_VLLM_ADMISSION": "hits-first",
                        "JENGA_VLLM_PROTECT": "always"}}
 

@@ -10,7 +10,13 @@ import pytest
 from conftest import full, group, make_manager, mamba, model
 
 from jenga.errors import InvalidArgumentError
-from jenga.vllm.prefix_wait import PREFIX_WAIT_ENV, PrefixWait, prefix_wait_name
+from jenga.vllm.prefix_wait import (
+    PREFIX_WAIT_ENV,
+    PREFIX_WAIT_STOPS_ENV,
+    PrefixWait,
+    prefix_wait_name,
+    prefix_wait_stops,
+)
 
 P = list(range(10))  # a shared prefix
 
@@ -69,11 +75,32 @@ def test_priced_hold_weighs_the_recompute_saved_by_every_request_against_one_ste
     assert not same.holds(_req(), 10_000)
 
 
+def test_the_queue_behind_a_held_request_waits_from_the_usage_given():
+    usage = [0.2]
+    wait = PrefixWait(lambda r, in_flight: 0, lambda: True, step_tokens=8192, usage=lambda: usage[0],
+                      stops_from=1 / 3)
+    assert not wait.stops()  # most of the pool free: the others' pages leave room for the held one
+    usage[0] = 1 / 3
+    assert wait.stops()
+    assert not PrefixWait(lambda r, f: 0, lambda: True, step_tokens=8192, usage=lambda: 1.0).stops()  # default: never
+    with pytest.raises(InvalidArgumentError, match="stops_from"):
+        PrefixWait(lambda r, f: 0, lambda: True, step_tokens=8192, stops_from=-1)
+
+
 def test_the_switch_is_checked(monkeypatch):
     monkeypatch.setenv(PREFIX_WAIT_ENV, "sometimes")
     with pytest.raises(InvalidArgumentError, match="JENGA_VLLM_PREFIX_WAIT"):
         prefix_wait_name()
     monkeypatch.setenv(PREFIX_WAIT_ENV, "off")
     assert prefix_wait_name() == "off"
+    monkeypatch.delenv(PREFIX_WAIT_STOPS_ENV, raising=False)
+    assert prefix_wait_stops() == pytest.approx(1 / 3)
+    monkeypatch.setenv(PREFIX_WAIT_STOPS_ENV, "always")
+    assert prefix_wait_stops() == 0
+    monkeypatch.setenv(PREFIX_WAIT_STOPS_ENV, "never")
+    assert prefix_wait_stops() == float("inf")
+    monkeypatch.setenv(PREFIX_WAIT_STOPS_ENV, "sometimes")
+    with pytest.raises(InvalidArgumentError, match="JENGA_VLLM_PREFIX_WAIT_STOPS"):
+        prefix_wait_stops()
     with pytest.raises(InvalidArgumentError):
         PrefixWait(lambda r, f: 0, lambda: True, step_tokens=0)

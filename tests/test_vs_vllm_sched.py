@@ -104,9 +104,11 @@ def test_the_tight_falcon_articles_row_keeps_the_checkpoints_of_articles_still_d
         _holds_vllm_best(row)
 
 
-def _jenga_side(name: str, trace: str, share: float, settings=None, max_steps: int = 200_000) -> dict:
-    """jenga's side alone of row ``name:trace`` at ``share`` of the real budget (vLLM's sweep not run);
-    ``sched_driver`` raises ``SystemExit`` when the requests do not all finish within ``max_steps``."""
+def _jenga_side(name: str, trace: str, share: float, settings=None, max_steps: int = 200_000,
+                side: str = "jenga") -> dict:
+    """jenga's side alone of row ``name:trace`` at ``share`` of the real budget (vLLM's sweep not run;
+    ``side="vllm"``: vLLM's own manager at ``settings`` instead); ``sched_driver`` raises ``SystemExit``
+    when the requests do not all finish within ``max_steps``."""
     from sched_driver import run
     from vllm_layouts import VllmSettings, scheduler
     from vs_vllm_sched import max_len_of, served, setup_of, trace_of
@@ -117,11 +119,40 @@ def _jenga_side(name: str, trace: str, share: float, settings=None, max_steps: i
     reqs = trace_of(trace, 1.0)
     max_len = max_len_of(model, reqs, _args())
     reqs, _ = served(reqs, max_len)
-    sched, hash_block = scheduler("jenga", model, settings or VllmSettings(), int(setup.memory_bytes * share),
+    sched, hash_block = scheduler(side, model, settings or VllmSettings(), int(setup.memory_bytes * share),
                                   max_model_len=max_len, batched_tokens=8192, max_seqs=1024)
     m = run(sched, hash_block, reqs, StepClock(setup, model), max_steps=max_steps)
     assert m["n"] == len(reqs)
     return m
+
+
+def test_the_queue_behind_a_request_held_for_its_prefix_in_flight_waits_while_the_pool_is_pressed(monkeypatch):
+    """Falcon-H1-7B, 16 articles x 4 questions at 4 % of the H100 budget (33 of vLLM's 1,568-token
+    blocks, two articles and a half).  While an article's first question prefills, its three others
+    are held for the checkpoint in flight (``jenga.vllm.prefix_wait``); the next article's first
+    question, admitted behind them, took the pages they needed once it landed, and they waited for it
+    to finish: batch 3.0 against 3.7 for vLLM at the setting that wins its sweep here (dense retention,
+    cache-aware admission), 0.90x its req/s.  vLLM's loop stops at such a request; jenga's queue now
+    waits behind it while a third or more of the pool is held (``PrefixWait.stops``): vLLM's batch and
+    hits.  ``JENGA_VLLM_PREFIX_WAIT_STOPS=never`` (the queue goes on) is the old rule, and loses."""
+    from jenga.vllm.compat import MINOR
+    if MINOR < (0, 34):
+        pytest.skip("cache-aware admission, what wins vLLM's sweep on this row, is vLLM 0.34's")
+    from vllm_layouts import VllmSettings
+
+    from jenga.vllm.prefix_wait import PREFIX_WAIT_STOPS_ENV
+    monkeypatch.delenv(PROTECT_ENV, raising=False)
+    monkeypatch.delenv(PREFIX_WAIT_ENV, raising=False)
+    monkeypatch.delenv(PREFIX_WAIT_STOPS_ENV, raising=False)
+    row = ("falcon-h1-7b", "articles16", 0.04)
+    vllm = _jenga_side(*row, VllmSettings(retention=None, admission_window=2048), side="vllm")
+    jenga = _jenga_side(*row)
+    got = {k: (round(vllm[k], 3), round(jenga[k], 3)) for k in ("rps", "batch", "hit", "ttft99")}
+    assert jenga["rps"] >= 0.99 * vllm["rps"] and jenga["ttft99"] <= 1.01 * vllm["ttft99"], got
+    assert jenga["batch"] >= 0.99 * vllm["batch"] and jenga["hit"] >= vllm["hit"] - 1e-9, got
+    monkeypatch.setenv(PREFIX_WAIT_STOPS_ENV, "never")
+    goes_on = _jenga_side(*row)
+    assert goes_on["rps"] < 0.95 * vllm["rps"] and goes_on["batch"] < 0.9 * vllm["batch"], (goes_on, got)
 
 
 def test_a_preempted_hybrid_request_resumes_with_its_checkpoints_where_vllms_steps_stop():

@@ -28,7 +28,7 @@ from jenga.vllm.junction_stop import JunctionStop, junction_stop_name
 from jenga.vllm.metrics import Snapshots, startup_line
 from jenga.vllm.offloading import uses_host_tier
 from jenga.vllm.plan import layout_name, uniform_plan
-from jenga.vllm.prefix_wait import PrefixWait, prefix_wait_name
+from jenga.vllm.prefix_wait import PrefixWait, prefix_wait_name, prefix_wait_stops
 from jenga.vllm.specs import UnsupportedInVllm
 
 logger = init_logger("vllm.jenga")  # under vLLM's logger: its handlers and level
@@ -207,7 +207,9 @@ class JengaScheduler(Scheduler):
             adapter = self.kv_cache_manager
             self.prefix_wait = PrefixWait(adapter.get_num_cached_tokens, adapter.writes_in_flight,
                                           step_tokens=self.scheduler_config.max_num_batched_tokens,
-                                          priced=wait == "priced")
+                                          priced=wait == "priced", usage=lambda: adapter.usage,
+                                          stops_from=prefix_wait_stops())
+        self._queue_stopped = False  # a held request stopped this step's admissions behind it
         self.admission = None
         if hits_first:
             self.admission = HitsFirst(self.kv_cache_manager.get_num_cached_tokens,
@@ -239,12 +241,20 @@ class JengaScheduler(Scheduler):
 
     def _handle_blocked_waiting_request(self, request) -> bool:
         """vLLM's check of a waiting request at the head of its queue (False: skipped this step),
-        and jenga's: it waits while a step in flight computes its prefix (``jenga.vllm.prefix_wait``)."""
+        and jenga's: it waits while a step in flight computes its prefix, and while the pool is
+        pressed the requests behind it wait too (``jenga.vllm.prefix_wait``)."""
         if not super()._handle_blocked_waiting_request(request):
             return False
-        return self.prefix_wait is None or not self.prefix_wait.holds(request, len(self.requests))
+        if self._queue_stopped:
+            return False
+        wait = self.prefix_wait
+        if wait is None or not wait.holds(request, len(self.requests)):
+            return True
+        self._queue_stopped = wait.stops()
+        return False
 
     def schedule(self, *args, **kwargs):
+        self._queue_stopped = False
         if self.admission is not None:
             self.admission.reorder(self.waiting)
         out = super().schedule(*args, **kwargs)
