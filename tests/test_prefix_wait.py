@@ -75,14 +75,16 @@ def test_priced_hold_weighs_the_recompute_saved_by_every_request_against_one_ste
     assert not same.holds(_req(), 10_000)
 
 
-def test_the_queue_behind_a_held_request_waits_from_the_usage_given():
+def test_the_queue_behind_a_long_held_request_waits_from_the_usage_given():
     usage = [0.2]
     wait = PrefixWait(lambda r, in_flight: 0, lambda: True, step_tokens=8192, usage=lambda: usage[0],
                       stops_from=1 / 3)
-    assert not wait.stops()  # most of the pool free: the others' pages leave room for the held one
+    long, short = SimpleNamespace(num_tokens=4096), SimpleNamespace(num_tokens=4095)
+    assert not wait.stops(long)  # most of the pool free: the others' pages leave room for the held one
     usage[0] = 1 / 3
-    assert wait.stops()
-    assert not PrefixWait(lambda r, f: 0, lambda: True, step_tokens=8192, usage=lambda: 1.0).stops()  # default: never
+    assert wait.stops(long)
+    assert not wait.stops(short)  # under half a step's tokens: the others go on
+    assert not PrefixWait(lambda r, f: 0, lambda: True, step_tokens=8192, usage=lambda: 1.0).stops(long)  # never
     with pytest.raises(InvalidArgumentError, match="stops_from"):
         PrefixWait(lambda r, f: 0, lambda: True, step_tokens=8192, stops_from=-1)
 

@@ -133,8 +133,8 @@ def test_the_queue_behind_a_request_held_for_its_prefix_in_flight_waits_while_th
     question, admitted behind them, took the pages they needed once it landed, and they waited for it
     to finish: batch 3.0 against 3.7 for vLLM at the setting that wins its sweep here (dense retention,
     cache-aware admission), 0.90x its req/s.  vLLM's loop stops at such a request; jenga's queue now
-    waits behind it while a third or more of the pool is held (``PrefixWait.stops``): vLLM's batch and
-    hits.  ``JENGA_VLLM_PREFIX_WAIT_STOPS=never`` (the queue goes on) is the old rule, and loses."""
+    waits behind a long one while a third or more of the pool is held (``PrefixWait.stops``): vLLM's
+    batch and hits.  ``JENGA_VLLM_PREFIX_WAIT_STOPS=never`` (the queue goes on) is the old rule, and loses."""
     from jenga.vllm.compat import MINOR
     if MINOR < (0, 34):
         pytest.skip("cache-aware admission, what wins vLLM's sweep on this row, is vLLM 0.34's")

@@ -241,8 +241,8 @@ class JengaScheduler(Scheduler):
 
     def _handle_blocked_waiting_request(self, request) -> bool:
         """vLLM's check of a waiting request at the head of its queue (False: skipped this step),
-        and jenga's: it waits while a step in flight computes its prefix, and while the pool is
-        pressed the requests behind it wait too (``jenga.vllm.prefix_wait``)."""
+        and jenga's: it waits while a step in flight computes its prefix, and behind a long one the
+        requests wait too while the pool is pressed (``jenga.vllm.prefix_wait``)."""
         if not super()._handle_blocked_waiting_request(request):
             return False
         if self._queue_stopped:
@@ -250,7 +250,7 @@ class JengaScheduler(Scheduler):
         wait = self.prefix_wait
         if wait is None or not wait.holds(request, len(self.requests)):
             return True
-        self._queue_stopped = wait.stops()
+        self._queue_stopped = wait.stops(request)
         return False
 
     def schedule(self, *args, **kwargs):
