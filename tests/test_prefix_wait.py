@@ -89,6 +89,32 @@ def test_the_queue_behind_a_long_held_request_waits_from_the_usage_given():
         PrefixWait(lambda r, f: 0, lambda: True, step_tokens=8192, stops_from=-1)
 
 
+def test_misses_wait_behind_a_long_prompt_admitted_this_step_that_others_will_read():
+    usage = [0.5]
+    wait = PrefixWait(lambda r, in_flight: 0, lambda: True, step_tokens=8192, usage=lambda: usage[0],
+                      stops_from=1 / 3)
+
+    def admitted(prompt, hit=0):
+        return SimpleNamespace(num_prompt_tokens=prompt, num_computed_tokens=hit)
+
+    miss, hit = (lambda: 0), (lambda: 16)
+    wait.new_step()
+    wait.leads(admitted(4096), readers=0)  # nobody waits to read it
+    wait.leads(admitted(8192, hit=4097), readers=5)  # 4,095 to compute: under half a step
+    assert not wait.skips(miss)
+    wait.leads(admitted(8192, hit=4096), readers=1)
+    assert wait.skips(miss)
+    assert not wait.skips(hit)  # a request with a hit of its own goes on
+    usage[0] = 0.3
+    assert not wait.skips(miss)  # most of the pool free: room for the readers too
+    usage[0] = 0.5
+    wait.new_step()
+    assert not wait.skips(miss)  # a new step: nothing admitted in it yet
+    never = PrefixWait(lambda r, f: 0, lambda: True, step_tokens=8192, usage=lambda: 1.0)
+    never.leads(admitted(8192), readers=3)
+    assert not never.skips(miss)
+
+
 def test_the_switch_is_checked(monkeypatch):
     monkeypatch.setenv(PREFIX_WAIT_ENV, "sometimes")
     with pytest.raises(InvalidArgumentError, match="JENGA_VLLM_PREFIX_WAIT"):

@@ -155,6 +155,42 @@ def test_the_queue_behind_a_request_held_for_its_prefix_in_flight_waits_while_th
     assert goes_on["rps"] < 0.95 * vllm["rps"] and goes_on["batch"] < 0.9 * vllm["batch"], (goes_on, got)
 
 
+def test_round_robin_chats_keep_vllms_waves_where_holds_and_misses_took_them(monkeypatch):
+    """Many chats served round robin at 4 % of the H100 budget, against vLLM at the setting that wins
+    its sweep there (retention 0, cache-aware admission).  The turns of a chat all wait, and they are
+    admitted in waves, one wave each 64 decode steps; jenga lost whole waves to three things:
+
+    * Llama-4-Scout, a chat's first turn prefilling: the next chat's first turn (a miss) was admitted
+      behind it, and the five later turns, which read the first one's prompt, waited a wave for its
+      pages (``PrefixWait.leads`` / ``skips``; ``JENGA_VLLM_PREFIX_WAIT_STOPS=never`` turns it off);
+    * a preempted request, looked up again, held its hit: the running requests' next pages preempted
+      another (the adapter now lets go of a preempted request's hold before vLLM preempts);
+    * Ministral-8B: a chat's second turn held its first turn's pages while the deeper head of the
+      queue waited for them (the adapter lets go of shallower holds at a refused first allocation).
+
+    jenga now keeps vLLM's req/s on both (0.94x and 0.98x before)."""
+    from jenga.vllm.compat import MINOR
+    if MINOR < (0, 34):
+        pytest.skip("cache-aware admission, what wins vLLM's sweep on these rows, is vLLM 0.34's")
+    from vllm_layouts import VllmSettings
+
+    from jenga.vllm.prefix_wait import PREFIX_WAIT_STOPS_ENV
+    for env in (PROTECT_ENV, PREFIX_WAIT_ENV, PREFIX_WAIT_STOPS_ENV):
+        monkeypatch.delenv(env, raising=False)
+    best = VllmSettings(retention=0, admission_window=2048)
+    vllm_rps = {}
+    for name in ("llama-4-scout", "ministral-8b"):
+        vllm = _jenga_side(name, "round-robin", 0.04, best, side="vllm")
+        jenga = _jenga_side(name, "round-robin", 0.04)
+        vllm_rps[name] = vllm["rps"]
+        got = {k: (round(vllm[k], 3), round(jenga[k], 3)) for k in ("rps", "batch", "preempt", "ttft99")}
+        assert jenga["rps"] >= 0.99 * vllm["rps"] and jenga["preempt"] <= vllm["preempt"] + 1, (name, got)
+        assert jenga["ttft99"] <= 1.05 * vllm["ttft99"], (name, got)
+    monkeypatch.setenv(PREFIX_WAIT_STOPS_ENV, "never")
+    goes_on = _jenga_side("llama-4-scout", "round-robin", 0.04)
+    assert goes_on["rps"] < 0.96 * vllm_rps["llama-4-scout"], goes_on
+
+
 def test_a_preempted_hybrid_request_resumes_with_its_checkpoints_where_vllms_steps_stop():
     """Jamba-1.5-Mini, the agent sessions at 4 % of the H200 budget, ``prefix_match_unit`` 16 (what
     won vLLM's sweep there): a request preempted after 14 output tokens came back with them, and jenga

@@ -210,6 +210,7 @@ class JengaScheduler(Scheduler):
                                           priced=wait == "priced", usage=lambda: adapter.usage,
                                           stops_from=prefix_wait_stops())
         self._queue_stopped = False  # a held request stopped this step's admissions behind it
+        self._admitted_seen = -1  # len(running) at the last look for this step's admissions (-1: none yet)
         self.admission = None
         if hits_first:
             self.admission = HitsFirst(self.kv_cache_manager.get_num_cached_tokens,
@@ -248,12 +249,33 @@ class JengaScheduler(Scheduler):
         if self._queue_stopped:
             return False
         wait = self.prefix_wait
-        if wait is None or not wait.holds(request, len(self.requests)):
+        if wait is None:
+            return True
+        self._admitted_so_far(wait)
+        if wait.skips(lambda: self.kv_cache_manager.get_num_cached_tokens(request)):
+            return False
+        if not wait.holds(request, len(self.requests)):
             return True
         self._queue_stopped = wait.stops(request)
         return False
 
+    def _admitted_so_far(self, wait) -> None:
+        """Show ``wait`` the requests admitted this step since the last call (the tail of
+        ``running``: the admission loop only appends to it), each with its readers: the waiting
+        requests that will read its whole prompt (``PrefixWait.leads``)."""
+        start, self._admitted_seen = self._admitted_seen, len(self.running)
+        if start < 0 or self.next_use is None:
+            return  # the loop's first call: its running requests were admitted before this step
+        live, waiting, block = self.next_use.live, self.next_use.waiting, self.hash_block_size
+        for request in self.running[start:]:
+            k = request.num_prompt_tokens // block
+            if k:
+                wait.leads(request, live.get(request.block_hashes[k - 1], 0) - (request.request_id in waiting))
+
     def schedule(self, *args, **kwargs):
+        self._admitted_seen = -1
+        if self.prefix_wait is not None:
+            self.prefix_wait.new_step()
         self._queue_stopped = False
         if self.admission is not None:
             self.admission.reorder(self.waiting)

@@ -376,14 +376,14 @@ class KVCacheManager:
             self.shrink_hit(rid, 0)
         return len(waiting)
 
-    def waiting_hits(self, *, whole_prefix: bool = False) -> list:
+    def waiting_hits(self, *, whole_prefix: bool = False, below: int | None = None) -> list:
         """The requests looked up but not yet allocated that hold a hit, the latest added first
         (a caller lets go of one with ``shrink_hit(request_id, 0)``).  ``whole_prefix``: only hits
         whose next token reads the whole prefix in every kind (``_reads_whole_prefix``): evicting
         their last pages then costs those pages' tokens only, not the hit down to an earlier window
-        or state checkpoint."""
+        or state checkpoint.  ``below``: only hits of fewer tokens."""
         return [rid for rid, req in reversed(self.requests.items()) if req.tables is None and req.hit
-                and (not whole_prefix or self._reads_whole_prefix(req))]
+                and (below is None or req.hit < below) and (not whole_prefix or self._reads_whole_prefix(req))]
 
     def _reads_whole_prefix(self, req: Request) -> bool:
         """Whether the token after ``req``'s hit reads every token before it in every kind the
