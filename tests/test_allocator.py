@@ -314,3 +314,37 @@ def test_multi_page_prompts_fill_shared_large_pages_of_three_where_a_state_page_
     # before: [[0, 1], [6, 7], [12, 13], [18, 19], [24, 25]], state pages in large pages 1, 3, 5, 7, 9
     assert [pages for pages, _ in got] == [[0, 1], [2, 6], [7, 8], [15, 16], [17, 21], [22, 23]]
     assert [state for _, state in got] == [1, 3, 4, 6, 8, 9]
+
+
+def _admit_two_page_prompts(kind: str, num_large: int) -> list[tuple[list, list]]:
+    """Full-attention pages a third of a large page, a ``kind`` group's (chunked or sliding, window
+    64) a whole one: four-token prompts (two pages each) admitted one after another until one does
+    not fit; each admitted one's page ids in both groups."""
+    from conftest import chunked, full, group, model, sliding
+    other = chunked(64) if kind == "chunked" else sliding(64)
+    mgr = make_manager(model(group("full", full(), 1), group(kind, other, 3, first_layer=1)), num_large,
+                       tokens_per_page=2)
+    assert mgr.alloc.small_per_large == [3, 1]
+    admitted = []
+    for i in range(12):
+        mgr.add_request(i, [100 + 4 * i + j for j in range(4)])
+        mgr.lookup(i)
+        if mgr.allocate(i, 4) is None:
+            mgr.free(i)
+            break
+        admitted.append(i)
+        mgr.check_integrity()
+    return [(mgr.requests[i].tables.groups[0].page_ids, mgr.requests[i].tables.groups[1].page_ids) for i in admitted]
+
+
+def test_full_attention_pages_fill_shared_large_pages_where_a_chunk_page_needs_a_whole_one():
+    """Llama-4 shape: a chunked group's page is a whole large page, full attention's a third.  A
+    chunk group keeps a request's pages as a state group does (``Policy.slides`` is false), so the
+    full-attention pages fill other requests' large pages first (``Admission.prefer_shared``), and
+    the slots a request's last large page leaves free are used (request 1 takes slot 2 of large
+    page 0, request 2 large page 3's other two); a sliding window keeps the old rule: each request's
+    full-attention pages in a large page of their own, until the pool runs out."""
+    got = _admit_two_page_prompts("chunked", 11)
+    assert got == [([0, 1], [1, 2]), ([2, 9], [4, 5]), ([10, 11], [6, 7]), ([24, 25], [9, 10])]
+    assert _admit_two_page_prompts("sliding", 11) == [([0, 1], [1, 2]), ([9, 10], [4, 5]), ([18, 19], [7, 8]),
+                                                      ([2, 11], [9, 10])]

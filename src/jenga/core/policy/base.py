@@ -141,6 +141,9 @@ class Policy(ABC):
     #: commit (vLLM v1's ``remove_skipped_blocks``; the ``uniform`` baseline's sliding and chunked
     #: policies, which then answer ``skipped`` / ``freed_by_release`` / ``release_skipped``)
     releases_at_next_allocate = False
+    #: a request's pages leave the group one by one as its window slides: spread over other requests'
+    #: large pages they free none whole, so a request keeps to its own (``Admission.prefer_shared``)
+    slides = False
 
     def __init__(self, gi: int, group: LayerGroup, block: int, window_slack: int | None = None):
         self.gi, self.group, self.block = gi, group, block

@@ -134,6 +134,7 @@ class SlidingPolicy(FullPolicy):
     slack = 0
     bounds_hit = False
     needs_junction = True
+    slides = True
 
     def __init__(self, gi: int, group: LayerGroup, block: int, window_slack: int | None = None):
         super().__init__(gi, group, block, window_slack)
