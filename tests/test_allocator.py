@@ -283,6 +283,13 @@ def _admit_state_hybrid_prompts(num_large: int, prompt_len: int) -> list[tuple[l
     spec = model(group("full", full(), 1), group("mamba", mamba(16, state_elems=384), 1, first_layer=1))
     mgr = make_manager(spec, num_large, tokens_per_page=2)
     assert mgr.alloc.small_per_large == [3, 1]
+    return [(mgr.requests[i].tables.groups[0].page_ids, mgr.requests[i].tables.groups[1].work_page)
+            for i in _admit_until_full(mgr, prompt_len)]
+
+
+def _admit_until_full(mgr, prompt_len: int) -> list[int]:
+    """Prompts of ``prompt_len`` distinct tokens admitted one after another until one does not fit
+    (at most 12); the admitted ones' ids."""
     admitted = []
     for i in range(12):
         mgr.add_request(i, [100 + prompt_len * i + j for j in range(prompt_len)])
@@ -292,7 +299,7 @@ def _admit_state_hybrid_prompts(num_large: int, prompt_len: int) -> list[tuple[l
             break
         admitted.append(i)
         mgr.check_integrity()
-    return [(mgr.requests[i].tables.groups[0].page_ids, mgr.requests[i].tables.groups[1].work_page) for i in admitted]
+    return admitted
 
 
 def test_one_page_prompts_share_large_pages_where_a_state_page_needs_a_whole_one():
@@ -325,16 +332,8 @@ def _admit_two_page_prompts(kind: str, num_large: int) -> list[tuple[list, list]
     mgr = make_manager(model(group("full", full(), 1), group(kind, other, 3, first_layer=1)), num_large,
                        tokens_per_page=2)
     assert mgr.alloc.small_per_large == [3, 1]
-    admitted = []
-    for i in range(12):
-        mgr.add_request(i, [100 + 4 * i + j for j in range(4)])
-        mgr.lookup(i)
-        if mgr.allocate(i, 4) is None:
-            mgr.free(i)
-            break
-        admitted.append(i)
-        mgr.check_integrity()
-    return [(mgr.requests[i].tables.groups[0].page_ids, mgr.requests[i].tables.groups[1].page_ids) for i in admitted]
+    return [(mgr.requests[i].tables.groups[0].page_ids, mgr.requests[i].tables.groups[1].page_ids)
+            for i in _admit_until_full(mgr, 4)]
 
 
 def test_full_attention_pages_fill_shared_large_pages_where_a_chunk_page_needs_a_whole_one():
