@@ -41,8 +41,10 @@ class Admission:
         self.block = block
         self.margin, self.protected_share = margin, protected_share
         self.state_group = [not pol.group.spec.per_token for pol in policies]
-        # some group's page is a whole large page; some group's that does not slide is (``prefer_shared``)
+        # some group's page is a whole large page; some state group's is; some group's that does not
+        # slide is (``prefer_shared``)
         self.whole_page_group = int(1 in alloc.small_per_large)
+        self.whole_state_page = any(s and k == 1 for s, k in zip(self.state_group, alloc.small_per_large, strict=True))
         self.whole_kept_page = any(k == 1 and not pol.slides for pol, k in zip(policies, alloc.small_per_large,
                                                                                   strict=True))
         self.admitted = 0
@@ -76,7 +78,8 @@ class Admission:
         a whole large page, also a prompt of one page in a large page of two or three: the slots
         it leaves free no such page can use.  Where the page of a group that keeps a request's pages
         (a state group, a chunk or full attention; not a sliding window) is a whole large page,
-        every allocation of a token group whose large page holds at most three of its pages: a
+        every allocation of a token group whose large page holds two or three of its pages (one,
+        too, beside a whole state page): a
         request's last large page leaves a third to two thirds of it free, slots no page of that
         group can use, and co-freeing three pages gains little.  Measured inside vLLM at 4 % of
         the budget of four H100s (attention pages a third of a large page): Qwen3-Next-80B's
@@ -86,8 +89,9 @@ class Admission:
         whole) 121.1 -> 122.3 req/s (vLLM-best 122.7).  A sliding window's whole pages keep the
         old rule (``Policy.slides``): Ministral-8B's articles lose hits and scheduler time with a
         request's pages spread."""
-        whole, whole_kept = self.whole_page_group, self.whole_kept_page
-        return [state or (whole_kept and k < 4) or req.prompt_len <= (k // 4 or whole) * pol.tpp
+        whole, whole_state, whole_kept = self.whole_page_group, self.whole_state_page, self.whole_kept_page
+        return [state or (whole_state and k < 4) or (whole_kept and 1 < k < 4)
+                or req.prompt_len <= (k // 4 or whole) * pol.tpp
                 for state, k, pol in zip(self.state_group, self.alloc.small_per_large, self.policies, strict=True)]
 
     def holding_groups(self, req: Request) -> list[int] | None:
