@@ -266,11 +266,9 @@ class JengaScheduler(Scheduler):
         start, self._admitted_seen = self._admitted_seen, len(self.running)
         if start < 0 or self.next_use is None:
             return  # the loop's first call: its running requests were admitted before this step
-        live, waiting, block = self.next_use.live, self.next_use.waiting, self.hash_block_size
+        block = self.hash_block_size
         for request in self.running[start:]:
-            k = request.num_prompt_tokens // block
-            if k:
-                wait.leads(request, live.get(request.block_hashes[k - 1], 0) - (request.request_id in waiting))
+            wait.leads(request, self._junction_readers(request, request.num_prompt_tokens // block * block))
 
     def schedule(self, *args, **kwargs):
         self._admitted_seen = -1

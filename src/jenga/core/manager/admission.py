@@ -79,9 +79,8 @@ class Admission:
         it leaves free no such page can use.  Where the page of a group that keeps a request's pages
         (a state group, a chunk or full attention; not a sliding window) is a whole large page,
         every allocation of a token group whose large page holds two or three of its pages (one,
-        too, beside a whole state page): a
-        request's last large page leaves a third to two thirds of it free, slots no page of that
-        group can use, and co-freeing three pages gains little.  Measured inside vLLM at 4 % of
+        too, beside a whole state page): a request's last large page leaves a third to two thirds
+        of it free, slots no page of that group can use, and co-freeing three pages gains little.  Measured inside vLLM at 4 % of
         the budget of four H100s (attention pages a third of a large page): Qwen3-Next-80B's
         short prompts of one page each took a fresh large page (batch 62.7 against vLLM's 86.5;
         now 86.5), its RAG prompts left 0.37 GiB of 5.2 free in such slots while admissions
