@@ -46,7 +46,7 @@ FAMILIES = {
     "falcon_h1": (dict(dtype="float32"), dict(enable_prefix_caching=False), 24, 64, 2),
     # bf16 state named, not "auto": on a CPU with AVX-512 BF16 vLLM turns "auto" into fp32 state
     # (other page sizes) for its accelerated Gated DeltaNet kernel, and keeps a named bf16
-    "qwen3_next": (dict(dtype="bfloat16", mamba_ssm_cache_dtype="bfloat16"), {}, 36, 96, 3),
+    "qwen3_next": (dict(dtype="bfloat16", mamba_ssm_cache_dtype="bfloat16"), {}, 30, 96, 3),
 }
 
 
@@ -168,16 +168,19 @@ def test_state_block_copy_moves_exactly_one_page(runs):
         buf.copy_(saved)
 
 
-def test_state_layers_are_one_jenga_group_of_state_pages(runs):
+def test_state_layers_are_cut_into_groups_as_vllm_cuts_them(runs):
     sched = runs["ample"]
-    groups = {g.spec.kind: g for g in sched.jenga.model.groups}
-    assert sorted(groups) == ["full", "mamba"]
-    assert type(groups["mamba"].spec) is CopyForwardMambaSpec
-    assert groups["mamba"].num_layers == FAMILIES[runs["family"]][4]
-    # vLLM's per-layer state groups become one jenga group (one page holds every state layer)
+    groups = sched.jenga.model.groups
+    assert sorted({g.spec.kind for g in groups}) == ["full", "mamba"]
+    state = [g for g in groups if g.spec.kind == "mamba"]
+    assert all(type(g.spec) is CopyForwardMambaSpec for g in state)
+    # vLLM's state groups of as many layers as the attention group has (one page size for every
+    # group): Falcon-H1's parallel layers one group of both layers, Qwen3-Next's three one each
+    full = min(g.num_layers for g in groups if g.spec.per_token)
+    assert [g.num_layers for g in state] == [full] * (FAMILIES[runs["family"]][4] // full)
     modes = [g.kv_cache_spec.mamba_cache_mode for g in sched.kv_cache_config.kv_cache_groups
              if hasattr(g.kv_cache_spec, "mamba_cache_mode")]
-    assert modes == ["align"]
+    assert modes == ["align"] * len(state)
     # the worker never exports an internal prefill checkpoint jenga did not plan
     assert all(getattr(g.kv_cache_spec, "num_prefill_checkpoint_blocks", 0) == 0
                for g in sched.kv_cache_config.kv_cache_groups)
@@ -236,7 +239,7 @@ def test_no_state_below_the_hybrid_block(runs):
     sched, block = runs["ample"], FAMILIES["qwen3_next"][3]
     mamba = [g.kv_cache_spec.block_size for g in sched.kv_cache_config.kv_cache_groups
              if hasattr(g.kv_cache_spec, "mamba_cache_mode")]
-    assert mamba == [block] and sched.cache_config.block_size == block
+    assert mamba == [block] * 3 and sched.cache_config.block_size == block
     assert sched.hash_block_size == block and not sched.mamba_partial_cache_hit
     assert sched.jenga.block == block
 
@@ -259,3 +262,26 @@ def test_sub_block_hits_lost_is_named_at_start():
     assert sub_block_hits_lost(cfg, 32, True, sub_block=True) is None
     assert sub_block_hits_lost(cfg, 96, True) is None
     assert sub_block_hits_lost(cfg, 32, False) is None
+
+
+def test_state_groups_are_cut_by_the_smallest_token_group(monkeypatch):
+    """``state_groups``: a state group is cut into groups of the smallest token group's layer count
+    where that count divides it, kept whole otherwise, without token groups or when asked."""
+    import torch
+    from vllm.v1 import kv_cache_interface as kvi
+
+    from jenga.errors import InvalidArgumentError
+    from jenga.vllm.plan import STATE_GROUPS_ENV, state_groups
+
+    attn = kvi.FullAttentionSpec(block_size=96, num_kv_heads=1, head_size=8, dtype=torch.bfloat16)
+    state = kvi.MambaSpec(block_size=96, shapes=((4,),), dtypes=(torch.bfloat16,), mamba_cache_mode="align")
+    m = [f"m{i}" for i in range(6)]
+    assert state_groups([(m, state), (["a0", "a1"], attn)]) == [(m[0:2], state), (m[2:4], state), (m[4:6], state),
+                                                                (["a0", "a1"], attn)]
+    assert state_groups([(m[:5], state), (["a0", "a1"], attn)]) == [(m[:5], state), (["a0", "a1"], attn)]
+    assert state_groups([(m, state)]) == [(m, state)]
+    monkeypatch.setenv(STATE_GROUPS_ENV, "whole")
+    assert state_groups([(m, state), (["a0"], attn)]) == [(m, state), (["a0"], attn)]
+    monkeypatch.setenv(STATE_GROUPS_ENV, "halves")
+    with pytest.raises(InvalidArgumentError, match="JENGA_VLLM_STATE_GROUPS='halves'; choose one of split, whole"):
+        state_groups([(m, state), (["a0"], attn)])
