@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 # family -> (engine kwargs, tight budget in vLLM blocks, host GiB: about 4x the tight device pool)
 FAMILIES = {
     "gemma3": (dict(dtype="float32"), 128, 0.008),
-    "qwen3_next": (dict(dtype="bfloat16", mamba_ssm_cache_dtype="bfloat16"), 36, 0.016),
+    "qwen3_next": (dict(dtype="bfloat16", mamba_ssm_cache_dtype="bfloat16"), 30, 0.016),
 }
 
 
