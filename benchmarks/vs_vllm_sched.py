@@ -74,11 +74,19 @@ ROWS = {"quick": QUICK, "more": MORE, "all": QUICK + MORE, "wide": WIDE,
         "wide-tight": [r for r in WIDE if r.endswith(":tight")], "wide-real": [r for r in WIDE if r.endswith(":real")]}
 CACHE_AWARE = dict(admission_window=2048, admission_threshold=0.0)
 #: jenga's policy switches measured beside its defaults (``--variants``): environment of JengaScheduler
-VARIANTS = {"whole-states": {"JENGA_VLLM_STATE_GROUPS": "whole"}, "always": {"JENGA_VLLM_PROTECT": "always"}, "ordered": {"JENGA_VLLM_PROTECT": "auto"}, "no-step-ends": {"JENGA_VLLM_STEP_CHECKPOINTS": "off"},
-            "no-prefix-wait": {"JENGA_VLLM_PREFIX_WAIT": "off"},
-            "queue-goes-on": {"JENGA_VLLM_PREFIX_WAIT_STOPS": "never"}, "exact-junction": {"JENGA_VLLM_JUNCTION_STOP": "exact"}, "hits-first": {"JENGA_VLLM_ADMISSION": "hits-first"}, "fcfs": {"JENGA_VLLM_ADMISSION": "fcfs"},
-            "before": {"JENGA_VLLM_STEP_CHECKPOINTS": "off", "JENGA_VLLM_ADMISSION": "hits-first",
-                       "JENGA_VLLM_PROTECT": "always"}}
+VARIANTS = {
+    "whole-states": {"JENGA_VLLM_STATE_GROUPS": "whole"},
+    "always": {"JENGA_VLLM_PROTECT": "always"},
+    "ordered": {"JENGA_VLLM_PROTECT": "auto"},
+    "no-step-ends": {"JENGA_VLLM_STEP_CHECKPOINTS": "off"},
+    "no-prefix-wait": {"JENGA_VLLM_PREFIX_WAIT": "off"},
+    "queue-goes-on": {"JENGA_VLLM_PREFIX_WAIT_STOPS": "never"},
+    "exact-junction": {"JENGA_VLLM_JUNCTION_STOP": "exact"},
+    "hits-first": {"JENGA_VLLM_ADMISSION": "hits-first"},
+    "fcfs": {"JENGA_VLLM_ADMISSION": "fcfs"},
+    "before": {"JENGA_VLLM_STEP_CHECKPOINTS": "off", "JENGA_VLLM_ADMISSION": "hits-first",
+               "JENGA_VLLM_PROTECT": "always"},
+}
 
 
 def sweep(model, kind: str) -> list[VllmSettings]:

@@ -80,15 +80,15 @@ class Admission:
         (a state group, a chunk or full attention; not a sliding window) is a whole large page,
         every allocation of a token group whose large page holds two or three of its pages (one,
         too, beside a whole state page): a request's last large page leaves a third to two thirds
-        of it free, slots no page of that group can use, and co-freeing three pages gains little.  Measured inside vLLM at 4 % of
-        the budget of four H100s (attention pages a third of a large page): Qwen3-Next-80B's
-        short prompts of one page each took a fresh large page (batch 62.7 against vLLM's 86.5;
-        now 86.5), its RAG prompts left 0.37 GiB of 5.2 free in such slots while admissions
-        waited (p99 TTFT 1.23 s, now 0.79 s; both with its 36 state layers one group: cut as vLLM
-        cuts them, every page of it is one size); Llama-4-Scout's short shared prompts (chunked pages
-        whole) 121.1 -> 122.3 req/s (vLLM-best 122.7).  A sliding window's whole pages keep the
-        old rule (``Policy.slides``): Ministral-8B's articles lose hits and scheduler time with a
-        request's pages spread."""
+        of it free, slots no page of that group can use, and co-freeing three pages gains little.
+        Measured inside vLLM at 4 % of the budget of four H100s (attention pages a third of a large
+        page): Qwen3-Next-80B's short prompts of one page each took a fresh large page (batch 62.7
+        against vLLM's 86.5; now 86.5), its RAG prompts left 0.37 GiB of 5.2 free in such slots while
+        admissions waited (p99 TTFT 1.23 s, now 0.79 s; both with its 36 state layers one group: cut as
+        vLLM cuts them, every page of it is one size); Llama-4-Scout's short shared prompts (chunked
+        pages whole) 121.1 -> 122.3 req/s (vLLM-best 122.7). A sliding window's whole pages keep the old
+        rule (``Policy.slides``): Ministral-8B's articles lose hits and scheduler time with a request's
+        pages spread."""
         whole, whole_state, whole_kept = self.whole_page_group, self.whole_state_page, self.whole_kept_page
         return [state or (whole_state and k < 4) or (whole_kept and 1 < k < 4)
                 or req.prompt_len <= (k // 4 or whole) * pol.tpp
