@@ -17,7 +17,9 @@ its defaults (its own admission order, most cached prefix first; chunk-end state
 hybrids; on hybrids ``prefix_match_unit`` 16 when that won vLLM's row, as a user would set it for
 both), and each policy switch (``--variants``): ``ordered`` (no protected-page hold on
 admissions), ``always`` (every page reused twice protected, not only the pages the next-use
-predictor keeps: ``jenga.core.evict.predicted``), ``no-step-ends`` (no chunk-end state
+predictor keeps: ``jenga.core.evict.predicted``), ``reused-only`` (the predictor keeps reused pages
+only, not pages used once after a departed prefix came back), ``whole-states`` (a hybrid's state
+layers in one group, not cut as vLLM cuts them: ``jenga.vllm.plan``), ``no-step-ends`` (no chunk-end state
 checkpoints), ``no-prefix-wait`` (no admission held for a prefix a step in flight computes:
 ``jenga.vllm.prefix_wait``), ``queue-goes-on`` (the queue behind such a held request goes on at any
 usage), ``exact-junction`` (every junction stop exact, also off vLLM's Mamba block
@@ -77,6 +79,7 @@ CACHE_AWARE = dict(admission_window=2048, admission_threshold=0.0)
 VARIANTS = {
     "whole-states": {"JENGA_VLLM_STATE_GROUPS": "whole"},
     "always": {"JENGA_VLLM_PROTECT": "always"},
+    "reused-only": {"JENGA_VLLM_KEEP_ONCE": "off"},
     "ordered": {"JENGA_VLLM_PROTECT": "auto"},
     "no-step-ends": {"JENGA_VLLM_STEP_CHECKPOINTS": "off"},
     "no-prefix-wait": {"JENGA_VLLM_PREFIX_WAIT": "off"},
@@ -253,7 +256,7 @@ def main(argv=None) -> int:
     p.add_argument("--batched-tokens", type=int, default=8192, help="max_num_batched_tokens")
     p.add_argument("--max-seqs", type=int, default=1024, help="max_num_seqs")
     p.add_argument("--max-model-len", type=int, help="default: the trace's longest request, rounded up to 4,096")
-    p.add_argument("--variants", default="always,ordered,no-step-ends,no-prefix-wait,hits-first,before", help="jenga policy switches also measured, comma-separated "
+    p.add_argument("--variants", default="always,reused-only,ordered,no-step-ends,no-prefix-wait,hits-first,before", help="jenga policy switches also measured, comma-separated "
                    f"({', '.join(VARIANTS)}; '' for none): jenga/vLLM req/s with each")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--outcome", action="store_true", help="the README's columns only (req/s, p99 TTFT, prompt "

@@ -68,7 +68,9 @@ def test_reused_pages_of_a_departed_prefix_are_kept_only_while_departed_prefixes
 
 
 def test_a_page_a_live_request_will_read_is_protected_at_one_use_and_outlives_the_rest():
-    mgr = make_manager(model(group("full", full(), 1)), 8, eviction="predict")
+    # reused pages only kept on the return rate: x's one-off page stays LRU (pages used once: below)
+    mgr = make_manager(model(group("full", full(), 1)), 8, eviction="predict",
+                       eviction_options=PredictedOptions(used_once=False))
     nu = mgr.evictor.next_use
     serve(mgr, "x", [1, 2, 3], [0], free=False)
     nu.arrive("waiting", _pages(mgr, [0, 1]))  # a queued request starting with x's first two pages
@@ -95,7 +97,7 @@ def test_the_reuse_order_is_unchanged_without_a_predictor_fed():
 def test_without_hold_live_a_queued_readers_pages_are_evicted_last_but_hold_no_admission_back():
     nu = NextUse()  # the scheduler serves queued hits first
     mgr = make_manager(model(group("full", full(), 1)), 8, eviction="predict",
-                       eviction_options=PredictedOptions(nu, hold_live=False))
+                       eviction_options=PredictedOptions(nu, hold_live=False, used_once=False))
     serve(mgr, "x", [1, 2, 3], [0], free=False)
     nu.arrive("waiting", _pages(mgr, [0, 1]))
     mgr.free("x")
@@ -110,8 +112,10 @@ def test_a_reused_page_whose_prefix_a_running_request_holds_is_no_departed_prefi
     departed and is no future use of it: it is not protected, and holds no admission back (Falcon-H1-7B
     RAG prompts at a quarter of the H100 budget: such a 1,568-token page, protected at the first
     releases under the prior rate, held admissions back, p99 TTFT 1.7 s against vLLM-best's 0.6 s).
-    Once the prefix departs, the same page is kept as before."""
-    mgr = make_manager(model(group("full", full(), 1)), 8, eviction="predict")
+    Once the prefix departs, the same page is kept as before (reused pages only: x's one-off pages
+    stay LRU; pages used once are the next test's)."""
+    mgr = make_manager(model(group("full", full(), 1)), 8, eviction="predict",
+                       eviction_options=PredictedOptions(used_once=False))
     nu = mgr.evictor.next_use
     serve(mgr, "x", [1, 2, 3], [0])
     keys = _pages(mgr, [0, 1])
@@ -127,6 +131,35 @@ def test_a_reused_page_whose_prefix_a_running_request_holds_is_no_departed_prefi
     mgr.check_integrity()
 
 
+def test_pages_used_once_are_kept_where_a_scheduler_feeds_the_predictor():
+    """A chat's next turn reads what its previous turn wrote once.  Fed nothing (no departure is
+    ever seen, the prior would keep every page), the predictor keeps reused pages only, as the reuse
+    evictor did; fed, pages used once of a departed prefix are kept too on the same return rate
+    (class 3, protected), and ``used_once=False`` keeps reused pages only."""
+    def run(used_once: bool, fed: bool):
+        nu = NextUse()
+        mgr = make_manager(model(group("full", full(), 1)), 8, eviction="predict",
+                           eviction_options=PredictedOptions(nu, used_once=used_once))
+        serve(mgr, "t1", [1, 2, 3], [0])  # turn 1: pages 0, 1, 2, used once
+        assert sorted(mgr.evictor.protected[0]) == []
+        if fed:  # (else fed nothing: the prior rate, one in two, keeps departed prefixes)
+            nu.arrive("t1", _pages(mgr, [0, 1, 2]))
+            nu.leave("t1")  # its prefix departed (3 departures) ...
+            nu.arrive("t2", _pages(mgr, [0, 1, 2]))  # ... and the next turn came back (3 returns)
+            nu.admitted("t2")
+            nu.leave("t2")  # and departed again (6 departures): rate 4 / 8 keeps departed prefixes
+        assert nu.keeps_departed() and nu.keeps_used_once() is fed
+        serve(mgr, "t3", [1, 2, 3, 4, 5], [0])  # hits 0-2 (reused now); pages 3, 4 written once
+        protected = sorted(mgr.evictor.protected[0])
+        classes = mgr.evictor.classes(0, [3, 4])
+        mgr.check_integrity()
+        return protected, classes
+
+    assert run(True, False) == ([0, 1, 2], [0, 0])  # fed nothing: the prior keeps reused pages only
+    assert run(True, True) == ([0, 1, 2, 3, 4], [3, 3])
+    assert run(False, True) == ([0, 1, 2], [0, 0])
+
+
 def test_a_held_prefixs_reused_page_is_protected_when_its_miss_costs_more_than_a_step():
     """A reused page whose block a running request still holds (a Mamba checkpoint it resumed from)
     keeps that whole prefix reusable: with the scheduler's step budget known (``step_tokens``) it is
@@ -134,7 +167,7 @@ def test_a_held_prefixs_reused_page_is_protected_when_its_miss_costs_more_than_a
     articles at a quarter of the H100 budget: 0.87x -> 1.36x vLLM-best), not when a miss fits one step."""
     nu = NextUse()
     mgr = make_manager(model(group("full", full(), 1)), 8, eviction="predict",
-                       eviction_options=PredictedOptions(nu, step_tokens=1))
+                       eviction_options=PredictedOptions(nu, step_tokens=1, used_once=False))
     serve(mgr, "x", [1, 2, 3], [0])
     nu.arrive("r", _pages(mgr, [0, 1]))
     nu.admitted("r")  # running, holding x's first two blocks
@@ -150,7 +183,7 @@ def test_the_options_reach_the_evictor_as_it_is_built():
     nu = NextUse()
     ev = make_manager(model(group("full", full(), 1)), 8, eviction="predict",
                       eviction_options=PredictedOptions(nu, hold_live=False, step_tokens=64)).evictor
-    assert ev.next_use is nu and ev.hold_live is False and ev.step_tokens == 64
+    assert ev.next_use is nu and ev.hold_live is False and ev.step_tokens == 64 and ev.used_once is True
     plain = make_manager(model(group("full", full(), 1)), 8, eviction="predict").evictor  # the defaults
     assert plain.next_use is not nu and plain.hold_live is True and plain.step_tokens is None
 
@@ -172,6 +205,7 @@ def test_options_another_order_takes_are_refused_before_anything_is_built(monkey
 @pytest.mark.parametrize("fields, problem", [
     (dict(hold_live="no"), "hold_live must be a bool"),
     (dict(hold_live=1), "hold_live must be a bool"),
+    (dict(used_once="yes"), "used_once must be a bool"),
     (dict(step_tokens=0), "step_tokens must be >= 1"),
     (dict(step_tokens=2.5), "step_tokens must be an int"),
     (dict(next_use={}), "next_use must be a NextUse, got dict"),

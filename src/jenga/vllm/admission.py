@@ -34,7 +34,9 @@ wins every trace (``benchmarks/vs_vllm_sched.py``): with the questions on each a
 together, ``auto`` keeps the hits at a larger batch; with rounds of questions arriving after the
 previous round is done (a cyclic working set larger than the pool), only the protection keeps a
 resident subset.  ``predict`` tells the two apart: the queued questions are known future uses,
-and the rounds' prefixes are seen to return after they departed.
+and the rounds' prefixes are seen to return after they departed.  Fed by this scheduler,
+``predict`` keeps pages used once too, on the same return rate (a chat's next turn reads its
+previous turn's new pages); ``JENGA_VLLM_KEEP_ONCE=off`` keeps reused pages only.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ ADMISSION_ENV = "JENGA_VLLM_ADMISSION"
 ADMISSIONS = ("hits-first", "deepest-first", "fcfs")
 PROTECT_ENV = "JENGA_VLLM_PROTECT"
 PROTECTS = ("auto", "always", "never", "predict")
+KEEP_ONCE_ENV = "JENGA_VLLM_KEEP_ONCE"
 
 
 def admission_name() -> str:
@@ -80,8 +83,10 @@ def manager_eviction_options(ordered: bool, step_tokens: int) -> PredictedOption
     if manager_eviction() != "predict":
         return None
     # admissions ordered by cached prefix serve the queued hits first: their pages hold none back;
-    # a held prefix's checkpoint whose miss would cost its reader a step more is protected
-    return PredictedOptions(hold_live=not ordered, step_tokens=step_tokens)
+    # a held prefix's checkpoint whose miss would cost its reader a step more is protected; pages
+    # used once are kept too (JENGA_VLLM_KEEP_ONCE=off: reused only)
+    return PredictedOptions(hold_live=not ordered, step_tokens=step_tokens,
+                            used_once=switch(KEEP_ONCE_ENV, ("on", "off"), "on") == "on")
 
 
 class HitsFirst:

@@ -15,10 +15,13 @@ Two sources, in the order they are trusted:
    so far, counted per block (so per byte: a shared system prompt that never departs weighs
    nothing, a retrieved chunk that departs and is seldom retrieved again in the same place weighs
    its length), with one return in two departures as the prior (no evidence: keep as jenga's
-   reuse evictor always did).  A page with
-   no live user is predicted to be used again when it was already reused (``uses >= 2``) and
-   ``return_rate >= keep_share``: pages of departed prefixes are kept only when departed
-   prefixes have tended to come back.
+   reuse evictor always did).  A page with no live user is predicted to be used again when
+   ``return_rate >= keep_share`` (pages of departed prefixes are kept only when departed
+   prefixes have tended to come back), whatever its uses once a scheduler feeds the predictor
+   (``keeps_used_once``): a returning prefix comes back to pages used once (a chat's next turn
+   reads the new pages of the turn before it and its prompt-end state checkpoint, each written
+   once).  Fed nothing, no prefix is ever seen to depart and the prior would keep every page:
+   there a page is kept only once reused (``uses >= 2``), as the reuse evictor keeps it.
 
 The value of keeping a page is the recompute it saves per byte held, times the chance it is
 read again; the cost is the batch its bytes keep waiting.  Pages with a known future use save
@@ -116,3 +119,8 @@ class NextUse:
     def keeps_departed(self) -> bool:
         """Whether a reused page with no live user is predicted to be read again."""
         return self.return_rate >= self.keep_share
+
+    def keeps_used_once(self) -> bool:
+        """Whether a page used once with no live user is predicted to be read again: a scheduler
+        feeds this predictor (it was told of a request) and departed prefixes tend to return."""
+        return bool(self._held or self.departures) and self.keeps_departed()
