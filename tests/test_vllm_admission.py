@@ -41,6 +41,7 @@ from jenga.errors import InvalidArgumentError
 from jenga.vllm import JengaScheduler
 from jenga.vllm.admission import (
     ADMISSION_ENV,
+    KEEP_ONCE_ENV,
     PROTECT_ENV,
     HitsFirst,
     admission_name,
@@ -223,7 +224,8 @@ def test_tight_articles_jenga_computes_fewer_prompt_tokens_than_stock(gemma3, mo
     stock, jenga = got["stock"], got["jenga"]
     # stock: FCFS under a cyclic working set larger than its cache, every question misses
     assert stock["hits"] == [0, 0, 0, 0]
-    assert jenga["computed"] * 1.5 <= stock["computed"], got
+    # 1.45x fewer (1.52x with reused pages only kept: the next test)
+    assert jenga["computed"] * 1.4 <= stock["computed"], got
     assert got["jenga-fcfs"]["computed"] <= stock["computed"], got
     assert got["jenga-fcfs"]["computed"] > jenga["computed"], got  # the admission order is part of the win
 
@@ -249,24 +251,31 @@ def test_tight_rounds_need_the_protection_that_ordered_admission_drops(gemma3, m
 def test_predicted_protection_keeps_the_rounds_that_need_it(gemma3, monkeypatch):
     """The same rounds with the default ``JENGA_VLLM_PROTECT=predict``: no queued request hits
     the articles of the next round, but each round's prefixes are seen to return after they
-    departed, so the predictor keeps them protected (as ``always`` does) and hits at least as
-    often as ``always``, computing no more."""
+    departed, so the predictor keeps them protected (as ``always`` does).  Keeping reused pages
+    only (``JENGA_VLLM_KEEP_ONCE=off``) it hits at least as often as ``always``, computing no more.
+    Its default also keeps pages used once (what a chat's next turn reads): here each question's
+    own tail too, which no later request reads apart from the same question a round later, and
+    that costs a hit and 5 % more prompt tokens (6,904 against 6,552) -- the price, on this cyclic
+    trace, of the round-robin chats' win (``docs/vllm.md``)."""
     rounds = bench.articles(0, 6)
     max_len = bench.longest(lambda: rounds)
     got = {}
-    for protect in ("always", "predict"):
-        monkeypatch.setenv(PROTECT_ENV, protect)
+    for protect in ("always", "predict", "predict-reused"):
+        monkeypatch.setenv(PROTECT_ENV, protect.split("-")[0])
+        monkeypatch.setenv(KEEP_ONCE_ENV, "off" if protect == "predict-reused" else "on")
         sched, hash_block = _scheduler(gemma3, 2 * 6 * 14, max_len, True)
-        assert (sched.next_use is not None) == (protect == "predict")
+        assert (sched.next_use is not None) == (protect != "always")
         got[protect] = serve_rounds(sched, hash_block, rounds)
-        if protect == "predict":
+        if protect != "always":
             assert sched.next_use.keeps_departed() and sched.next_use.returns >= 6, got
             # the scheduler's predictor, order (hits first) and step budget, handed in as the manager was built
             ev = sched.kv_cache_manager.manager.evictor
             assert ev.next_use is sched.next_use and ev.hold_live is False
             assert ev.step_tokens == sched.scheduler_config.max_num_batched_tokens
-    assert sum(got["predict"]["hits"]) >= sum(got["always"]["hits"]), got
-    assert got["predict"]["computed"] <= got["always"]["computed"], got
+    assert sum(got["predict-reused"]["hits"]) >= sum(got["always"]["hits"]), got
+    assert got["predict-reused"]["computed"] <= got["always"]["computed"], got
+    assert sum(got["predict"]["hits"]) >= sum(got["always"]["hits"]) - 1, got
+    assert got["predict"]["computed"] <= 1.06 * got["always"]["computed"], got
 
 
 def test_growing_chats_jenga_computes_no_more_than_stock(gemma3):

@@ -13,17 +13,16 @@ it saves per byte, times the chance it is read again, against the batch its byte
    tended to come back; or used once and the predictor fed nothing), LRU;
 3. pages kept on the learned return rate (no live user, ``NextUse.keeps_departed``: reused, or
    used once where a scheduler feeds the predictor, ``NextUse.keeps_used_once``), most recently
-   released first
-   (a stable resident subset, as before); and such a page whose
-   block a running request still holds (a Mamba checkpoint it passed or resumed from: nothing
-   departed) when a miss on it would cost a step: it ends past ``step_tokens`` (below; both
-   only while departed prefixes tend to return);
+   released first (a stable resident subset, as before); and such a page whose block a running
+   request still holds (a Mamba checkpoint it passed or resumed from: nothing departed) when a
+   miss on it would cost a step: it ends past ``step_tokens`` (below; both only while departed
+   prefixes tend to return);
 4. pages a live request will read (a waiting request's hit, a preempted request's resume),
    whatever their use count, most recently released first.
 
 Pages used once are kept too where a scheduler feeds the predictor: a chat's next turn reads
-what its previous turn wrote once (the new pages of its prompt and its prompt-end state checkpoint), released
-before the next turn arrives.  Measured on Nemotron-H-8B's round-robin chats at 4 % of the H100
+what its previous turn wrote once (the new pages of its prompt and its prompt-end state
+checkpoint), released before the next turn arrives.  Measured on Nemotron-H-8B's round-robin chats at 4 % of the H100
 budget (``benchmarks/vs_vllm_sched.py``): with only reused pages kept, the pool evicted those
 checkpoints for the requests admitted meanwhile and one chat's later turns found nothing (hits
 43.7 %, 0.97x vLLM-best req/s); kept, 48.4 % and 1.04x.  Fed nothing (the simulator, the
