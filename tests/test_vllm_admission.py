@@ -149,6 +149,17 @@ def test_protect_env(monkeypatch):
         manager_admission(True)
 
 
+def test_keep_once_env(monkeypatch):
+    monkeypatch.delenv(PROTECT_ENV, raising=False)
+    monkeypatch.delenv(KEEP_ONCE_ENV, raising=False)
+    assert manager_eviction_options(True, 2048).used_once is True  # the default: pages used once kept too
+    monkeypatch.setenv(KEEP_ONCE_ENV, "off")
+    assert manager_eviction_options(True, 2048).used_once is False
+    monkeypatch.setenv(KEEP_ONCE_ENV, "twice")
+    with pytest.raises(InvalidArgumentError, match="JENGA_VLLM_KEEP_ONCE='twice'; choose one of on, off"):
+        manager_eviction_options(True, 2048)
+
+
 # ------------------------------------------------------------ the benchmark's claim
 def _gemma3_kv_config(vllm_config, blocks: int):
     """vLLM's own KV-cache config for vllm_support's tiny Gemma-3 text (5 sliding : 1 full)."""

@@ -52,6 +52,7 @@ ADMISSIONS = ("hits-first", "deepest-first", "fcfs")
 PROTECT_ENV = "JENGA_VLLM_PROTECT"
 PROTECTS = ("auto", "always", "never", "predict")
 KEEP_ONCE_ENV = "JENGA_VLLM_KEEP_ONCE"
+KEEP_ONCE = ("on", "off")
 
 
 def admission_name() -> str:
@@ -86,7 +87,7 @@ def manager_eviction_options(ordered: bool, step_tokens: int) -> PredictedOption
     # a held prefix's checkpoint whose miss would cost its reader a step more is protected; pages
     # used once are kept too (JENGA_VLLM_KEEP_ONCE=off: reused only)
     return PredictedOptions(hold_live=not ordered, step_tokens=step_tokens,
-                            used_once=switch(KEEP_ONCE_ENV, ("on", "off"), "on") == "on")
+                            used_once=switch(KEEP_ONCE_ENV, KEEP_ONCE, "on") == "on")
 
 
 class HitsFirst:

@@ -22,11 +22,11 @@ it saves per byte, times the chance it is read again, against the batch its byte
 
 Pages used once are kept too where a scheduler feeds the predictor: a chat's next turn reads
 what its previous turn wrote once (the new pages of its prompt and its prompt-end state
-checkpoint), released before the next turn arrives.  Measured on Nemotron-H-8B's round-robin chats at 4 % of the H100
-budget (``benchmarks/vs_vllm_sched.py``): with only reused pages kept, the pool evicted those
-checkpoints for the requests admitted meanwhile and one chat's later turns found nothing (hits
-43.7 %, 0.97x vLLM-best req/s); kept, 48.4 % and 1.04x.  Fed nothing (the simulator, the
-engine), the evictor keeps what the reuse evictor kept.
+checkpoint), released before the next turn arrives.  Measured on Nemotron-H-8B's round-robin
+chats at 4 % of the H100 budget (``benchmarks/vs_vllm_sched.py``): with only reused pages kept,
+the pool evicted those checkpoints for the requests admitted meanwhile and one chat's later turns
+found nothing (hits 43.7 %, 0.97x vLLM-best req/s); kept, 48.4 % and 1.04x.  Fed nothing (the
+simulator, the engine), the evictor keeps what the reuse evictor kept.
 
 Class 3 pages are the evictor's protected pages (``protected_supply``): they hold admissions
 back while others run, since no request in the queue stands for them.  Class 4 pages hold
