@@ -1,21 +1,38 @@
-"""``benchmarks/vllm_replay.py``: a row's calls on jenga's adapter, recorded inside vLLM, replay on a
-fresh adapter with every answer as recorded; a recorded answer that differs is caught and named."""
+"""``benchmarks/vllm_replay.py``: a row's calls on jenga's adapter (or on vLLM's own manager), recorded
+inside vLLM, replay on a fresh one with every answer as recorded; a recorded answer that differs is
+caught and named.  Its table's stock settings are the ones that won the side-by-side rows."""
 
 from __future__ import annotations
 
 import pickle
+import re
 import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("vllm")
-pytestmark = pytest.mark.slow
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
 import vllm_replay  # noqa: E402
 
 
+def test_the_tables_stock_settings_are_those_that_won_the_side_by_side_rows():
+    """``TABLE_ROWS`` names, per row and budget, the stock setting the generated side-by-side block
+    reports as stock's best (``hybrid`` and ``hybrid32`` run the same engines: one row)."""
+    text = (ROOT / "docs" / "vllm.md").read_text()
+    block = text.split("<!-- generated: vllm-side-by-side |", 1)[1].split("<!-- end -->", 1)[0]
+    won = {}
+    for line in block.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) > 4 and cells[3] == "stock" and re.fullmatch(r"\d+", cells[2]):
+            won[(cells[0], int(cells[2]))] = cells[4]
+    assert {(row, blocks): label for row, blocks, label in vllm_replay.TABLE_ROWS} == {
+        k: v for k, v in won.items() if k[0] != "hybrid"}
+
+
+@pytest.mark.slow
 def test_a_recorded_row_replays_with_every_answer_and_a_changed_answer_is_caught(tmp_path, capsys):
     trace = tmp_path / "control.trace"
     vllm_replay.main(["record", "control", str(trace)])
@@ -31,3 +48,27 @@ def test_a_recorded_row_replays_with_every_answer_and_a_changed_answer_is_caught
     with pytest.raises(SystemExit):
         vllm_replay.main(["play", str(trace), "--reps", "1"])
     assert f"call {i} (get_computed_blocks)" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_stock_vllms_own_manager_replays_beside_jengas_and_a_changed_answer_is_caught(tmp_path, capsys):
+    """vLLM's own manager recorded on the same row (the scheduler's deferred frees into its block pool
+    included) replays with every block id as recorded, in turns with jenga's trace: the ratio line."""
+    stock, jenga = tmp_path / "stock.trace", tmp_path / "jenga.trace"
+    vllm_replay.main(["record", "control", str(stock), "--stock"])
+    vllm_replay.main(["record", "control", str(jenga)])
+    capsys.readouterr()
+    vllm_replay.main(["play", str(stock), str(jenga), "--reps", "1"])
+    out = capsys.readouterr().out
+    assert "stock CPU" in out and "jenga CPU" in out and out.count("every answer as recorded") == 2
+    assert f"{jenga} / {stock} CPU per step:" in out
+    with open(stock, "rb") as fh:
+        data = pickle.load(fh)
+    assert data["stock"] is not None and data["adapter"] is None
+    i = next(i for i, (_, name, _, _) in enumerate(data["log"]) if name == "allocate_slots")
+    data["answers"][i] = ("tampered",)
+    with open(stock, "wb") as fh:
+        pickle.dump(data, fh)
+    with pytest.raises(SystemExit):
+        vllm_replay.main(["play", str(stock), "--reps", "1"])
+    assert f"call {i} (allocate_slots)" in capsys.readouterr().out
