@@ -204,7 +204,7 @@ def record(row: str, path: str, *, stock: bool = False, extra: dict | None = Non
           f"computed {r['computed']}/{r['prompt']}, preempt {r['preempt']}, hits per round {r['rounds']}")
 
 
-def replay(trace: dict, profile=None) -> tuple[float, list[str]]:
+def replay(trace: dict, profile=None, per_call: dict | None = None) -> tuple[float, list[str]]:
     """Make the recorded calls on a fresh manager (jenga's adapter, or vLLM's own ``KVCacheManager``
     for a trace recorded with ``--stock``): (thread CPU seconds inside them, answers)."""
     from vllm.v1.core.sched.request_queue import FCFSRequestQueue
@@ -274,7 +274,10 @@ def replay(trace: dict, profile=None) -> tuple[float, list[str]]:
                 out = f(*args, **kwargs)
             except Exception as e:  # the replay left the recorded run: that call's answer is the error
                 out = f"raised {type(e).__name__}: {e}"
-            total += clock() - t
+            spent = clock() - t
+            total += spent
+            if per_call is not None:
+                per_call[name] = per_call.get(name, 0.0) + spent
             if profile is not None:
                 profile.disable()
             answers.append(answer(out, name, args))
@@ -283,7 +286,7 @@ def replay(trace: dict, profile=None) -> tuple[float, list[str]]:
     return total, answers
 
 
-def play(paths: list[str], reps: int, calls: bool) -> list[tuple[int, float, float]]:
+def play(paths: list[str], reps: int, calls: bool, per_call: bool = False) -> list[tuple[int, float, float]]:
     """Replay each trace ``reps`` times, the traces taking turns (a load change of the machine
     falls on all of them alike); with two traces, the second's CPU per step over the first's.
     Per trace: (steps, best, median µs per step)."""
@@ -293,9 +296,13 @@ def play(paths: list[str], reps: int, calls: bool) -> list[tuple[int, float, flo
             traces.append(pickle.load(fh))
     times = [[] for _ in traces]
     answers = [None] * len(traces)
+    spent: list[dict[str, float]] = [{} for _ in traces]  # per call name: the least of any rep
     for _ in range(reps):
         for n, trace in enumerate(traces):
-            t, answers[n] = replay(trace)
+            this: dict[str, float] = {}
+            t, answers[n] = replay(trace, per_call=this)
+            for name, v in this.items():
+                spent[n][name] = min(v, spent[n].get(name, v))
             times[n].append(t)
             if answers[n] != trace["answers"]:
                 i = next(i for i, (a, b) in enumerate(zip(answers[n], trace["answers"], strict=True)) if a != b)
@@ -303,7 +310,7 @@ def play(paths: list[str], reps: int, calls: bool) -> list[tuple[int, float, flo
                       f"{trace['answers'][i][:200]}")
                 sys.exit(1)
     per_step = []
-    for path, trace, ts, ans in zip(paths, traces, times, answers, strict=True):
+    for n, (path, trace, ts, ans) in enumerate(zip(paths, traces, times, answers, strict=True)):
         steps = sum(name == "new_step_starts" for _, name, _, _ in trace["log"])
         ts.sort()
         best, median = 1e6 * ts[0] / steps, 1e6 * ts[len(ts) // 2] / steps
@@ -312,6 +319,13 @@ def play(paths: list[str], reps: int, calls: bool) -> list[tuple[int, float, flo
         digest = hashlib.sha256(repr(ans).encode()).hexdigest()[:12]
         print(f"{path}: {len(ans)} calls, {steps} steps, every answer as recorded ({digest}); {who} CPU "
               f"{best:.1f} us/step best, {median:.1f} median of {reps} (a timer read of about 1 us per call included)")
+        if per_call:
+            counts: dict[str, int] = {}
+            for _, name, _, _ in trace["log"]:
+                counts[name] = counts.get(name, 0) + 1
+            for name, v in sorted(spent[n].items(), key=lambda x: -x[1]):
+                print(f"  {name:34s} {counts[name]:6d} calls {1e6 * v / steps:7.1f} us/step {1e6 * v / counts[name]:7.1f} "
+                      "us/call (least of the reps)")
         if calls:
             import cProfile
             import pstats
@@ -369,6 +383,7 @@ def main(argv=None) -> None:
     pl.add_argument("file", nargs="+", help="one trace, or several replayed in turns (two: a ratio)")
     pl.add_argument("--reps", type=int, default=15)
     pl.add_argument("--calls", action="store_true", help="also count the calls per step (one more replay)")
+    pl.add_argument("--per-call", action="store_true", help="also the CPU per step of each call name")
     tb = sub.add_parser("table", help="every row, both engines recorded and replayed in turns: a markdown table")
     tb.add_argument("--reps", type=int, default=25)
     args = ap.parse_args(argv)
@@ -379,7 +394,7 @@ def main(argv=None) -> None:
     elif args.cmd == "table":
         table(args.reps)
     else:
-        play(args.file, args.reps, args.calls)
+        play(args.file, args.reps, args.calls, args.per_call)
 
 
 if __name__ == "__main__":
