@@ -255,13 +255,16 @@ class JengaKVCacheAdapter:
     def _add(self, request) -> None:
         mgr = self.manager
         if request.request_id not in mgr.requests:
+            # the ids as a list (a slice of vLLM's read-only view is its list's copy, made in C: the view
+            # itself is read through Python calls, one per id)
+            tokens = request.all_token_ids[:]
             hb = self.hash_block_size
             if self.enable_caching and hb and mgr.block % hb == 0 and (request.block_hashes or request.num_tokens < hb):
                 # vLLM's own chained hashes (salt, LoRA and images in them): KV events carry them
-                mgr.add_request(request.request_id, request.all_token_ids, block_hashes=request.block_hashes,
+                mgr.add_request(request.request_id, tokens, block_hashes=request.block_hashes,
                                 hash_block=hb, prompt_checkpoint=self._prompt_checkpoint(request))
             else:
-                mgr.add_request(request.request_id, request.all_token_ids, cache_salt=self.cache_salt(request),
+                mgr.add_request(request.request_id, tokens, cache_salt=self.cache_salt(request),
                                 prompt_checkpoint=self._prompt_checkpoint(request))
 
     def _prompt_checkpoint(self, request) -> int | None:
