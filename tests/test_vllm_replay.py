@@ -39,15 +39,7 @@ def test_a_recorded_row_replays_with_every_answer_and_a_changed_answer_is_caught
     vllm_replay.main(["play", str(trace), "--reps", "1", "--calls"])
     out = capsys.readouterr().out
     assert "every answer as recorded" in out and "calls per scheduler step" in out
-    with open(trace, "rb") as fh:
-        data = pickle.load(fh)
-    i = next(i for i, (_, name, _, _) in enumerate(data["log"]) if name == "get_computed_blocks")
-    data["answers"][i] = ("tampered",)
-    with open(trace, "wb") as fh:
-        pickle.dump(data, fh)
-    with pytest.raises(SystemExit):
-        vllm_replay.main(["play", str(trace), "--reps", "1"])
-    assert f"call {i} (get_computed_blocks)" in capsys.readouterr().out
+    assert_a_changed_answer_is_caught(trace, "get_computed_blocks", capsys)
 
 
 @pytest.mark.slow
@@ -65,10 +57,17 @@ def test_stock_vllms_own_manager_replays_beside_jengas_and_a_changed_answer_is_c
     with open(stock, "rb") as fh:
         data = pickle.load(fh)
     assert data["stock"] is not None and data["adapter"] is None
-    i = next(i for i, (_, name, _, _) in enumerate(data["log"]) if name == "allocate_slots")
+    assert_a_changed_answer_is_caught(stock, "allocate_slots", capsys)
+
+
+def assert_a_changed_answer_is_caught(trace: Path, call: str, capsys) -> None:
+    """The first recorded answer of ``call`` in ``trace`` changed: its replay stops there, naming it."""
+    with open(trace, "rb") as fh:
+        data = pickle.load(fh)
+    i = next(i for i, (_, name, _, _) in enumerate(data["log"]) if name == call)
     data["answers"][i] = ("tampered",)
-    with open(stock, "wb") as fh:
+    with open(trace, "wb") as fh:
         pickle.dump(data, fh)
     with pytest.raises(SystemExit):
-        vllm_replay.main(["play", str(stock), "--reps", "1"])
-    assert f"call {i} (allocate_slots)" in capsys.readouterr().out
+        vllm_replay.main(["play", str(trace), "--reps", "1"])
+    assert f"call {i} ({call})" in capsys.readouterr().out
