@@ -87,6 +87,7 @@ VARIANTS = {
     "exact-junction": {"JENGA_VLLM_JUNCTION_STOP": "exact"},
     "hits-first": {"JENGA_VLLM_ADMISSION": "hits-first"},
     "fcfs": {"JENGA_VLLM_ADMISSION": "fcfs"},
+    "reserve-prefills": {"JENGA_VLLM_RESERVE": "prefill"},
     "before": {"JENGA_VLLM_STEP_CHECKPOINTS": "off", "JENGA_VLLM_ADMISSION": "hits-first",
                "JENGA_VLLM_PROTECT": "always"},
 }

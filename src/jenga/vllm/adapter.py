@@ -58,8 +58,11 @@ class JengaKVCacheAdapter:
                  log_stats: bool, enable_kv_cache_events: bool, hash_block_size: int | None = None,
                  host_memory_bytes: int | None = None, admission: str | None = None,
                  max_step_tokens: int | None = None, eviction: str | None = None, eviction_options=None,
-                 junction_stop=None, junction_readers=None):
+                 junction_stop=None, junction_readers=None, reserve_prefills: bool = False):
         self.plan = plan
+        # vLLM's whole-prompt admission check also counts as taken the pages the admitted requests
+        # still need to reach their prompt's end (jenga.vllm.admission, JENGA_VLLM_RESERVE)
+        self.reserve_prefills = reserve_prefills
         # where a junction off vLLM's Mamba block grid stops a step (jenga.vllm.junction_stop;
         # None: at the junction); request id -> the junction vLLM was handed, where jenga's
         # checkpoint does not sit on jenga's junction
@@ -355,8 +358,9 @@ class JengaKVCacheAdapter:
                 total = min(request.num_tokens, self.max_model_len)
                 step = self.max_step_tokens + num_lookahead_tokens
                 rest = max(0, total - req.start)
-                if not mgr.can_allocate(rid, rest, step=step) and not self._let_go_of_held_hits(
-                        req, lambda: mgr.can_allocate(rid, rest, step=step)):
+                reserve = self.reserve_prefills
+                if not mgr.can_allocate(rid, rest, step=step, reserve=reserve) and not self._let_go_of_held_hits(
+                        req, lambda: mgr.can_allocate(rid, rest, step=step, reserve=reserve)):
                     return None
         else:
             self._sync_running(request, req)

@@ -23,6 +23,7 @@ from jenga.vllm.admission import (
     manager_admission,
     manager_eviction,
     manager_eviction_options,
+    reserve_prefills,
 )
 from jenga.vllm.junction_stop import JunctionStop, junction_stop_name
 from jenga.vllm.metrics import Snapshots, startup_line
@@ -176,7 +177,8 @@ class JengaScheduler(Scheduler):
             junction_stop=JunctionStop(self.cache_config.block_size, rule=junction_stop_name(),
                                        step_tokens=self.scheduler_config.max_num_batched_tokens,
                                        num_requests=lambda: len(self.requests)),
-            junction_readers=lambda request, junction: self._junction_readers(request, junction))
+            junction_readers=lambda request, junction: self._junction_readers(request, junction),
+            reserve_prefills=reserve_prefills())
         if host is not None:
             check_host_layout(self.kv_cache_manager.manager, host)
         if self.connector is not None:  # jenga's connector reads the copy plans off jenga's manager

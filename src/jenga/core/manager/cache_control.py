@@ -27,7 +27,8 @@ from jenga.core.validation import checked_int
 from jenga.errors import InvalidArgumentError, SequenceTooLongError
 
 
-def can_allocate(mgr, req: Request, num_new_tokens: int, num_lookahead: int, step: int | None = None) -> bool:
+def can_allocate(mgr, req: Request, num_new_tokens: int, num_lookahead: int, step: int | None = None,
+                 reserve: bool = False) -> bool:
     """``KVCacheManager.can_allocate`` for the live record ``req``.
 
     Exact (the same count against free + evictable memory ``allocate`` makes) and without any
@@ -37,8 +38,11 @@ def can_allocate(mgr, req: Request, num_new_tokens: int, num_lookahead: int, ste
     ``step`` (the most tokens one step of the request computes, lookahead included) each group
     counts the most pages the steps hold at once (``Policy.peak_plan``: a window or chunk plus a
     step's tokens), so a yes means that, with nothing else changing, every step's allocate up to
-    that length succeeds.  Raises like ``allocate`` on a bad count or a length past the model's
-    maximum."""
+    that length succeeds.  ``reserve`` (an admission: ``req`` not allocated yet): the pages the
+    admitted requests still need to reach their prompt's end (their next prefill steps, planned
+    alike: ``prompt_pages_pending``) count as taken, so an admission does not take what a longer
+    prompt admitted before it computes next.  Raises like ``allocate`` on a bad count or a length
+    past the model's maximum."""
     if num_new_tokens < 0 or num_lookahead < 0:
         raise InvalidArgumentError(f"request {req.request_id!r}: negative token count "
                                    f"({num_new_tokens}, lookahead {num_lookahead})")
@@ -57,10 +61,28 @@ def can_allocate(mgr, req: Request, num_new_tokens: int, num_lookahead: int, ste
         return False             # scheduler asks again each step for the request at the head of its queue)
     mgr.ledger.settle()  # planning exactly counts the hit's pages as held
     need, log = admission.plan(req, end, req.pairs or list(zip(mgr.policies, req.groups, strict=True)), step)
+    if reserve and req.tables is None:
+        need = [n + p for n, p in zip(need, prompt_pages_pending(mgr, req, step), strict=True)]
     ok = admission.quota_of(req, need, end, admission.admitted) is not None
     admission.unhold_plan(req, log)
     req.num_lookahead = old
     return ok
+
+
+def prompt_pages_pending(mgr, req: Request, step: int | None) -> list[int]:
+    """Per group, the pages the allocated requests other than ``req`` still need to reach their
+    prompt's end (each planned as ``can_allocate`` plans an admission, with ``step``; planning holds
+    nothing once undone)."""
+    admission, policies = mgr.admission, mgr.policies
+    pending = [0] * len(policies)
+    for other in mgr.requests.values():
+        if other is req or other.tables is None or other.start >= other.prompt_len:
+            continue
+        need, log = admission.plan(other, other.prompt_len,
+                                   other.pairs or list(zip(policies, other.groups, strict=True)), step)
+        admission.unhold_plan(other, log)
+        pending = [p + n for p, n in zip(pending, need, strict=True)]
+    return pending
 
 
 def chunk_tokens(policies: list[Policy], req: Request, num_new_tokens: int, caching: bool) -> int:

@@ -404,19 +404,20 @@ class KVCacheManager:
         req.junction_checkpoint = pos
 
     def can_allocate(self, request_id: object, num_new_tokens: int, *, num_lookahead: int = 0,
-                     step: int | None = None) -> bool:
+                     step: int | None = None, reserve: bool = False) -> bool:
         """Would ``allocate(request_id, num_new_tokens, num_lookahead=...)`` succeed now?  Exact and
         without any effect.  ``step``: would the request's allocates of at most ``step`` tokens
         each, up to that length, succeed with nothing else changing (a whole-sequence admission
         check: sliding and chunked groups count their window or chunk plus a step, not every
-        page; ``jenga.core.manager.cache_control.can_allocate``)."""
+        page); ``reserve``: with the pages the allocated requests still need to reach their
+        prompt's end counted as taken (``jenga.core.manager.cache_control.can_allocate``)."""
         req = self.requests.get(request_id)  # ``_req`` and ``_settle(req)`` inline: asked every step for
         if req is None:                       # a blocked queue head
             self._unknown(request_id)
         deferred = self.ledger.deferred  # the request's own deferred hit: a sure refusal answers without holding it
         if deferred is not None and deferred is not req:
             self.ledger.settle()
-        return cache_control.can_allocate(self, req, num_new_tokens, num_lookahead, step)
+        return cache_control.can_allocate(self, req, num_new_tokens, num_lookahead, step, reserve)
 
     def chunk_tokens(self, request_id: object, num_new_tokens: int) -> int:
         """The largest ``n' <= num_new_tokens`` every group accepts as the end of the
