@@ -24,7 +24,8 @@ checkpoints), ``no-prefix-wait`` (no admission held for a prefix a step in fligh
 ``jenga.vllm.prefix_wait``), ``queue-goes-on`` (the queue behind such a held request goes on at any
 usage), ``exact-junction`` (every junction stop exact, also off vLLM's Mamba block
 grid, where it costs its request a step: ``jenga.vllm.junction_stop``), ``hits-first`` (queue order among hits), ``fcfs`` (vLLM's queue order), ``before`` (the last three: jenga's
-defaults before this benchmark).
+defaults before this benchmark), ``reserve-prefills`` (not a default yet: the whole-prompt admission
+check counts as taken the pages the admitted prompts still need, ``jenga.vllm.admission``).
 
 Run with the 0.34 python (0.32 works too, without cache-aware admission)::
 
