@@ -27,9 +27,9 @@ own scheduler code in between (what ``vllm_sched_calls.py`` measures live, with 
     PYTHONPATH=src .venv/bin/python benchmarks/vllm_replay.py play /tmp/control-stock.trace /tmp/control.trace
 
 Two versions replaying one file answer alike exactly when their decisions are the same on it.
-Not recorded: the scheduler callbacks of the junction stop and its readers (rows whose model
-has state groups: their replay may answer otherwise, and ``play`` says so), and a request's
-block hasher (vLLM's block hashes are recorded as they were at each call).
+The junction stop's answers (they read the scheduler) are recorded and replayed in order, so
+rows with state groups replay too.  Not recorded: a request's block hasher (vLLM's block hashes
+are recorded as they were at each call).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import pickle
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 #: what vLLM's scheduler calls on its KV-cache manager (those the adapter lacks are skipped)
@@ -67,10 +68,8 @@ def snapshot(x):
                 list(x._output_token_ids))
     if kind == "FCFSRequestQueue":
         return ("queue", [snapshot(r) for r in x])
-    if kind == "list" and x and type(x[0]).__name__ == "KVCacheBlock":  # vLLM's blocks, by id
-        return ("blocks", [b.block_id for b in x])
-    if kind == "list":  # as it was at the call (a request's block hashes grow later)
-        return list(x)
+    if kind == "list":  # vLLM's blocks by id; any other list as it was at the call (block hashes grow later)
+        return ("blocks", [b.block_id for b in x]) if x and type(x[0]).__name__ == "KVCacheBlock" else list(x)
     if kind == "KVCacheBlocks" and type(x).__module__.startswith("vllm."):  # per group, by id
         return ("kv_blocks", [[b.block_id for b in group] for group in x.blocks])
     return x
@@ -320,9 +319,7 @@ def play(paths: list[str], reps: int, calls: bool, per_call: bool = False) -> li
         print(f"{path}: {len(ans)} calls, {steps} steps, every answer as recorded ({digest}); {who} CPU "
               f"{best:.1f} us/step best, {median:.1f} median of {reps} (a timer read of about 1 us per call included)")
         if per_call:
-            counts: dict[str, int] = {}
-            for _, name, _, _ in trace["log"]:
-                counts[name] = counts.get(name, 0) + 1
+            counts = Counter(name for _, name, _, _ in trace["log"])
             for name, v in sorted(spent[n].items(), key=lambda x: -x[1]):
                 print(f"  {name:34s} {counts[name]:6d} calls {1e6 * v / steps:7.1f} us/step {1e6 * v / counts[name]:7.1f} "
                       "us/call (least of the reps)")

@@ -60,7 +60,7 @@ def can_allocate(mgr, req: Request, num_new_tokens: int, num_lookahead: int, ste
         req.num_lookahead = old  # surely refused: answered without planning or holding the hit (a
         return False             # scheduler asks again each step for the request at the head of its queue)
     mgr.ledger.settle()  # planning exactly counts the hit's pages as held
-    need, log = admission.plan(req, end, req.pairs or list(zip(mgr.policies, req.groups, strict=True)), step)
+    need, log = admission.plan(req, end, _pairs(mgr, req), step)
     if reserve and req.tables is None:
         need = [n + p for n, p in zip(need, prompt_pages_pending(mgr, req, step), strict=True)]
     ok = admission.quota_of(req, need, end, admission.admitted) is not None
@@ -73,16 +73,20 @@ def prompt_pages_pending(mgr, req: Request, step: int | None) -> list[int]:
     """Per group, the pages the allocated requests other than ``req`` still need to reach their
     prompt's end (each planned as ``can_allocate`` plans an admission, with ``step``; planning holds
     nothing once undone)."""
-    admission, policies = mgr.admission, mgr.policies
-    pending = [0] * len(policies)
+    admission = mgr.admission
+    pending = [0] * len(mgr.policies)
     for other in mgr.requests.values():
         if other is req or other.tables is None or other.start >= other.prompt_len:
             continue
-        need, log = admission.plan(other, other.prompt_len,
-                                   other.pairs or list(zip(policies, other.groups, strict=True)), step)
+        need, log = admission.plan(other, other.prompt_len, _pairs(mgr, other), step)
         admission.unhold_plan(other, log)
         pending = [p + n for p, n in zip(pending, need, strict=True)]
     return pending
+
+
+def _pairs(mgr, req: Request) -> list:
+    """``req``'s (policy, group state) pairs: those of its first allocate, else every group's."""
+    return req.pairs or list(zip(mgr.policies, req.groups, strict=True))
 
 
 def chunk_tokens(policies: list[Policy], req: Request, num_new_tokens: int, caching: bool) -> int:
