@@ -24,8 +24,8 @@ checkpoints), ``no-prefix-wait`` (no admission held for a prefix a step in fligh
 ``jenga.vllm.prefix_wait``), ``queue-goes-on`` (the queue behind such a held request goes on at any
 usage), ``exact-junction`` (every junction stop exact, also off vLLM's Mamba block
 grid, where it costs its request a step: ``jenga.vllm.junction_stop``), ``hits-first`` (queue order among hits), ``fcfs`` (vLLM's queue order), ``before`` (the last three: jenga's
-defaults before this benchmark), ``reserve-prefills`` (not a default yet: the whole-prompt admission
-check counts as taken the pages the admitted prompts still need, ``jenga.vllm.admission``).
+defaults before this benchmark), ``no-reserve`` (the whole-prompt admission check does not count
+as taken the pages the admitted prompts still need, ``jenga.vllm.admission``).
 
 Run with the 0.34 python (0.32 works too, without cache-aware admission)::
 
@@ -88,7 +88,7 @@ VARIANTS = {
     "exact-junction": {"JENGA_VLLM_JUNCTION_STOP": "exact"},
     "hits-first": {"JENGA_VLLM_ADMISSION": "hits-first"},
     "fcfs": {"JENGA_VLLM_ADMISSION": "fcfs"},
-    "reserve-prefills": {"JENGA_VLLM_RESERVE": "prefill"},
+    "no-reserve": {"JENGA_VLLM_RESERVE": "off"},
     "before": {"JENGA_VLLM_STEP_CHECKPOINTS": "off", "JENGA_VLLM_ADMISSION": "hits-first",
                "JENGA_VLLM_PROTECT": "always"},
 }
@@ -258,7 +258,7 @@ def main(argv=None) -> int:
     p.add_argument("--batched-tokens", type=int, default=8192, help="max_num_batched_tokens")
     p.add_argument("--max-seqs", type=int, default=1024, help="max_num_seqs")
     p.add_argument("--max-model-len", type=int, help="default: the trace's longest request, rounded up to 4,096")
-    p.add_argument("--variants", default="always,reused-only,ordered,no-step-ends,no-prefix-wait,hits-first,before", help="jenga policy switches also measured, comma-separated "
+    p.add_argument("--variants", default="always,reused-only,ordered,no-step-ends,no-prefix-wait,no-reserve,hits-first,before", help="jenga policy switches also measured, comma-separated "
                    f"({', '.join(VARIANTS)}; '' for none): jenga/vLLM req/s with each")
     p.add_argument("--markdown", action="store_true")
     p.add_argument("--outcome", action="store_true", help="the README's columns only (req/s, p99 TTFT, prompt "

@@ -306,17 +306,17 @@ def test_an_admission_leaves_the_pages_a_longer_prompt_admitted_before_it_comput
     whole-prompt admission check counted free the pages that longer prompts admitted before computed
     in their next prefill chunks; those chunks then found no page and vLLM preempted running
     requests for them (42 preemptions, 38 for a prefill chunk).  ``JENGA_VLLM_RESERVE=prefill`` counts
-    those pages as taken (``KVCacheManager.can_allocate(reserve=True)``): 7 preemptions, more hits,
-    more requests per second, a lower p99 TTFT."""
+    those pages as taken (``KVCacheManager.can_allocate(reserve=True)``; the default): 7 preemptions,
+    more hits, more requests per second, a lower p99 TTFT."""
     from vllm_layouts import VllmSettings
 
     from jenga.vllm.admission import RESERVE_ENV
     monkeypatch.delenv(PROTECT_ENV, raising=False)
     monkeypatch.delenv(RESERVE_ENV, raising=False)
     unit = VllmSettings(retention=0, match_unit=16)  # the row's jenga settings (Jamba's block is 1,024 tokens)
-    off = _jenga_side("jamba-1.5-mini", "agent-branch", 0.04, unit)
-    monkeypatch.setenv(RESERVE_ENV, "prefill")
     on = _jenga_side("jamba-1.5-mini", "agent-branch", 0.04, unit)
+    monkeypatch.setenv(RESERVE_ENV, "off")
+    off = _jenga_side("jamba-1.5-mini", "agent-branch", 0.04, unit)
     assert on["preempt"] * 3 < off["preempt"], (on["preempt"], off["preempt"])
     assert on["rps"] > 1.05 * off["rps"] and on["hit"] > off["hit"] and on["ttft99"] < off["ttft99"], (on, off)
 
@@ -325,9 +325,9 @@ def test_the_reserve_switch_names_its_choices(monkeypatch):
     from jenga.errors import InvalidArgumentError
     from jenga.vllm.admission import RESERVE_ENV, reserve_prefills
     monkeypatch.delenv(RESERVE_ENV, raising=False)
-    assert not reserve_prefills()
-    monkeypatch.setenv(RESERVE_ENV, "prefill")
     assert reserve_prefills()
+    monkeypatch.setenv(RESERVE_ENV, "off")
+    assert not reserve_prefills()
     monkeypatch.setenv(RESERVE_ENV, "always")
-    with pytest.raises(InvalidArgumentError, match="off, prefill"):
+    with pytest.raises(InvalidArgumentError, match="prefill, off"):
         reserve_prefills()

@@ -43,9 +43,8 @@ free may be the ones a longer prompt admitted before it computes in its next pre
 that prompt's next chunk finds no page, and vLLM preempts running requests for it, newest first
 (measured on Jamba-1.5-Mini's agent sessions at 4 % of an H200's budget: 38 of 42 preemptions were
 made for a running request's prefill chunk, 11 of their victims had 64 tokens or fewer left).
-``JENGA_VLLM_RESERVE=prefill`` counts those pages as taken in the check
-(``KVCacheManager.can_allocate(reserve=True)``); ``off`` (the default until it is measured on every
-grid) does not.
+``JENGA_VLLM_RESERVE=prefill`` (the default) counts those pages as taken in the check
+(``KVCacheManager.can_allocate(reserve=True)``); ``off`` does not.
 """
 
 from __future__ import annotations
@@ -63,7 +62,7 @@ PROTECTS = ("auto", "always", "never", "predict")
 KEEP_ONCE_ENV = "JENGA_VLLM_KEEP_ONCE"
 KEEP_ONCE = ("on", "off")
 RESERVE_ENV = "JENGA_VLLM_RESERVE"
-RESERVES = ("off", "prefill")
+RESERVES = ("prefill", "off")
 
 
 def admission_name() -> str:
@@ -74,8 +73,8 @@ def admission_name() -> str:
 def reserve_prefills() -> bool:
     """Whether vLLM's whole-prompt admission check (``scheduler_reserve_full_isl``) also counts as
     taken the pages the admitted requests still need to reach their prompt's end
-    (``JENGA_VLLM_RESERVE=prefill``; default ``off``, module doc)."""
-    return switch(RESERVE_ENV, RESERVES, "off") == "prefill"
+    (``JENGA_VLLM_RESERVE=prefill``, the default; ``off`` does not; module doc)."""
+    return switch(RESERVE_ENV, RESERVES, "prefill") == "prefill"
 
 
 def manager_admission(ordered: bool) -> str:
