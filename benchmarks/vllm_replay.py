@@ -43,7 +43,6 @@ import pickle
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
 #: what vLLM's scheduler calls on its KV-cache manager (those the adapter lacks are skipped)
@@ -205,7 +204,9 @@ def record(row: str, path: str, *, stock: bool = False, extra: dict | None = Non
 
 def replay(trace: dict, profile=None, per_call: dict | None = None) -> tuple[float, list[str]]:
     """Make the recorded calls on a fresh manager (jenga's adapter, or vLLM's own ``KVCacheManager``
-    for a trace recorded with ``--stock``): (thread CPU seconds inside them, answers)."""
+    for a trace recorded with ``--stock``): (thread CPU seconds inside them, answers).  ``per_call``
+    (a dict, filled): per call name, ``allocate_slots`` by kind (``allocation_kind``), the seconds
+    spent and the number of calls."""
     from vllm.v1.core.sched.request_queue import FCFSRequestQueue
     from vllm.v1.request import Request
     from vllm.v1.utils import ConstantList
@@ -260,6 +261,7 @@ def replay(trace: dict, profile=None, per_call: dict | None = None) -> tuple[flo
         return x
 
     total, answers, clock = 0.0, [], time.thread_time
+    placed: set[str] = set()  # requests with an allocation that succeeded since their last free
     gc.collect()
     gc.disable()
     try:
@@ -276,13 +278,33 @@ def replay(trace: dict, profile=None, per_call: dict | None = None) -> tuple[flo
             spent = clock() - t
             total += spent
             if per_call is not None:
-                per_call[name] = per_call.get(name, 0.0) + spent
+                key = allocation_kind(placed, name, args, kwargs, out) if name in ("allocate_slots", "free") else name
+                t_n = per_call.get(key, (0.0, 0))
+                per_call[key] = (t_n[0] + spent, t_n[1] + 1)
             if profile is not None:
                 profile.disable()
             answers.append(answer(out, name, args))
     finally:
         gc.enable()
     return total, answers
+
+
+def allocation_kind(placed: set[str], name: str, args: list, kwargs: dict, out) -> str:
+    """The name ``--per-call`` files an ``allocate_slots`` call under, by what it asked, the same for
+    both engines: ``first`` (no allocation of the request since it was added or freed: an admission),
+    ``decode`` (one token), else ``chunk`` (a prefill chunk, or decode with speculative tokens);
+    ``refused`` where it answered no blocks.  ``placed`` (request ids with an allocation since their
+    last free) is updated here, also by ``free``."""
+    rid = args[0].request_id
+    if name == "free":
+        placed.discard(rid)
+        return name
+    n = args[1] if len(args) > 1 else kwargs.get("num_new_tokens")
+    kind = "first" if rid not in placed else "decode" if n == 1 else "chunk"
+    if out is None or (isinstance(out, str) and out.startswith("raised ")):  # the replay's text of an error
+        return f"{name} {kind} refused"
+    placed.add(rid)
+    return f"{name} {kind}"
 
 
 def play(paths: list[str], reps: int, calls: bool, per_call: bool = False) -> list[tuple[int, float, float]]:
@@ -296,12 +318,14 @@ def play(paths: list[str], reps: int, calls: bool, per_call: bool = False) -> li
     times = [[] for _ in traces]
     answers = [None] * len(traces)
     spent: list[dict[str, float]] = [{} for _ in traces]  # per call name: the least of any rep
+    kinds: list[dict[str, int]] = [{} for _ in traces]  # per call name: calls (the same in every rep)
     for _ in range(reps):
         for n, trace in enumerate(traces):
-            this: dict[str, float] = {}
+            this: dict[str, tuple[float, int]] = {}
             t, answers[n] = replay(trace, per_call=this)
-            for name, v in this.items():
+            for name, (v, k) in this.items():
                 spent[n][name] = min(v, spent[n].get(name, v))
+                kinds[n][name] = k
             times[n].append(t)
             if answers[n] != trace["answers"]:
                 i = next(i for i, (a, b) in enumerate(zip(answers[n], trace["answers"], strict=True)) if a != b)
@@ -319,7 +343,7 @@ def play(paths: list[str], reps: int, calls: bool, per_call: bool = False) -> li
         print(f"{path}: {len(ans)} calls, {steps} steps, every answer as recorded ({digest}); {who} CPU "
               f"{best:.1f} us/step best, {median:.1f} median of {reps} (a timer read of about 1 us per call included)")
         if per_call:
-            counts = Counter(name for _, name, _, _ in trace["log"])
+            counts = kinds[n]
             for name, v in sorted(spent[n].items(), key=lambda x: -x[1]):
                 print(f"  {name:34s} {counts[name]:6d} calls {1e6 * v / steps:7.1f} us/step {1e6 * v / counts[name]:7.1f} "
                       "us/call (least of the reps)")
@@ -380,7 +404,8 @@ def main(argv=None) -> None:
     pl.add_argument("file", nargs="+", help="one trace, or several replayed in turns (two: a ratio)")
     pl.add_argument("--reps", type=int, default=15)
     pl.add_argument("--calls", action="store_true", help="also count the calls per step (one more replay)")
-    pl.add_argument("--per-call", action="store_true", help="also the CPU per step of each call name")
+    pl.add_argument("--per-call", action="store_true", help="also the CPU per step of each call name "
+                    "(allocate_slots by kind: first allocation, prefill chunk, decode; refused or not)")
     tb = sub.add_parser("table", help="every row, both engines recorded and replayed in turns: a markdown table")
     tb.add_argument("--reps", type=int, default=25)
     args = ap.parse_args(argv)

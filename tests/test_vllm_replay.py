@@ -32,6 +32,24 @@ def test_the_tables_stock_settings_are_those_that_won_the_side_by_side_rows():
         k: v for k, v in won.items() if k[0] != "hybrid"}
 
 
+def test_per_call_files_each_allocation_under_what_it_asked():
+    """``--per-call`` splits ``allocate_slots`` by what it asked, alike for both engines: an admission
+    (nothing placed since the request was added or freed), a decode token, a prefill chunk; refused
+    where no blocks came back (the replay's error text too), and a free makes the next one an admission."""
+    from types import SimpleNamespace
+    a, b = SimpleNamespace(request_id="a"), SimpleNamespace(request_id="b")
+    placed: set[str] = set()
+    calls = [("allocate_slots", [a, 512], {}, None), ("allocate_slots", [a, 512], {}, "blocks"),
+             ("allocate_slots", [b], {"num_new_tokens": 1}, "raised KeyError: 'b'"),
+             ("allocate_slots", [a, 1], {}, "blocks"), ("allocate_slots", [a, 300], {}, "blocks"),
+             ("allocate_slots", [a, 1], {}, None), ("free", [a], {}, None), ("allocate_slots", [a, 1], {}, "blocks")]
+    kinds = [vllm_replay.allocation_kind(placed, name, args, kw, out) for name, args, kw, out in calls]
+    assert kinds == ["allocate_slots first refused", "allocate_slots first", "allocate_slots first refused",
+                     "allocate_slots decode", "allocate_slots chunk", "allocate_slots decode refused", "free",
+                     "allocate_slots first"]
+    assert placed == {"a"}
+
+
 @pytest.mark.slow
 def test_a_recorded_row_replays_with_every_answer_and_a_changed_answer_is_caught(tmp_path, capsys):
     trace = tmp_path / "control.trace"
@@ -50,9 +68,11 @@ def test_stock_vllms_own_manager_replays_beside_jengas_and_a_changed_answer_is_c
     vllm_replay.main(["record", "control", str(stock), "--stock"])
     vllm_replay.main(["record", "control", str(jenga)])
     capsys.readouterr()
-    vllm_replay.main(["play", str(stock), str(jenga), "--reps", "1"])
+    vllm_replay.main(["play", str(stock), str(jenga), "--reps", "1", "--per-call"])
     out = capsys.readouterr().out
     assert "stock CPU" in out and "jenga CPU" in out and out.count("every answer as recorded") == 2
+    for kind in ("first", "chunk", "decode", "first refused"):  # both engines, split alike
+        assert len(re.findall(rf"^  allocate_slots {kind} +\d+ calls", out, re.M)) == 2, (kind, out)
     assert f"{jenga} / {stock} CPU per step:" in out
     with open(stock, "rb") as fh:
         data = pickle.load(fh)
