@@ -4,12 +4,18 @@ Usage: ``python benchmarks/engine_throughput.py [--requests N] [--kv-memory 12Mi
 options as ``jenga bench``).  Prints, per manager: output tokens/s, steps, mean decode batch,
 time in the model forward, and the engine's own time outside it (scheduling, KV-cache manager,
 attention metadata, sampling) per step and as a share of the wall time.
+
+``--ops`` also counts the torch operators each engine dispatches per step (the whole run, its
+4-token warm-up included, over its steps): on a GPU each is about one kernel launch or copy, so
+the count is the per-step work a launch-bound GPU pays, measured on a CPU, the same on every run;
+with two managers, the operators whose counts differ most follow the table.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 
 from rich.console import Console
 from rich.table import Table
@@ -18,18 +24,25 @@ from rich.table import Table
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from jenga.bench import add_bench_parser, make_workload, run_engine
-    from jenga.engine.tiny import tiny_hf_config
+    from jenga.bench import add_bench_parser, bench_workload, run_engine
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_bench_parser(parser.add_subparsers(dest="cmd"))
-    args = parser.parse_args(["bench", *(argv if argv is not None else sys.argv[1:])])
+    argv = list(argv if argv is not None else sys.argv[1:])
+    ops = "--ops" in argv
+    argv = [a for a in argv if a != "--ops"]
+    args = parser.parse_args(["bench", *argv])
     torch.set_num_threads(args.threads)
-    vocab = tiny_hf_config(args.model).vocab_size
-    work = make_workload(args.requests, args.prompt_min, args.prompt_max, args.output_len, vocab, args.seed,
-                         args.shared_prefix)
+    work = bench_workload(args)
     names = [n.strip() for n in args.managers.split(",") if n.strip()]
-    res = {name: run_engine(name, args, work, track_kv_stats=False) for name in names}
+    res, counts = {}, {}
+    for name in names:
+        if ops:
+            with OpCount() as count:
+                res[name] = run_engine(name, args, work, track_kv_stats=False)
+            counts[name] = count.ops
+        else:
+            res[name] = run_engine(name, args, work, track_kv_stats=False)
     t = Table(title=f"engine throughput: {args.model}, {args.requests} requests, KV {args.kv_memory}")
     t.add_column("metric")
     for name in res:
@@ -45,10 +58,43 @@ def main(argv: list[str] | None = None) -> int:
         ("overhead share", lambda r: f"{100 * r['overhead_s'] / r['wall_s']:.1f}%"),
         ("forward per step", lambda r: f"{1000 * r['model_s'] / max(1, r['steps']):.2f} ms"),
     ]
+    if ops:
+        rows.append(("torch ops per step", lambda r: f"{r['ops'] / max(1, r['steps']):.0f}"))
+        for name, r in res.items():
+            r["ops"] = sum(counts[name].values())
     for label, fmt in rows:
         t.add_row(label, *(fmt(r) for r in res.values()))
     Console().print(t)
+    if ops and len(names) == 2:
+        (a, ca), (b, cb) = counts.items()
+        sa, sb = max(1, res[a]["steps"]), max(1, res[b]["steps"])
+        diff = sorted(set(ca) | set(cb), key=lambda k: -abs(ca[k] / sa - cb[k] / sb))[:8]
+        print(f"ops per step, {a} / {b}, most apart: " + ", ".join(f"{k} {ca[k] / sa:.1f} / {cb[k] / sb:.1f}"
+                                                                   for k in diff))
     return 0
+
+
+class OpCount:
+    """Counts the torch operators dispatched inside a ``with`` block, by name (``ops``)."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        ops: Counter[str] = Counter()
+        self.ops = ops
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                ops[str(func.overloadpacket)] += 1
+                return func(*args, **(kwargs or {}))
+
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._mode.__exit__(*exc)
+        return False
 
 
 if __name__ == "__main__":

@@ -83,6 +83,22 @@ def workload_kv_bytes(spec, work: Workload) -> int:
     return total
 
 
+def bench_workload(args) -> Workload:
+    """The prompts ``jenga bench`` serves for ``args`` (ids within its model's vocabulary: a built-in
+    tiny model's, or a local HF model's config)."""
+    from jenga.engine.tiny import is_tiny, tiny_hf_config
+
+    if is_tiny(args.model):
+        vocab = tiny_hf_config(args.model).vocab_size
+    else:
+        from jenga.engine.models.registry import text_config
+        from jenga.engine.models.weights import load_config
+
+        vocab = text_config(load_config(args.model)).vocab_size
+    return make_workload(args.requests, args.prompt_min, args.prompt_max, args.output_len, vocab, args.seed,
+                         args.shared_prefix)
+
+
 def run_engine(name: str, args, work: Workload, progress=None, *, track_kv_stats: bool = True) -> dict:
     """Serve ``work`` with a fresh engine using manager ``name``; the per-manager result dict.
 
@@ -172,19 +188,10 @@ def bench_data(args) -> dict:
     check_args(args)
     import torch
 
-    from jenga.engine.tiny import is_tiny, tiny_hf_config
     from jenga.units import parse_bytes
 
     torch.set_num_threads(args.threads)
-    if is_tiny(args.model):
-        vocab = tiny_hf_config(args.model).vocab_size
-    else:
-        from jenga.engine.models.registry import text_config
-        from jenga.engine.models.weights import load_config
-
-        vocab = text_config(load_config(args.model)).vocab_size
-    work = make_workload(args.requests, args.prompt_min, args.prompt_max, args.output_len, vocab, args.seed,
-                         args.shared_prefix)
+    work = bench_workload(args)
     names = [n.strip() for n in args.managers.split(",") if n.strip()]
     from jenga.progress import progress
 
