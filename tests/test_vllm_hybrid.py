@@ -18,7 +18,10 @@ turns that export off and lets the scheduler end steps at the checkpoints instea
 (bf16 state): a re-prefill after preemption rounds differently from the decode steps it
 replaces, and stock vLLM itself changes later tokens when a prompt is re-fed with its first
 outputs; its tight run is a budget with a preemption whose tokens still agree, and eviction
-under pressure is asserted on Falcon-H1 (fp32)."""
+under pressure is asserted on Falcon-H1 (fp32).  That run is built with the prefill reserve off
+(``JENGA_VLLM_RESERVE=off``): with it on (the default) no budget from 18 blocks up preempts on this
+workload (below 18 one request no longer fits); the default runs that budget too, without a
+preemption, its tokens equal stock's."""
 
 from __future__ import annotations
 
@@ -40,6 +43,7 @@ from vllm_support import (
 )
 
 from jenga.core.specs import CopyForwardMambaSpec, MambaSpec
+from jenga.vllm.admission import RESERVE_ENV
 
 # family -> (engine kwargs, stock-only kwargs, tight budget in vLLM blocks, vLLM block, state layers)
 FAMILIES = {
@@ -74,8 +78,10 @@ def runs(request, tmp_path_factory):
     kw, stock_kw, tight, _, _ = FAMILIES[family]
     root = tmp_path_factory.getbasetemp()
     sub = sub_block_prompts() if family == "qwen3_next" else None
+    # Qwen3-Next: preempt on this workload (module doc)
+    reserve_off = {RESERVE_ENV: "off"} if family == "qwen3_next" else None
     out = compare(family, root, tight_blocks=tight, engine_kw=kw, stock_kw=stock_kw,
-                  extra=sub and {"sub_short": sub["sub_short"]}, extra_tokens=SUB_TOKENS)
+                  extra=sub and {"sub_short": sub["sub_short"]}, extra_tokens=SUB_TOKENS, tight_env=reserve_off)
     out["family"] = family
     if family == "falcon_h1":  # prefix caching off: vLLM's "none" mode, one state slot per request
         nocache = engine(model_dir(family, root), jenga=True, enable_prefix_caching=False, **kw)
@@ -91,6 +97,10 @@ def runs(request, tmp_path_factory):
         out["engines"] = (*out["engines"], uniform)
         out.update(sub_block_run(model_dir(family, root), kw, sub))
         out["engines"] = (*out["engines"], out["sub_llm"])
+        reserved = engine(model_dir(family, root), jenga=True, num_blocks=tight, max_model_len=320, **kw)
+        out["reserved_got"] = greedy(reserved, workloads()["pressure"])
+        out["reserved"] = scheduler(reserved)
+        out["engines"] = (*out["engines"], reserved)
     yield out
     for llm in out["engines"]:
         close(llm)
@@ -199,6 +209,9 @@ def test_tight_budget_preempts_and_equals_stock(runs):
         sched = runs["tight"]
         assert runs["got"]["pressure"] == runs["ref"]["pressure"]
         assert sched.num_preemptions > 0 and sched.jenga.stats().prefix_hit_tokens > 0
+        # the default, the prefill reserve on: the same budget, no preemption, the same tokens
+        assert runs["reserved_got"] == runs["ref"]["pressure"]
+        assert runs["reserved"].num_preemptions == 0 and runs["reserved"].jenga.stats().prefix_hit_tokens > 0
 
 
 def test_without_prefix_caching_one_state_page_per_request(runs):

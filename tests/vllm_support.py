@@ -16,6 +16,7 @@ from pathlib import Path
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 import transformers as tf  # noqa: E402
 import vllm  # noqa: E402  (conftest.py leaves the vLLM modules out only when vLLM is not installed)
@@ -373,12 +374,13 @@ def run_all(llm) -> dict[str, list[list[int]]]:
 
 def compare(family: str, root: Path, *, tight_blocks: int, tight_kw: dict | None = None,
             engine_kw: dict | None = None, stock_kw: dict | None = None, extra: dict | None = None,
-            extra_tokens: int = 32) -> dict:
+            extra_tokens: int = 32, tight_env: dict | None = None) -> dict:
     """Stock vLLM (ample memory) gives the reference tokens of every workload; jenga runs
     ``first`` + ``shared`` with ample memory and ``pressure`` with ``tight_blocks`` of budget.
     ``engine_kw`` goes to every engine (e.g. the dtype), ``stock_kw`` to the stock one only;
     ``extra``: more workloads (name -> rounds of prompts, ``extra_tokens`` new tokens each) stock
-    runs for a caller's own engines."""
+    runs for a caller's own engines; ``tight_env``: environment switches the tight engine is built
+    with (``JENGA_VLLM_*``)."""
     path = model_dir(family, root)
     w = workloads()
     kw = engine_kw or {}
@@ -389,7 +391,10 @@ def compare(family: str, root: Path, *, tight_blocks: int, tight_kw: dict | None
     close(stock)
     ample = engine(path, jenga=True, **kw)
     got = {k: greedy(ample, w[k]) for k in ("first", "shared")}
-    tight = engine(path, jenga=True, num_blocks=tight_blocks, max_model_len=320, **{**kw, **(tight_kw or {})})
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in (tight_env or {}).items():
+            mp.setenv(k, v)
+        tight = engine(path, jenga=True, num_blocks=tight_blocks, max_model_len=320, **{**kw, **(tight_kw or {})})
     got["pressure"] = greedy(tight, w["pressure"])
     return dict(ref=ref, got=got, ample=scheduler(ample), tight=scheduler(tight), engines=(ample, tight))
 
