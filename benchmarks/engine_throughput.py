@@ -16,9 +16,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from contextlib import nullcontext
 
 from rich.console import Console
 from rich.table import Table
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,22 +29,21 @@ def main(argv: list[str] | None = None) -> int:
     from jenga.bench import add_bench_parser, bench_workload, run_engine
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_bench_parser(parser.add_subparsers(dest="cmd"))
-    argv = list(argv if argv is not None else sys.argv[1:])
-    ops = "--ops" in argv
-    argv = [a for a in argv if a != "--ops"]
-    args = parser.parse_args(["bench", *argv])
+    sub = parser.add_subparsers(dest="cmd")
+    add_bench_parser(sub)
+    sub.choices["bench"].add_argument("--ops", action="store_true",
+                                      help="also the torch operators dispatched per step (module doc)")
+    args = parser.parse_args(["bench", *(argv if argv is not None else sys.argv[1:])])
+    ops = args.ops
     torch.set_num_threads(args.threads)
     work = bench_workload(args)
     names = [n.strip() for n in args.managers.split(",") if n.strip()]
     res, counts = {}, {}
     for name in names:
-        if ops:
-            with OpCount() as count:
-                res[name] = run_engine(name, args, work, track_kv_stats=False)
-            counts[name] = count.ops
-        else:
+        with OpCount() if ops else nullcontext() as count:
             res[name] = run_engine(name, args, work, track_kv_stats=False)
+        if ops:
+            counts[name] = count.ops
     t = Table(title=f"engine throughput: {args.model}, {args.requests} requests, KV {args.kv_memory}")
     t.add_column("metric")
     for name in res:
@@ -74,28 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-class OpCount:
+class OpCount(TorchDispatchMode):
     """Counts the torch operators dispatched inside a ``with`` block, by name (``ops``)."""
 
-    def __enter__(self):
-        from torch.utils._python_dispatch import TorchDispatchMode
+    def __init__(self):
+        super().__init__()
+        self.ops: Counter[str] = Counter()
 
-        ops: Counter[str] = Counter()
-        self.ops = ops
-
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                ops[str(func.overloadpacket)] += 1
-                return func(*args, **(kwargs or {}))
-
-        self._mode = Mode()
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        self._mode.__exit__(*exc)
-        return False
-
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func.overloadpacket)] += 1
+        return func(*args, **(kwargs or {}))
 
 if __name__ == "__main__":
     sys.exit(main())
