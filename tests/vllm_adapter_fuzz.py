@@ -11,7 +11,7 @@ event between steps:
   again); then, unless something was preempted, waiting ones (``get_num_cached_tokens`` as the
   cache-aware admission asks, ``get_computed_blocks``, ``allocate_slots`` with
   ``num_new_computed_tokens`` / ``new_computed_blocks``, the lookahead and
-  ``full_sequence_must_fit``; a chunk clipped by the token budget and, for Mamba's align mode, by
+  ``full_sequence_must_fit`` (checked with the prefill reserve on in about half the runs); a chunk clipped by the token budget and, for Mamba's align mode, by
   vLLM's own ``_mamba_block_aligned_split``), ``get_blocks`` for a new request's block table,
   ``record_prefix_cache_stats``, ``take_kv_cache_block_copies``; then vLLM's bookkeeping
   (``num_computed_tokens += n``), the model's output (sampled ids, accepted and rejected drafts:
@@ -133,7 +133,9 @@ class AdapterFuzz:
         self.a = JengaKVCacheAdapter(
             plan, kv, max_model_len=MAX_LEN, enable_caching=self.caching, log_stats=True,
             enable_kv_cache_events=True, hash_block_size=hash_block,
-            host_memory_bytes=rng.randrange(2, 8) * lp if host else None, max_step_tokens=MAX_LEN)
+            host_memory_bytes=rng.randrange(2, 8) * lp if host else None, max_step_tokens=MAX_LEN,
+            # both admission checks, drawn from a stream of their own (the run's draws stay as they were)
+            reserve_prefills=random.Random(2 * seed + 1).random() < 0.5)
         self.mgr = self.a.manager
         self.host = host
         self.mamba_split = sched.need_mamba_block_aligned_split

@@ -413,8 +413,10 @@ class JengaKVCacheAdapter:
         running = req.tables is not None
         if mgr.num_allocated <= running:
             return retry() if mgr.release_waiting_hits(keep=rid) else None
-        if not running:  # (a miss has no shallower hold: nothing to scan)
-            return self._let_go_one_by_one(mgr.waiting_hits(whole_prefix=True, below=req.hit), rid, retry) if req.hit else None
+        if not running:
+            if not req.hit:  # a miss: no hold is shallower
+                return None
+            return self._let_go_one_by_one(mgr.waiting_hits(whole_prefix=True, below=req.hit), rid, retry)
         got = self._let_go_one_by_one(mgr.waiting_hits(whole_prefix=True), rid, retry)
         if got is None and self._preempted:
             got = self._let_go_one_by_one([o for o in mgr.waiting_hits() if o in self._preempted], rid, retry)
